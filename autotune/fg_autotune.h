@@ -1,0 +1,111 @@
+/* fg_autotune.h: candidate enumeration (pruned by the fit rule before anything is compiled),
+ * the seed's block-size rule, and (with a GPU) the correctness gate and timing. */
+#ifndef FG_AUTOTUNE_H
+#define FG_AUTOTUNE_H
+#include <stdio.h>
+
+#include "fg_gen.h"
+
+/* Why candidates were pruned, counted by cause. */
+typedef struct fg_prune_counts {
+  int smem, regs, threads, rules;
+} fg_prune_counts;
+
+/* The seed's rule (seed 002, FlashAttention-1): Bc = ceil(M / 4d), Br = min(ceil(M / 4d), d), with
+ * M the opt-in shared memory in elements, rounded down to what the templates accept (multiples of
+ * 16, Br a multiple of 16*warps), q_outer, 4 warps, 2 stages, shrunk until it fits. */
+fg_variant fg_seed_rule_variant(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
+                                const fg_device_limits *lim);
+
+/* Enumerates the candidates for (d, dtype, causal) on a device: Br, Bc, warps, stages and loop
+ * order, keeping those that fit lim; the seed-rule variant is always included (first). Returns the
+ * count written (at most cap); pruned (may be NULL) counts what was rejected and why. */
+int fg_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
+                  const fg_device_limits *lim, fg_variant *out, int cap, fg_prune_counts *pruned);
+/* ==== Tuning (problems.c: the problem set; tune.c: the run on the live GPU) ==== */
+
+/* One tuning problem: forward attention, Q, K, V and O contiguous (B, H, N, d), heads_q =
+ * heads_kv = heads, seqlen_q = seqlen_k = n. */
+typedef struct fg_tune_problem {
+  int d;
+  fg_dtype dtype;
+  int causal;
+  int64_t batch, heads, n;
+} fg_tune_problem;
+
+/* The benchmark grid of ANCHORS.md: batch * n = 16384 tokens, hidden 2048 (heads = 2048 / d). */
+#define FG_TUNE_TOKENS 16384
+#define FG_TUNE_HIDDEN 2048
+/* Most problems `flashgen tune` accepts at once. */
+#define FG_TUNE_MAX_PROBLEMS 1024
+
+/* Parses "d=128,dtype=bf16,causal=1,n=4096[,batch=4][,heads=16]". Keys: d (head_dim), n (seqlen,
+ * N; "4k" = 4096), dtype (f16, bf16; default bf16), causal (0/1, yes/no, true/false; default 0),
+ * batch (B; default max(1, 16384 / n)), heads (H; default max(1, 2048 / d)). d and n are
+ * required. Returns 0, or -1 with a message in err that names the key and its value. */
+int fg_tune_problem_parse(const char *s, fg_tune_problem *out, char *err, size_t errlen);
+/* Writes the problem in the syntax above (every key). Returns the length. */
+int fg_tune_problem_format(const fg_tune_problem *p, char *buf, size_t len);
+/* The embedded default set: d in {64, 128} x {f16, bf16} x causal {0, 1} x n in {512, 1k, 2k, 4k,
+ * 8k, 16k} (48 problems); quick: bf16 and n in {1k, 4k} only (8). Returns the count (<= cap). */
+int fg_tune_default_problems(int quick, fg_tune_problem *out, int cap);
+/* Reads problems from a file, one per line ('#' starts a comment; blank lines are skipped).
+ * Returns the count, or -1 with "FILE:LINE: message" in err. */
+int fg_tune_problems_read(const char *path, fg_tune_problem *out, int cap, char *err,
+                          size_t errlen);
+/* FlashAttention convention: 4 * B * H * N^2 * d, halved when causal. */
+double fg_tune_flops(const fg_tune_problem *p);
+/* TFLOP/s of a run of ms milliseconds (0 when ms <= 0). */
+double fg_tune_tflops(const fg_tune_problem *p, double ms);
+/* The median of n values (x is not modified); NAN when n <= 0. */
+double fg_tune_median(const double *x, int n);
+/* How many input buffer sets to rotate among so that their total exceeds twice the L2:
+ * the smallest count with count * bytes_per_set > 2 * l2_bytes, clamped to 1..8. */
+int fg_tune_rotation_sets(size_t bytes_per_set, size_t l2_bytes);
+
+/* Options of a tuning run. Zero-initialise. */
+typedef struct fg_tune_options {
+  int jobs;      /* compile threads; <= 0: the number of online CPUs */
+  int quiet;     /* no progress or notes on stderr */
+  int retune;    /* measure candidates already recorded for a bucket again */
+  uint64_t seed; /* random inputs of the correctness check; 0: from the clock */
+} fg_tune_options;
+
+/* One problem's line of the report. */
+typedef struct fg_tune_row {
+  fg_tune_problem problem;
+  char key[64];                       /* the bucket key (fg_problem_key) */
+  char winner[FG_VARIANT_NAME_MAX];   /* "" when no candidate was correct */
+  double winner_ms, winner_tflops;
+  char seed_variant[FG_VARIANT_NAME_MAX];
+  double seed_tflops;                 /* 0 when the seed-rule candidate was rejected */
+  int tried, pruned, rejected;        /* candidates that fit / pruned by the fit rule / rejected */
+  int measured;                       /* candidates measured in this run (0: from the record) */
+  int stored;                         /* the record was written to the cache */
+  char note[256];                     /* why there is no winner, or "" */
+} fg_tune_row;
+
+typedef struct fg_tune_report {
+  char device[256];
+  char arch[16];
+  char cache_path[1024];              /* "" when there was no kernel cache */
+  int n_rows;
+  fg_tune_row *rows;
+  int kernels, kernels_cached, kernels_failed, jobs;
+  double compile_s, check_s, timing_s, total_s;
+  uint64_t seed;
+} fg_tune_report;
+
+/* Tunes problems on ctx's GPU: candidates from the device limits, compiled in parallel into the
+ * kernel cache, each checked against the fp64 reference on fresh random inputs, the correct ones
+ * timed with CUDA events; the records are stored in the cache (fg_cache_put_tuning) and the
+ * dispatcher's memo is forgotten. Fills *rep (free with fg_tune_report_free) even on failure, as
+ * far as it got. Returns FG_OK, or the failure with the message in fg_context_last_error(ctx):
+ * no NVRTC, no generator, a CUDA context that became unusable. A problem without a correct
+ * candidate is not a failure of the run (its row says why). */
+fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
+                      const fg_tune_options *opt, fg_tune_report *rep);
+/* Prints the report: an aligned table, or Markdown when markdown is nonzero. */
+void fg_tune_report_print(const fg_tune_report *rep, FILE *out, int markdown);
+void fg_tune_report_free(fg_tune_report *rep);
+#endif

@@ -1,0 +1,346 @@
+/* cmd_gen.c: the generator's subcommands: list, render, compile, info, build-default. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fg_cli.h"
+#include "fg_cuda.h"
+#include "fg_gen.h"
+
+static int has_help(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return 1;
+  return 0;
+}
+
+static fg_generator *make_generator(void) {
+  char err[4096];
+  fg_generator *g;
+  if (fg_generator_create(&g, err, sizeof err)) {
+    fprintf(stderr, "flashgen: cannot load the templates: %s\n", err);
+    return NULL;
+  }
+  return g;
+}
+
+/* The live GPU's arch and limits when there is one; 0 on success. */
+static int live_device(fg_arch *arch, fg_device_limits *lim, char *name, size_t namelen) {
+  if (fg_cuda_load(NULL, 0) != 0) return -1;
+  if (fg_cu.cuInit(0) != 0) return -1;
+  CUdevice dev;
+  if (fg_cu.cuDeviceGet(&dev, 0) != 0) return -1;
+  int v[6] = {0};
+  const int attrs[6] = {FG_CU_DEV_COMPUTE_CAPABILITY_MAJOR,
+                        FG_CU_DEV_COMPUTE_CAPABILITY_MINOR,
+                        FG_CU_DEV_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                        FG_CU_DEV_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                        FG_CU_DEV_MAX_REGISTERS_PER_MULTIPROCESSOR,
+                        FG_CU_DEV_MULTIPROCESSOR_COUNT};
+  for (int i = 0; i < 6; i++)
+    if (fg_cu.cuDeviceGetAttribute(&v[i], attrs[i], dev) != 0) return -1;
+  fg_cu.cuDeviceGetName(name, (int)namelen, dev);
+  lim->name = name;
+  lim->cc_major = v[0];
+  lim->cc_minor = v[1];
+  lim->smem_optin_per_block = v[2];
+  lim->smem_per_sm = v[3];
+  lim->regs_per_sm = v[4];
+  lim->sm_count = v[5];
+  lim->max_threads_per_block = 1024;
+  *arch = fg_arch_for_cc(v[0], v[1]);
+  return 0;
+}
+
+int fg_cmd_list(int argc, char **argv) {
+  if (has_help(argc, argv)) {
+    printf("usage: flashgen list [--arch ARCH] [--filter SUBSTRING] [--all]\n\n"
+           "Lists the candidate variants that fit the device: the live GPU, or with --arch the\n"
+           "typical limits of that arch (sm_80: A100, sm_86: RTX 3090, sm_89: RTX 4090,\n"
+           "sm_90/sm_90a: H100). --filter keeps names containing SUBSTRING (repeatable: all must\n"
+           "match). --all also prints the variants that do not fit, with the reason.\n");
+    return 0;
+  }
+  const char *arch_s = NULL;
+  const char *filters[16];
+  int nf = 0, all = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--arch") == 0 && i + 1 < argc) arch_s = argv[++i];
+    else if (strcmp(argv[i], "--filter") == 0 && i + 1 < argc && nf < 16) filters[nf++] = argv[++i];
+    else if (strcmp(argv[i], "--all") == 0) all = 1;
+    else {
+      fprintf(stderr, "flashgen list: unknown option '%s' (see flashgen list --help)\n", argv[i]);
+      return 2;
+    }
+  }
+  fg_arch arch;
+  fg_device_limits lim;
+  char devname[256];
+  if (arch_s) {
+    if (fg_arch_parse(arch_s, &arch)) {
+      fprintf(stderr, "flashgen list: unknown arch '%s' (sm_80, sm_86, sm_89, sm_90, sm_90a)\n", arch_s);
+      return 2;
+    }
+    lim = *fg_limits_for_arch(arch);
+  } else if (live_device(&arch, &lim, devname, sizeof devname) != 0) {
+    fprintf(stderr, "flashgen list: no GPU found; name an arch with --arch (e.g. --arch sm_90a)\n");
+    return 1;
+  }
+  fg_generator *g = make_generator();
+  if (!g) return 1;
+  int shown = 0, total = 0;
+  static const int ds_all[] = {32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 136, 144, 152,
+                               160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256};
+  static const int brs[] = {16, 32, 64, 128, 256}, bcs[] = {16, 32, 64, 128, 256};
+  static const int warps[] = {1, 2, 4, 8};
+  for (size_t di = 0; di < sizeof ds_all / sizeof ds_all[0]; di++)
+    for (int dt = FG_DTYPE_F16; dt <= FG_DTYPE_BF16; dt++)
+      for (int causal = 0; causal <= 1; causal++)
+        for (int loop = 0; loop <= 1; loop++)
+          for (size_t bi = 0; bi < 5; bi++)
+            for (size_t ci = 0; ci < 5; ci++)
+              for (size_t wi = 0; wi < 4; wi++)
+                for (int st = 1; st <= 3; st++) {
+                  fg_variant v = {FG_PASS_FWD, ds_all[di], brs[bi], bcs[ci], (fg_dtype)dt, causal,
+                                  (fg_loop_order)loop, warps[wi], st, arch};
+                  char name[FG_VARIANT_NAME_MAX], why[256];
+                  if (fg_variant_check(&v, why, sizeof why)) continue;
+                  fg_variant_name(&v, name, sizeof name);
+                  int ok = 1;
+                  for (int f = 0; f < nf; f++)
+                    if (!strstr(name, filters[f])) ok = 0;
+                  if (!ok) continue;
+                  total++;
+                  int fits = fg_variant_fits(g, &v, &lim, why, sizeof why);
+                  if (fits == 1) {
+                    printf("%s\n", name);
+                    shown++;
+                  } else if (all) {
+                    printf("%s  # does not fit: %s\n", name, why);
+                  }
+                }
+  fprintf(stderr, "%d of %d variants fit %s (%s)\n", shown, total, lim.name, fg_arch_name(arch));
+  fg_generator_destroy(g);
+  return 0;
+}
+
+int fg_cmd_render(int argc, char **argv) {
+  if (argc != 2 || has_help(argc, argv)) {
+    FILE *f = has_help(argc, argv) ? stdout : stderr;
+    fprintf(f, "usage: flashgen render VARIANT\n\nPrints the CUDA source generated for VARIANT, e.g.\n"
+               "  flashgen render fwd_d128_br128_bc64_bf16_causal_qouter_w8_s2_sm80\n");
+    return has_help(argc, argv) ? 0 : 2;
+  }
+  fg_variant v;
+  char err[4096];
+  if (fg_variant_parse(argv[1], &v, err, sizeof err)) {
+    fprintf(stderr, "flashgen render: %s\n", err);
+    return 2;
+  }
+  fg_generator *g = make_generator();
+  if (!g) return 1;
+  char *src;
+  fg_kernel_meta meta;
+  int rc = fg_generator_render(g, &v, &src, &meta, err, sizeof err);
+  if (rc) fprintf(stderr, "flashgen render: %s\n", err);
+  else {
+    fputs(src, stdout);
+    free(src);
+  }
+  fg_generator_destroy(g);
+  return rc ? 1 : 0;
+}
+
+int fg_cmd_compile(int argc, char **argv) {
+  if (has_help(argc, argv)) {
+    printf("usage: flashgen compile VARIANT [--arch ARCH] [-o FILE.cubin]\n\n"
+           "Compiles VARIANT with NVRTC for ARCH (default: the arch in the name), writes the cubin\n"
+           "to FILE (default VARIANT.cubin) and prints compile time, registers, shared memory and\n"
+           "spills.\n");
+    return 0;
+  }
+  const char *name = NULL, *arch_s = NULL, *outpath = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--arch") == 0 && i + 1 < argc) arch_s = argv[++i];
+    else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) outpath = argv[++i];
+    else if (argv[i][0] != '-' && !name) name = argv[i];
+    else {
+      fprintf(stderr, "flashgen compile: unexpected argument '%s' (see --help)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (!name) {
+    fprintf(stderr, "usage: flashgen compile VARIANT [--arch ARCH] [-o FILE.cubin]\n");
+    return 2;
+  }
+  fg_variant v;
+  char err[4096];
+  if (fg_variant_parse(name, &v, err, sizeof err)) {
+    fprintf(stderr, "flashgen compile: %s\n", err);
+    return 2;
+  }
+  if (arch_s && fg_arch_parse(arch_s, &v.arch)) {
+    fprintf(stderr, "flashgen compile: unknown arch '%s' (sm_80, sm_86, sm_89, sm_90, sm_90a)\n", arch_s);
+    return 2;
+  }
+  char canon[FG_VARIANT_NAME_MAX];
+  fg_variant_name(&v, canon, sizeof canon);
+  fg_generator *g = make_generator();
+  if (!g) return 1;
+  fg_kernel_image img;
+  char *log = NULL;
+  int rc = fg_generator_build(g, &v, &img, &log);
+  fg_generator_destroy(g);
+  if (rc) {
+    fprintf(stderr, "flashgen compile: %s\n", log ? log : "failed");
+    free(log);
+    return 1;
+  }
+  char defpath[FG_VARIANT_NAME_MAX + 8];
+  snprintf(defpath, sizeof defpath, "%s.cubin", canon);
+  if (!outpath) outpath = defpath;
+  FILE *f = fopen(outpath, "wb");
+  if (!f || fwrite(img.cubin, 1, img.cubin_size, f) != img.cubin_size || fclose(f) != 0) {
+    fprintf(stderr, "flashgen compile: cannot write %s\n", outpath);
+    fg_kernel_image_free(&img);
+    return 1;
+  }
+  printf("%-56s %-7s %8s %5s %9s %6s %6s\n", "variant", "arch", "ms", "regs", "smem(B)", "spill", "stack");
+  printf("%-56s %-7s %8.1f %5d %9d %6d %6d\n", canon, fg_arch_name(v.arch), img.compile_ms,
+         img.meta.regs, img.meta.smem_bytes, img.meta.spill_store_bytes + img.meta.spill_load_bytes,
+         img.meta.stack_bytes);
+  printf("wrote %s (%zu bytes)\n", outpath, img.cubin_size);
+  fg_kernel_image_free(&img);
+  return 0;
+}
+
+int fg_cmd_info(int argc, char **argv) {
+  if (has_help(argc, argv)) {
+    printf("usage: flashgen info\n\nPrints the GPU, the driver, NVRTC and the shared-memory limits, "
+           "or in plain words what is missing and where flashgen looked.\n");
+    return 0;
+  }
+  (void)argc;
+  printf("flashgen %s\n", FG_VERSION_STRING);
+  char err[4096];
+  fg_generator *g;
+  if (fg_generator_create(&g, err, sizeof err) == 0) {
+    printf("templates: %s (hash %016llx)\n", fg_generator_template_source(g),
+           (unsigned long long)fg_generator_template_hash(g));
+    fg_generator_destroy(g);
+  } else {
+    printf("templates: cannot be loaded: %s\n", err);
+  }
+  if (fg_nvrtc_load(err, sizeof err) == 0)
+    printf("NVRTC: %d.%d from %s\n", fg_nvrtc_version() / 1000, (fg_nvrtc_version() % 1000) / 10,
+           fg_nvrtc_path());
+  else
+    printf("NVRTC: not available. %s\n", err);
+  static char report[16384];
+  int ok = fg_cuda_report(report, sizeof report);
+  printf("%s", report);
+  if (report[0] && report[strlen(report) - 1] != '\n') printf("\n");
+  return ok == 0 ? 0 : 1;
+}
+
+typedef struct {
+  fg_generator *g;
+  fg_variant *v;
+  fg_kernel_image *img;
+  char **err;
+  int n, next;
+  pthread_mutex_t mu;
+} build_job;
+
+static void *build_worker(void *arg) {
+  build_job *j = arg;
+  for (;;) {
+    pthread_mutex_lock(&j->mu);
+    int i = j->next++;
+    pthread_mutex_unlock(&j->mu);
+    if (i >= j->n) return NULL;
+    if (fg_generator_build(j->g, &j->v[i], &j->img[i], &j->err[i])) j->img[i].cubin = NULL;
+  }
+}
+
+int fg_cmd_build_default(int argc, char **argv) {
+  if (has_help(argc, argv)) {
+    printf("usage: flashgen build-default [--arch ARCH[,ARCH...]] [-j N] [--kv-outer]\n\n"
+           "Renders and compiles the default kernel set (the built-in rule's variant for every\n"
+           "head dimension 32..256, f16 and bf16, causal or not; with --kv-outer also the\n"
+           "Algorithm 1 variants) for each ARCH (default: the live GPU's, else sm_80,sm_90a) and\n"
+           "prints variant, NVRTC time, registers, shared memory and spills.\n");
+    return 0;
+  }
+  char archs[128] = "";
+  int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), kv = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--arch") == 0 && i + 1 < argc) snprintf(archs, sizeof archs, "%s", argv[++i]);
+    else if (strcmp(argv[i], "-j") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--kv-outer") == 0) kv = 1;
+    else {
+      fprintf(stderr, "flashgen build-default: unknown option '%s' (see --help)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (!archs[0]) {
+    fg_arch a;
+    fg_device_limits lim;
+    char name[256];
+    snprintf(archs, sizeof archs, "%s",
+             live_device(&a, &lim, name, sizeof name) == 0 ? fg_arch_name(a) : "sm_80,sm_90a");
+  }
+  if (threads < 1) threads = 1;
+  if (threads > 64) threads = 64;
+  fg_generator *g = make_generator();
+  if (!g) return 1;
+  int failed = 0, total = 0;
+  printf("%-56s %-7s %8s %5s %9s %6s\n", "variant", "arch", "nvrtc ms", "regs", "smem(B)", "spill");
+  char *save = NULL;
+  for (char *tok = strtok_r(archs, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    fg_arch arch;
+    if (fg_arch_parse(tok, &arch)) {
+      fprintf(stderr, "flashgen build-default: unknown arch '%s'\n", tok);
+      fg_generator_destroy(g);
+      return 2;
+    }
+    fg_variant v[512];
+    int n = fg_default_variants(arch, kv, v, 512);
+    build_job j = {g, v, calloc((size_t)n, sizeof(fg_kernel_image)), calloc((size_t)n, sizeof(char *)), n, 0,
+                   PTHREAD_MUTEX_INITIALIZER};
+    pthread_t th[64];
+    for (int t = 0; t < threads; t++) pthread_create(&th[t], NULL, build_worker, &j);
+    for (int t = 0; t < threads; t++) pthread_join(th[t], NULL);
+    double *ms = calloc((size_t)n, sizeof(double));
+    int ok = 0;
+    for (int i = 0; i < n; i++) {
+      char name[FG_VARIANT_NAME_MAX];
+      fg_variant_name(&v[i], name, sizeof name);
+      if (!j.img[i].cubin) {
+        printf("%-56s %-7s FAILED: %s\n", name, fg_arch_name(arch), j.err[i] ? j.err[i] : "");
+        failed++;
+      } else {
+        fg_kernel_meta *m = &j.img[i].meta;
+        printf("%-56s %-7s %8.0f %5d %9d %6d\n", name, fg_arch_name(arch), j.img[i].compile_ms, m->regs,
+               m->smem_bytes, m->spill_store_bytes + m->spill_load_bytes);
+        if (m->spill_store_bytes + m->spill_load_bytes > 0) failed++;
+        ms[ok++] = j.img[i].compile_ms;
+        fg_kernel_image_free(&j.img[i]);
+      }
+      free(j.err[i]);
+      total++;
+    }
+    for (int a = 1; a < ok; a++)
+      for (int b = a; b > 0 && ms[b - 1] > ms[b]; b--) {
+        double t = ms[b]; ms[b] = ms[b - 1]; ms[b - 1] = t;
+      }
+    fprintf(stderr, "%s: %d variants, median NVRTC time %.0f ms\n", fg_arch_name(arch), n, ok ? ms[ok / 2] : 0.0);
+    free(ms);
+    free(j.img);
+    free(j.err);
+  }
+  fg_generator_destroy(g);
+  printf("%d built, %d failed or spilled\n", total - failed, failed);
+  return failed ? 1 : 0;
+}

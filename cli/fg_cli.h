@@ -1,0 +1,14 @@
+/* fg_cli.h: the subcommands of the flashgen command, one function each (argv[0] is the
+ * subcommand's name). Each returns the exit status: 0 success, 1 failure, 2 bad usage. */
+#ifndef FG_CLI_H
+#define FG_CLI_H
+int fg_cmd_list(int argc, char **argv);
+int fg_cmd_render(int argc, char **argv);
+int fg_cmd_compile(int argc, char **argv);
+int fg_cmd_info(int argc, char **argv);
+int fg_cmd_build_default(int argc, char **argv);
+int fg_cmd_check(int argc, char **argv);
+int fg_cmd_explain(int argc, char **argv);
+int fg_cmd_tune(int argc, char **argv);
+int fg_cmd_cache(int argc, char **argv);
+#endif

@@ -1,0 +1,53 @@
+/* main.c: the flashgen command: dispatches to one function per subcommand (fg_cli.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "fg_cli.h"
+#include "flashgen.h"
+
+static const struct {
+  const char *name;
+  int (*fn)(int, char **);
+  const char *help;
+} commands[] = {
+    {"list", fg_cmd_list, "list variants valid for an arch or the live GPU"},
+    {"render", fg_cmd_render, "print the generated CUDA source of a variant"},
+    {"compile", fg_cmd_compile, "compile a variant with NVRTC: cubin to a file, resource report"},
+    {"info", fg_cmd_info, "GPU, driver, NVRTC and shared-memory limits"},
+    {"build-default", fg_cmd_build_default, "compile the default kernel set and print a table"},
+    {"check", fg_cmd_check, "check every forward variant against an fp64 reference on the GPU"},
+    {"explain", fg_cmd_explain, "say which variant a problem would run and why"},
+    {"tune", fg_cmd_tune, "find the fastest correct variant of each problem on the GPU, record it"},
+    {"cache", fg_cmd_cache, "the kernel cache: ls, stats, verify, clear, tuning"},
+};
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "flashgen %s: FlashAttention kernels generated, compiled at run time and tuned\n\n"
+          "usage: flashgen <command> [options]    (flashgen <command> --help for its options)\n\n"
+          "commands:\n",
+          fg_version());
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].help);
+  fprintf(f, "\nenvironment: FLASHGEN_CACHE_DIR, FLASHGEN_TEMPLATE_DIR, FLASHGEN_NVRTC_LIBRARY\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+    usage(stdout);
+    return 0;
+  }
+  if (strcmp(argv[1], "--version") == 0) {
+    printf("flashgen %s\n", fg_version());
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 1, argv + 1);
+  fprintf(stderr, "flashgen: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

@@ -1,0 +1,93 @@
+/* fg_gen.h: the generator: templates rendered by a sandboxed Lua 5.4 into CUDA C, the resource
+ * formula and fit rule, and compilation with NVRTC (loaded with dlopen). */
+#ifndef FG_GEN_H
+#define FG_GEN_H
+#include <stddef.h>
+#include <stdint.h>
+#include "fg_kernel.h"
+
+/* ---- device limits and the fit rule ---- */
+typedef struct fg_device_limits {
+  const char *name;          /* for messages, e.g. "NVIDIA H100" */
+  int cc_major, cc_minor;
+  int smem_optin_per_block;  /* bytes a block may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin) */
+  int smem_per_sm;           /* bytes */
+  int regs_per_sm;           /* 32-bit registers */
+  int max_threads_per_block;
+  int sm_count;
+} fg_device_limits;
+
+/* Well-known limits, for tests and for `flashgen list --arch` without a GPU. */
+extern const fg_device_limits fg_limits_a100, fg_limits_h100, fg_limits_rtx4090;
+/* Limits typical of an arch (A100 for sm_80, RTX 3090 for sm_86, RTX 4090 for sm_89, H100 for sm_90/90a). */
+const fg_device_limits *fg_limits_for_arch(fg_arch a);
+
+/* What a variant needs, from the formula kept with its template (templates/fwd.lua). */
+typedef struct fg_resources {
+  int threads;
+  int smem_bytes;       /* dynamic shared memory per block */
+  int regs_estimate;    /* registers per thread the template expects to need */
+} fg_resources;
+
+typedef struct fg_generator fg_generator;
+
+/* Creates a generator: a sandboxed Lua state with the templates, embedded or, when
+ * FLASHGEN_TEMPLATE_DIR is set, read from that directory. Returns 0, or -1 with err filled.
+ * A generator is safe to use from several threads (calls are serialised inside). */
+int fg_generator_create(fg_generator **out, char *err, size_t errlen);
+void fg_generator_destroy(fg_generator *g);
+
+/* 64-bit hash of every template text the generator uses (a cache-key input). */
+uint64_t fg_generator_template_hash(const fg_generator *g);
+/* Where the templates come from: "embedded" or the directory. */
+const char *fg_generator_template_source(const fg_generator *g);
+
+/* Resource needs of a variant. Returns 0, or -1 with err filled. */
+int fg_generator_resources(fg_generator *g, const fg_variant *v, fg_resources *out, char *err,
+                           size_t errlen);
+
+/* Whether v fits a device. Returns 1 if it fits, 0 if not, with the reason in words and
+ * numbers in why ("needs 180224 B of shared memory, device allows 101376 B per block"), -1 on
+ * a generator error (message in why). */
+int fg_variant_fits(fg_generator *g, const fg_variant *v, const fg_device_limits *lim, char *why,
+                    size_t whylen);
+
+/* Renders the CUDA source of v. On success returns 0, *src is malloc'd (caller frees) and *meta
+ * holds the launch contract (resource fields -1). On failure returns -1 and err holds
+ * "template:line: message" or the rule that rejected the variant. */
+int fg_generator_render(fg_generator *g, const fg_variant *v, char **src, fg_kernel_meta *meta,
+                        char *err, size_t errlen);
+
+/* The reference kernels (templates/reference.cu): plain arithmetic, one block per query row,
+ * any head_dim. exact = 1: fp64 throughout, the yardstick. exact = 0: the naive same-dtype
+ * computation (scores, probabilities and output rounded to dtype), whose error sets the
+ * tolerance. Both write fp64 O and LSE. Name of the result: "ref_f64_bf16" / "ref_lowp_bf16". */
+int fg_generator_render_reference(fg_generator *g, fg_dtype dtype, int exact, char **src,
+                                  fg_kernel_meta *meta, char *err, size_t errlen);
+
+/* ---- NVRTC ---- */
+/* Loads NVRTC once per process: $FLASHGEN_NVRTC_LIBRARY, else libnvrtc.so.13, then .12 (also
+ * under /usr/local/cuda/lib64). Returns 0, or -1 with where it looked in err. Thread-safe. */
+int fg_nvrtc_load(char *err, size_t errlen);
+/* Version of the loaded NVRTC as major*1000 + minor*10 (13000 for 13.0), or 0 if not loaded. */
+int fg_nvrtc_version(void);
+/* The path NVRTC was loaded from, or "" */
+const char *fg_nvrtc_path(void);
+
+/* Compiles src for arch into img (cubin + PTX + ptxas resource usage + compile time); img->meta
+ * must already hold the launch contract (it is copied in from meta). name names the program in
+ * messages (the variant name). Returns 0; or -1 with err holding the variant name, the options
+ * and the full NVRTC log (err is malloc'd into *errlog when errlog is not NULL). */
+int fg_nvrtc_compile(const char *src, const char *name, fg_arch arch, const fg_kernel_meta *meta,
+                     fg_kernel_image *img, char **errlog);
+
+/* Render + compile in one step (what the JIT path of the runtime calls). Same conventions. */
+int fg_generator_build(fg_generator *g, const fg_variant *v, fg_kernel_image *img, char **errlog);
+int fg_generator_build_reference(fg_generator *g, fg_dtype dtype, int exact, fg_arch arch,
+                                 fg_kernel_image *img, char **errlog);
+
+/* The default kernel set: for every d (32..256 step 8), dtype, causal, the variant the built-in
+ * rule picks for arch, q_outer; kv_outer ones too when with_kv_outer. Returns the count written
+ * (at most cap). */
+int fg_default_variants(fg_arch arch, int with_kv_outer, fg_variant *out, int cap);
+#endif

@@ -1,0 +1,161 @@
+/* flashgen.h: the public runtime API of flashgen.
+ *
+ * flashgen computes exact attention, O = softmax(scale * Q K^T) V, on NVIDIA GPUs with kernels it
+ * generates, compiles at run time (NVRTC), tunes and caches, or with kernels exported ahead of
+ * time. An application creates one fg_context per device, fills an fg_attention_args and calls
+ * fg_attention_forward; flashgen picks the kernel.
+ *
+ *     fg_context *ctx;
+ *     if (fg_context_create(&ctx, NULL) != FG_OK) { ... }
+ *     fg_attention_args a = {0};
+ *     a.dtype = FG_DTYPE_BF16; a.batch = B; a.heads_q = H; a.heads_kv = H;
+ *     a.seqlen_q = N; a.seqlen_k = N; a.head_dim = 128;
+ *     a.q = dq; a.k = dk; a.v = dv; a.o = dout;            // device pointers, (B, H, N, d)
+ *     fg_status s = fg_attention_forward(ctx, &a, stream);
+ *     if (s != FG_OK) fprintf(stderr, "%s\n", fg_context_last_error(ctx));
+ *     fg_context_destroy(ctx);
+ *
+ * Threads: one context may be used from several host threads at once. fg_context_last_error is
+ * per thread (it reports the last failure of the calling thread on that context).
+ *
+ * CUDA: flashgen loads the driver (libcuda.so.1) itself; nothing here needs cuda.h. The context
+ * uses the device's primary context, so memory from cudaMalloc (runtime API) or PyTorch works.
+ */
+#ifndef FLASHGEN_H
+#define FLASHGEN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define FG_API __attribute__((visibility("default")))
+#else
+#define FG_API
+#endif
+
+/* The same typedef as cuda.h; repeating a typedef of the same type is valid C11 and C++. */
+typedef struct CUstream_st *CUstream;
+
+/* Status codes. fg_status_string(code) gives static text; fg_context_last_error(ctx) the
+ * detailed message of the last failure (argument names, variant names, NVRTC logs). */
+typedef enum fg_status {
+  FG_OK = 0,
+  FG_ERROR_INVALID_ARGUMENT = 1, /* bad input: nothing was launched and no output was touched */
+  FG_ERROR_UNSUPPORTED = 2,      /* valid input that no kernel of this build can serve */
+  FG_ERROR_NO_DRIVER = 3,        /* libcuda.so.1 missing, or no CUDA device */
+  FG_ERROR_NO_COMPILER = 4,      /* a kernel must be compiled but NVRTC could not be loaded */
+  FG_ERROR_COMPILE = 5,          /* NVRTC rejected generated source (the log is in the message) */
+  FG_ERROR_KERNEL_MISSING = 6,   /* the policy forbids compiling and no kernel was found */
+  FG_ERROR_CUDA = 7,             /* a CUDA driver call failed (its name and code are in the message) */
+  FG_ERROR_OUT_OF_MEMORY = 8,
+  FG_ERROR_CACHE = 9,            /* the on-disk cache failed in a way that could not be degraded */
+  FG_ERROR_INTERNAL = 10
+} fg_status;
+
+/* Static English text for a status code; never NULL, valid forever. */
+FG_API const char *fg_status_string(fg_status code);
+
+/* The version of the library, "MAJOR.MINOR.PATCH"; valid forever. */
+FG_API const char *fg_version(void);
+
+/* Element types of Q, K, V and O. Arithmetic accumulates in fp32. 0 is "not set" (an error). */
+typedef enum fg_dtype { FG_DTYPE_F16 = 1, FG_DTYPE_BF16 = 2 } fg_dtype;
+
+/* What the dispatcher may do to find a kernel (see DESIGN.md, "Dispatch order and policies").
+ * FG_POLICY_DEFAULT is FG_POLICY_JIT for the full library and FG_POLICY_EXPORTED_ONLY for
+ * flashgen_runtime, which cannot compile. */
+typedef enum fg_policy {
+  FG_POLICY_DEFAULT = 0,
+  FG_POLICY_EXPORTED_ONLY = 1,      /* never compile, never touch the disk */
+  FG_POLICY_EXPORTED_AND_CACHE = 2, /* exported kernels, then the on-disk cache; never compile */
+  FG_POLICY_JIT = 3                 /* exported, then cache, then compile with NVRTC */
+} fg_policy;
+
+/* Options for fg_context_create. Zero-initialise, then set what you need; NULL means all
+ * defaults. The struct only grows by appending fields: set `size` to sizeof(fg_context_options)
+ * (0 is taken as the size of this version). */
+typedef struct fg_context_options {
+  size_t size;
+  int device;          /* CUDA device ordinal; default 0 */
+  fg_policy policy;    /* default FG_POLICY_DEFAULT */
+  const char *cache_dir; /* NULL: $FLASHGEN_CACHE_DIR, else $XDG_CACHE_HOME/flashgen, else
+                            ~/.cache/flashgen. Copied; the caller keeps ownership. */
+  int no_disk_cache;   /* nonzero: keep compiled kernels in memory only */
+  int quiet;           /* nonzero: no warnings on stderr (they still reach last_error) */
+} fg_context_options;
+
+typedef struct fg_context fg_context;
+
+/* Creates a context bound to one device. On success *out owns the context (release it with
+ * fg_context_destroy). On failure *out is NULL and the returned code says why; the detailed
+ * message is available from fg_last_create_error() on the calling thread. */
+FG_API fg_status fg_context_create(fg_context **out, const fg_context_options *options);
+
+/* The detailed message of the last failed fg_context_create on the calling thread, or "". Valid
+ * until the next fg_context_create on that thread. */
+FG_API const char *fg_last_create_error(void);
+
+/* Releases the context, its loaded modules and its handles. NULL is a harmless no-op. Kernels
+ * still running on a stream are not waited for; synchronise first if they use the context. */
+FG_API void fg_context_destroy(fg_context *ctx);
+
+/* The detailed message of the last failure of a call on ctx made by the calling thread, or ""
+ * if the last call succeeded. Valid until the calling thread's next call on ctx. NULL ctx gives
+ * a static string. */
+FG_API const char *fg_context_last_error(const fg_context *ctx);
+
+/* Arguments of one attention call. Zero-initialise, then set the fields; the struct only grows
+ * by appending fields whose zero value means "off", so an older caller keeps working.
+ *
+ * Shapes: Q and O are [batch, heads_q, seqlen_q, head_dim]; K and V are
+ * [batch, heads_kv, seqlen_k, head_dim]; lse, when not NULL, is fp32 [batch, heads_q, seqlen_q],
+ * contiguous, and receives log(sum_j exp(scale * q·k_j)) per row (natural log).
+ *
+ * Strides are in elements, for the batch, head and sequence dimensions in that order; the last
+ * dimension is always contiguous. All three zero means the contiguous (B, H, N, d) layout. For
+ * the (B, N, H, d) layout use {N*H*d, d, H*d}. Each pointer and each stride in bytes must be a
+ * multiple of 16.
+ *
+ * head_dim: a multiple of 8 from 32 to 256. heads_q a multiple of heads_kv (GQA; heads_kv = 1 is
+ * MQA). seqlen_q and seqlen_k may differ.
+ *
+ * Causal masking, when seqlen_q != seqlen_k, is aligned to the bottom-right corner (the
+ * FlashAttention-2 convention): query i sees keys j <= i + seqlen_k - seqlen_q. A query row
+ * that sees no key (causal with seqlen_q > seqlen_k) gets O = 0 and lse = -inf.
+ *
+ * Empty problems: batch = 0, heads_q = 0 or seqlen_q = 0 launch nothing and touch nothing.
+ * seqlen_k = 0 sets O to zero and lse to -inf (the limit of an empty softmax sum).
+ *
+ * scale: the softmax scale; 0 means 1/sqrt(head_dim). Must be finite and positive otherwise. */
+typedef struct fg_attention_args {
+  size_t size; /* sizeof(fg_attention_args), or 0 for this version's size */
+  fg_dtype dtype;
+  int causal;
+  int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+  const void *q, *k, *v;
+  void *o;
+  float *lse;
+  int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];
+  float scale;
+} fg_attention_args;
+
+/* Computes the attention forward pass on `stream` (NULL: the legacy default stream). Returns
+ * once the kernel is enqueued; the first call for a new kernel may compile it (milliseconds to
+ * seconds) unless it is in the cache or an exported table. On FG_ERROR_INVALID_ARGUMENT nothing
+ * was launched and no output was written. */
+FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_args *args,
+                                      CUstream stream);
+
+/* Writes into buf (at most len bytes, always NUL-terminated when len > 0) which kernel
+ * fg_attention_forward would run for args and why (the key, the tuning record or rule, the
+ * variant, where its binary comes from). Launches and compiles nothing. */
+FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHGEN_H */

@@ -1,0 +1,53 @@
+/* fg_variant.h: the variant type (every parameter that changes generated code), its canonical
+ * name, and parsing names back. Pure C: part of flashgen_runtime so exported tables and the
+ * dispatcher can name variants without the generator. */
+#ifndef FG_VARIANT_H
+#define FG_VARIANT_H
+#include <stddef.h>
+#include "flashgen.h"
+
+typedef enum fg_pass { FG_PASS_FWD = 0 } fg_pass;
+typedef enum fg_loop_order { FG_LOOP_Q_OUTER = 0, FG_LOOP_KV_OUTER = 1 } fg_loop_order;
+typedef enum fg_arch {
+  FG_ARCH_SM80 = 0, FG_ARCH_SM86, FG_ARCH_SM89, FG_ARCH_SM90, FG_ARCH_SM90A, FG_ARCH_COUNT
+} fg_arch;
+
+typedef struct fg_variant {
+  fg_pass pass;
+  int d;          /* head dimension: multiple of 8, 32..256 */
+  int br, bc;     /* rows of a Q block, rows of a K/V block */
+  fg_dtype dtype;
+  int causal;
+  fg_loop_order loop;
+  int warps;      /* warps per thread block */
+  int stages;     /* K/V shared-memory stages (cp.async pipeline depth) */
+  fg_arch arch;
+} fg_variant;
+
+#define FG_VARIANT_NAME_MAX 96
+
+/* Writes the canonical name, e.g. fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm80.
+ * Returns the length, or -1 if the variant has a field out of its enum range. */
+int fg_variant_name(const fg_variant *v, char *buf, size_t len);
+
+/* Parses a canonical name. Returns 0 and fills *out, or -1 with a message naming the field that
+ * is wrong in err. Values are checked for form (numbers, known words), not for whether the
+ * template accepts them: see fg_variant_check. */
+int fg_variant_parse(const char *name, fg_variant *out, char *err, size_t errlen);
+
+/* Checks the structural rules every template shares (d a multiple of 8 in 32..256, br a
+ * multiple of 16*warps, bc a multiple of 16, warps in {1,2,4,8}, stages in 1..4). Returns 0, or
+ * -1 with the reason in err. */
+int fg_variant_check(const fg_variant *v, char *err, size_t errlen);
+
+const char *fg_arch_name(fg_arch a);  /* "sm_80", ... "sm_90a" */
+int fg_arch_parse(const char *s, fg_arch *out); /* accepts "sm_90a" and "sm90a"; 0 on success */
+/* The arch the generator targets for a device of compute capability major.minor. */
+fg_arch fg_arch_for_cc(int major, int minor);
+const char *fg_dtype_name(fg_dtype t);  /* "f16", "bf16" */
+int fg_dtype_parse(const char *s, fg_dtype *out);
+
+/* The variant the built-in rule picks when nothing was tuned: q_outer, block sizes by head
+ * dimension, chosen to fit every supported arch's shared memory (99 KB per block and up). */
+fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
+#endif

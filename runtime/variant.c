@@ -1,0 +1,183 @@
+/* variant.c: variant names (print and parse), the structural rules every template shares, arch
+ * and dtype names, and the built-in choice of variant. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fg_variant.h"
+
+static const char *const arch_names[FG_ARCH_COUNT] = {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"};
+static const char *const arch_tokens[FG_ARCH_COUNT] = {"sm80", "sm86", "sm89", "sm90", "sm90a"};
+
+const char *fg_arch_name(fg_arch a) {
+  return (a >= 0 && a < FG_ARCH_COUNT) ? arch_names[a] : "sm_unknown";
+}
+
+int fg_arch_parse(const char *s, fg_arch *out) {
+  for (int i = 0; i < FG_ARCH_COUNT; i++) {
+    if (strcmp(s, arch_names[i]) == 0 || strcmp(s, arch_tokens[i]) == 0) {
+      *out = (fg_arch)i;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+fg_arch fg_arch_for_cc(int major, int minor) {
+  if (major >= 9) return FG_ARCH_SM90A; /* sm_90a cubins only load on 9.0; newer majors use PTX */
+  if (major == 8 && minor >= 9) return FG_ARCH_SM89;
+  if (major == 8 && minor >= 6) return FG_ARCH_SM86;
+  return FG_ARCH_SM80;
+}
+
+const char *fg_dtype_name(fg_dtype t) {
+  return t == FG_DTYPE_F16 ? "f16" : t == FG_DTYPE_BF16 ? "bf16" : "dtype?";
+}
+
+int fg_dtype_parse(const char *s, fg_dtype *out) {
+  if (strcmp(s, "f16") == 0 || strcmp(s, "fp16") == 0 || strcmp(s, "half") == 0) {
+    *out = FG_DTYPE_F16;
+    return 0;
+  }
+  if (strcmp(s, "bf16") == 0 || strcmp(s, "bfloat16") == 0) {
+    *out = FG_DTYPE_BF16;
+    return 0;
+  }
+  return -1;
+}
+
+int fg_variant_name(const fg_variant *v, char *buf, size_t len) {
+  if (v->pass != FG_PASS_FWD || (v->dtype != FG_DTYPE_F16 && v->dtype != FG_DTYPE_BF16) ||
+      (v->loop != FG_LOOP_Q_OUTER && v->loop != FG_LOOP_KV_OUTER) || v->arch < 0 ||
+      v->arch >= FG_ARCH_COUNT)
+    return -1;
+  int n = snprintf(buf, len, "fwd_d%d_br%d_bc%d_%s_%s_%s_w%d_s%d_%s", v->d, v->br, v->bc,
+                   fg_dtype_name(v->dtype), v->causal ? "causal" : "noncausal",
+                   v->loop == FG_LOOP_Q_OUTER ? "qouter" : "kvouter", v->warps, v->stages,
+                   arch_tokens[v->arch]);
+  return n;
+}
+
+/* Parses "<prefix><decimal>" into *val; the whole token must match. */
+static int parse_num(const char *tok, const char *prefix, int *val) {
+  size_t pl = strlen(prefix);
+  if (strncmp(tok, prefix, pl) != 0) return -1;
+  const char *p = tok + pl;
+  if (*p < '0' || *p > '9') return -1;
+  char *end;
+  long x = strtol(p, &end, 10);
+  if (*end != '\0' || x > 100000) return -1;
+  *val = (int)x;
+  return 0;
+}
+
+int fg_variant_parse(const char *name, fg_variant *out, char *err, size_t errlen) {
+  enum { NFIELDS = 10 };
+  static const char *const what[NFIELDS] = {
+      "pass (expected 'fwd')",       "head dim (expected d<N>, e.g. d128)",
+      "Br (expected br<N>)",         "Bc (expected bc<N>)",
+      "dtype (expected f16 or bf16)", "masking (expected causal or noncausal)",
+      "loop order (expected qouter or kvouter)", "warps (expected w<N>)",
+      "stages (expected s<N>)",      "arch (expected sm80, sm86, sm89, sm90 or sm90a)"};
+  char tmp[FG_VARIANT_NAME_MAX * 2];
+  if (!name || strlen(name) >= sizeof tmp) {
+    snprintf(err, errlen, "variant name is empty or too long");
+    return -1;
+  }
+  strcpy(tmp, name);
+  char *tok[NFIELDS + 1];
+  int n = 0;
+  char *save = NULL;
+  for (char *t = strtok_r(tmp, "_", &save); t; t = strtok_r(NULL, "_", &save)) {
+    if (n > NFIELDS) break;
+    tok[n++] = t;
+  }
+  if (n != NFIELDS) {
+    snprintf(err, errlen,
+             "'%s' has %d fields separated by '_', expected %d, as in "
+             "fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm80",
+             name, n > NFIELDS ? NFIELDS + 1 : n, NFIELDS);
+    return -1;
+  }
+  fg_variant v;
+  memset(&v, 0, sizeof v);
+  int bad = -1;
+  if (strcmp(tok[0], "fwd") == 0) v.pass = FG_PASS_FWD; else bad = 0;
+  if (bad < 0 && parse_num(tok[1], "d", &v.d)) bad = 1;
+  if (bad < 0 && parse_num(tok[2], "br", &v.br)) bad = 2;
+  if (bad < 0 && parse_num(tok[3], "bc", &v.bc)) bad = 3;
+  if (bad < 0 && fg_dtype_parse(tok[4], &v.dtype)) bad = 4;
+  if (bad < 0) {
+    if (strcmp(tok[5], "causal") == 0) v.causal = 1;
+    else if (strcmp(tok[5], "noncausal") == 0) v.causal = 0;
+    else bad = 5;
+  }
+  if (bad < 0) {
+    if (strcmp(tok[6], "qouter") == 0) v.loop = FG_LOOP_Q_OUTER;
+    else if (strcmp(tok[6], "kvouter") == 0) v.loop = FG_LOOP_KV_OUTER;
+    else bad = 6;
+  }
+  if (bad < 0 && parse_num(tok[7], "w", &v.warps)) bad = 7;
+  if (bad < 0 && parse_num(tok[8], "s", &v.stages)) bad = 8;
+  if (bad < 0) {
+    fg_arch a;
+    /* Only the token spelling (sm90a) is canonical inside names. */
+    if (strncmp(tok[9], "sm_", 3) == 0 || fg_arch_parse(tok[9], &a)) bad = 9;
+    else v.arch = a;
+  }
+  if (bad >= 0) {
+    snprintf(err, errlen, "bad variant name '%s': field %d '%s' is not a valid %s", name, bad + 1,
+             tok[bad], what[bad]);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+int fg_variant_check(const fg_variant *v, char *err, size_t errlen) {
+  if (v->d < 32 || v->d > 256 || v->d % 8 != 0) {
+    snprintf(err, errlen, "d = %d: head dimension must be a multiple of 8 from 32 to 256", v->d);
+    return -1;
+  }
+  if (v->warps != 1 && v->warps != 2 && v->warps != 4 && v->warps != 8) {
+    snprintf(err, errlen, "warps = %d: must be 1, 2, 4 or 8", v->warps);
+    return -1;
+  }
+  if (v->br <= 0 || v->br % (16 * v->warps) != 0 || v->br / (16 * v->warps) > 4) {
+    snprintf(err, errlen,
+             "Br = %d with %d warps: each warp takes 16, 32, 48 or 64 rows, so Br must be "
+             "16*warps*k with k in 1..4",
+             v->br, v->warps);
+    return -1;
+  }
+  if (v->bc <= 0 || v->bc % 16 != 0 || v->bc > 256) {
+    snprintf(err, errlen, "Bc = %d: must be a multiple of 16 up to 256", v->bc);
+    return -1;
+  }
+  if (v->stages < 1 || v->stages > 4) {
+    snprintf(err, errlen, "stages = %d: must be 1 to 4", v->stages);
+    return -1;
+  }
+  return 0;
+}
+
+fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
+  fg_variant v;
+  memset(&v, 0, sizeof v);
+  v.pass = FG_PASS_FWD;
+  v.d = d;
+  v.dtype = dtype;
+  v.causal = causal;
+  v.loop = FG_LOOP_Q_OUTER;
+  v.arch = arch;
+  v.stages = 2;
+  /* Four warps of 16 query rows each; K/V blocks shrink as d grows so that Q plus two stages
+   * of K and V stay under 99 KB (the smallest opt-in limit we support, sm_89). */
+  v.warps = 4;
+  v.br = 64;
+  v.bc = d <= 64 ? 128 : d <= 128 ? 64 : 32;
+  if (d <= 128) v.br = 128, v.warps = 8;
+  /* sm_86 and sm_89 allow 99 KB per block: halve the K/V blocks above d = 64. */
+  if ((arch == FG_ARCH_SM86 || arch == FG_ARCH_SM89) && d > 64 && d <= 128) v.bc = 32;
+  return v;
+}

@@ -1,0 +1,129 @@
+// common.cuh: device helpers shared by the kernel templates, written over PTX so the generated
+// source needs no toolkit header: 16/8-bit types, fp16/bf16 conversion, cp.async, ldmatrix and
+// mma.sync m16n8k16. Included by templates with {% include("common.cuh") %}.
+typedef unsigned long long u64;
+typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+#define FG_DEV __device__ __forceinline__
+#define FG_NEG_INF (__int_as_float(0xff800000))
+
+{% include("fg_params.h") %}
+
+// Shared-memory address of a generic pointer into shared memory.
+FG_DEV u32 smem_addr(const void *p) {
+  u32 r;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+  return r;
+}
+
+// 16-byte global -> shared copy; when !pred nothing is read and the destination is zeroed.
+FG_DEV void cp_async16(u32 dst, const void *src, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(pred ? 16 : 0));
+}
+FG_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> FG_DEV void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+FG_DEV void ldsm_x4(u32 addr, u32 &r0, u32 &r1, u32 &r2, u32 &r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+FG_DEV void ldsm_x4_t(u32 addr, u32 &r0, u32 &r1, u32 &r2, u32 &r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+// C += A * B for one m16n8k16 tile, fp32 accumulate.
+template <bool BF16> FG_DEV void mma16816(float *c, const u32 *a, u32 b0, u32 b1) {
+  if constexpr (BF16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats -> packed pair (lo in the low half), round to nearest even.
+template <bool BF16> FG_DEV u32 pack2(float lo, float hi) {
+  u32 r;
+  if constexpr (BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// One 16-bit value <-> float.
+template <bool BF16> FG_DEV float to_float(u16 x) {
+  if constexpr (BF16) return __int_as_float(((u32)x) << 16);
+  else {
+    float f;
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(x));
+    return f;
+  }
+}
+template <bool BF16> FG_DEV u16 from_float(float f) {
+  u16 r;
+  if constexpr (BF16) asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(r) : "f"(f));
+  else asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(r) : "f"(f));
+  return r;
+}
+// Rounds a float to the nearest value representable in the 16-bit type.
+template <bool BF16> FG_DEV float round_to(float f) { return to_float<BF16>(from_float<BF16>(f)); }
+
+FG_DEV float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+FG_DEV float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+FG_DEV float fast_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
+// 16 bytes shared -> global.
+FG_DEV void copy16_s2g(void *gdst, u32 saddr) {
+  u32 a, b, c, d;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(saddr));
+  asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"l"(gdst), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+// Copies ROWS rows of NCHUNK 16-byte chunks from global (row stride in elements) into shared
+// rows of SROW elements, with cp.async; rows at or past rows_left are zero-filled.
+template <int ROWS, int NCHUNK, int SROW, int THREADS>
+FG_DEV void load_tile(u32 sbase, const u16 *g, i64 row_stride, i64 rows_left, int tid) {
+#pragma unroll
+  for (int it = 0; it < (ROWS * NCHUNK + THREADS - 1) / THREADS; ++it) {
+    const int idx = tid + it * THREADS;
+    if ((ROWS * NCHUNK) % THREADS == 0 || idx < ROWS * NCHUNK) {
+      const int r = idx / NCHUNK, c = idx % NCHUNK;
+      const bool ok = r < rows_left;
+      cp_async16(sbase + (u32)(r * SROW + c * 8) * 2u, ok ? g + r * row_stride + c * 8 : g, ok);
+    }
+  }
+}
+
+// Zeroes the columns [D, DP) of NROWS shared rows (the k-padding of the mma), once per kernel.
+template <int NROWS, int D, int DP, int SROW, int THREADS>
+FG_DEV void zero_pad_columns(u16 *s, int tid) {
+  if constexpr (DP != D) {
+    constexpr int PC = (DP - D) / 8;
+    for (int idx = tid; idx < NROWS * PC; idx += THREADS) {
+      u32 *w = (u32 *)(s + (idx / PC) * SROW + D + (idx % PC) * 8);
+      w[0] = 0u; w[1] = 0u; w[2] = 0u; w[3] = 0u;
+    }
+  }
+}

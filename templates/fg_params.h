@@ -1,0 +1,19 @@
+/* fg_params.h: the argument block every generated kernel takes (by value, as its only
+ * parameter). Shared word for word by the host (C, runtime/launch.c) and the generated CUDA
+ * (pasted in by the template engine), so the two can never disagree on the layout. Only
+ * 8-byte fields, so no padding differs between compilers. Append fields; never reorder. */
+#ifndef FG_PARAMS_H
+#define FG_PARAMS_H
+typedef struct fg_fwd_params {
+  unsigned long long q, k, v, o, lse, workspace; /* device addresses; lse and workspace may be 0 */
+  long long q_sb, q_sh, q_sn;                    /* element strides: batch, head, row */
+  long long k_sb, k_sh, k_sn;
+  long long v_sb, v_sh, v_sn;
+  long long o_sb, o_sh, o_sn;
+  long long batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+  long long hq_per_hkv; /* heads_q / heads_kv */
+  double scale;         /* softmax scale */
+  double scale_log2;    /* scale * log2(e): exp(scale*s) = exp2(scale_log2*s) */
+  long long causal;     /* read by the reference kernel only; generated kernels fix it */
+} fg_fwd_params;
+#endif

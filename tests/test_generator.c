@@ -1,0 +1,278 @@
+/* test_generator.c: variant names, the fit rule against real devices' limits, template
+ * rendering (sandbox, errors naming template:line, self-contained output) and the seed rule. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fg_autotune.h"
+#include "fg_gen.h"
+
+static fg_generator *gen(void) {
+  char err[4096];
+  fg_generator *g = NULL;
+  cr_assert_eq(fg_generator_create(&g, err, sizeof err), 0, "generator: %s", err);
+  return g;
+}
+
+static fg_variant parse(const char *name) {
+  fg_variant v;
+  char err[512];
+  cr_assert_eq(fg_variant_parse(name, &v, err, sizeof err), 0, "%s: %s", name, err);
+  return v;
+}
+
+Test(variant, names_round_trip) {
+  static const char *const names[] = {
+      "fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm80",
+      "fwd_d32_br16_bc16_f16_noncausal_kvouter_w1_s1_sm90a",
+      "fwd_d256_br64_bc32_bf16_noncausal_qouter_w4_s3_sm89",
+      "fwd_d40_br128_bc128_f16_causal_qouter_w8_s2_sm86",
+      "fwd_d96_br64_bc64_bf16_causal_kvouter_w4_s1_sm90",
+  };
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    fg_variant v = parse(names[i]);
+    char back[FG_VARIANT_NAME_MAX];
+    cr_assert_gt(fg_variant_name(&v, back, sizeof back), 0);
+    cr_assert_str_eq(back, names[i]);
+  }
+  fg_variant v = parse("fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm80");
+  cr_assert_eq(v.d, 128);
+  cr_assert_eq(v.br, 128);
+  cr_assert_eq(v.bc, 64);
+  cr_assert_eq(v.dtype, FG_DTYPE_BF16);
+  cr_assert_eq(v.causal, 1);
+  cr_assert_eq(v.loop, FG_LOOP_Q_OUTER);
+  cr_assert_eq(v.warps, 4);
+  cr_assert_eq(v.stages, 2);
+  cr_assert_eq(v.arch, FG_ARCH_SM80);
+}
+
+static void expect_bad(const char *name, const char *needle) {
+  fg_variant v;
+  char err[512] = "";
+  cr_assert_neq(fg_variant_parse(name, &v, err, sizeof err), 0, "'%s' was accepted", name);
+  cr_assert(strstr(err, needle) != NULL, "message for '%s' should mention '%s': %s", name, needle, err);
+}
+
+Test(variant, bad_names_say_which_field) {
+  expect_bad("bwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm80", "field 1 'bwd' is not a valid pass");
+  expect_bad("fwd_dx_br128_bc64_bf16_causal_qouter_w4_s2_sm80", "field 2 'dx' is not a valid head dim");
+  expect_bad("fwd_d128_b128_bc64_bf16_causal_qouter_w4_s2_sm80", "field 3 'b128' is not a valid Br");
+  expect_bad("fwd_d128_br128_bc_bf16_causal_qouter_w4_s2_sm80", "field 4 'bc' is not a valid Bc");
+  expect_bad("fwd_d128_br128_bc64_fp8_causal_qouter_w4_s2_sm80", "field 5 'fp8' is not a valid dtype");
+  expect_bad("fwd_d128_br128_bc64_bf16_masked_qouter_w4_s2_sm80", "field 6 'masked'");
+  expect_bad("fwd_d128_br128_bc64_bf16_causal_inner_w4_s2_sm80", "field 7 'inner' is not a valid loop order");
+  expect_bad("fwd_d128_br128_bc64_bf16_causal_qouter_4_s2_sm80", "field 8 '4' is not a valid warps");
+  expect_bad("fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2x_sm80", "field 9 's2x' is not a valid stages");
+  expect_bad("fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm75", "field 10 'sm75' is not a valid arch");
+  expect_bad("fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2", "has 9 fields");
+  expect_bad("fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm80_x", "expected 10");
+  expect_bad("", "has 0 fields");
+}
+
+Test(variant, structural_rules) {
+  char err[256];
+  fg_variant v = parse("fwd_d100_br64_bc64_bf16_causal_qouter_w4_s2_sm80");
+  cr_assert_neq(fg_variant_check(&v, err, sizeof err), 0);
+  cr_assert(strstr(err, "d = 100") && strstr(err, "multiple of 8"), "%s", err);
+  v = parse("fwd_d264_br64_bc64_bf16_causal_qouter_w4_s2_sm80");
+  cr_assert_neq(fg_variant_check(&v, err, sizeof err), 0);
+  v = parse("fwd_d128_br32_bc64_bf16_causal_qouter_w4_s2_sm80");
+  cr_assert_neq(fg_variant_check(&v, err, sizeof err), 0);
+  cr_assert(strstr(err, "Br = 32 with 4 warps"), "%s", err);
+  v = parse("fwd_d128_br64_bc24_bf16_causal_qouter_w4_s2_sm80");
+  cr_assert_neq(fg_variant_check(&v, err, sizeof err), 0);
+  cr_assert(strstr(err, "Bc = 24"), "%s", err);
+  for (int d = 32; d <= 256; d += 8) {
+    v.d = d;
+    v.bc = 64;
+    cr_assert_eq(fg_variant_check(&v, err, sizeof err), 0, "d=%d: %s", d, err);
+  }
+}
+
+/* The fit rule against the A100 (163 KB per block), H100 (227 KB) and RTX 4090 (99 KB). */
+Test(fit, devices_accept_and_reject_with_numbers) {
+  fg_generator *g = gen();
+  char why[256];
+  /* (128 + 2*2*64) rows * 136 elements * 2 B = 104448 B: over the 4090's 101376. */
+  fg_variant mid = parse("fwd_d128_br128_bc64_bf16_causal_qouter_w8_s2_sm80");
+  cr_assert_eq(fg_variant_fits(g, &mid, &fg_limits_a100, why, sizeof why), 1, "%s", why);
+  cr_assert_eq(fg_variant_fits(g, &mid, &fg_limits_h100, why, sizeof why), 1, "%s", why);
+  cr_assert_eq(fg_variant_fits(g, &mid, &fg_limits_rtx4090, why, sizeof why), 0);
+  cr_assert_str_eq(why, "needs 104448 B of shared memory, NVIDIA GeForce RTX 4090 allows 101376 B per block");
+  /* (128 + 2*3*128) * 136 * 2 = 243712 B: over every device here. */
+  fg_variant big = parse("fwd_d128_br128_bc128_bf16_causal_qouter_w8_s3_sm90a");
+  cr_assert_eq(fg_variant_fits(g, &big, &fg_limits_h100, why, sizeof why), 0);
+  cr_assert_str_eq(why, "needs 243712 B of shared memory, NVIDIA H100 allows 232448 B per block");
+  cr_assert_eq(fg_variant_fits(g, &big, &fg_limits_a100, why, sizeof why), 0);
+  cr_assert_str_eq(why, "needs 243712 B of shared memory, NVIDIA A100 allows 166912 B per block");
+  /* (64 + 2*2*128) * 264 * 2 = 304128 B at d = 256; (64 + 2*2*32)*264*2 = 101376 fits all three. */
+  fg_variant d256 = parse("fwd_d256_br64_bc32_f16_noncausal_qouter_w4_s2_sm80");
+  cr_assert_eq(fg_variant_fits(g, &d256, &fg_limits_rtx4090, why, sizeof why), 1, "%s", why);
+  cr_assert_eq(fg_variant_fits(g, &d256, &fg_limits_a100, why, sizeof why), 1, "%s", why);
+  /* 8 warps * 64 rows each: too many registers for the accumulators at d = 256. */
+  fg_variant regs = parse("fwd_d256_br256_bc64_f16_noncausal_qouter_w4_s1_sm90a");
+  cr_assert_eq(fg_variant_fits(g, &regs, &fg_limits_h100, why, sizeof why), 0);
+  cr_assert(strstr(why, "registers"), "%s", why);
+  /* kv_outer keeps one K/V block: stages must be 1. */
+  fg_variant kv = parse("fwd_d64_br64_bc64_f16_noncausal_kvouter_w4_s2_sm80");
+  cr_assert_eq(fg_variant_fits(g, &kv, &fg_limits_h100, why, sizeof why), 0);
+  cr_assert(strstr(why, "stages must be 1"), "%s", why);
+  fg_generator_destroy(g);
+}
+
+Test(fit, builtin_variants_fit_the_smallest_device) {
+  fg_generator *g = gen();
+  char why[256];
+  for (int d = 32; d <= 256; d += 8)
+    for (int c = 0; c <= 1; c++) {
+      fg_variant v = fg_builtin_variant(d, FG_DTYPE_BF16, c, FG_ARCH_SM89);
+      cr_assert_eq(fg_variant_fits(g, &v, &fg_limits_rtx4090, why, sizeof why), 1, "d=%d: %s", d, why);
+    }
+  fg_generator_destroy(g);
+}
+
+Test(seed_rule, follows_the_paper_within_the_limits) {
+  fg_generator *g = gen();
+  char why[256];
+  /* H100: M = 232448 / 2 = 116224 elements; ceil(M / 4d) at d = 64 is 454: Bc capped at 256, Br =
+   * min(454, 64) = 64. The result must fit. */
+  fg_variant v = fg_seed_rule_variant(g, 64, FG_DTYPE_BF16, 0, FG_ARCH_SM90A, &fg_limits_h100);
+  cr_assert_eq(v.br, 64);
+  cr_assert_eq(fg_variant_fits(g, &v, &fg_limits_h100, why, sizeof why), 1, "%s", why);
+  v = fg_seed_rule_variant(g, 128, FG_DTYPE_BF16, 0, FG_ARCH_SM80, &fg_limits_a100);
+  cr_assert_eq(fg_variant_fits(g, &v, &fg_limits_a100, why, sizeof why), 1, "%s", why);
+  fg_variant cands[128];
+  fg_prune_counts pc;
+  int n = fg_candidates(g, 128, FG_DTYPE_BF16, 1, FG_ARCH_SM90A, &fg_limits_h100, cands, 128, &pc);
+  cr_assert_gt(n, 10);
+  cr_assert_eq(memcmp(&cands[0], &(fg_variant){0}, sizeof cands[0]) != 0, 1);
+  cr_assert_gt(pc.smem, 0, "the H100 must prune some d=128 candidates by shared memory");
+  for (int i = 0; i < n; i++)
+    cr_assert_eq(fg_variant_fits(g, &cands[i], &fg_limits_h100, why, sizeof why), 1);
+  fg_generator_destroy(g);
+}
+
+Test(render, source_is_self_contained_and_names_itself) {
+  fg_generator *g = gen();
+  static const char *const names[] = {"fwd_d128_br128_bc64_bf16_causal_qouter_w8_s2_sm80",
+                                      "fwd_d40_br64_bc32_f16_noncausal_kvouter_w4_s1_sm90a"};
+  for (int i = 0; i < 2; i++) {
+    fg_variant v = parse(names[i]);
+    char *src = NULL, err[4096];
+    fg_kernel_meta meta;
+    cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
+    char first[256];
+    snprintf(first, sizeof first, "// Generated by flashgen from template %s: variant %s.",
+             i == 0 ? "fwd_q_outer.cu" : "fwd_kv_outer.cu", names[i]);
+    cr_assert_eq(strncmp(src, first, strlen(first)), 0, "first line: %.120s", src);
+    cr_assert_null(strstr(src, "#include"), "generated source must include no header");
+    cr_assert_null(strstr(src, "{{"), "unrendered substitution");
+    cr_assert(strstr(src, "constexpr int D = ") != NULL);
+    cr_assert_str_eq(meta.entry + 3, names[i]);
+    cr_assert_eq(meta.threads, v.warps * 32);
+    cr_assert_eq(meta.grid, i == 0 ? FG_GRID_Q_TILES : FG_GRID_HEADS);
+    cr_assert_eq(meta.workspace_floats_per_row, i == 0 ? 0 : v.d + 2);
+    fg_resources r;
+    cr_assert_eq(fg_generator_resources(g, &v, &r, err, sizeof err), 0);
+    cr_assert_eq(meta.smem_bytes, r.smem_bytes);
+    free(src);
+  }
+  fg_generator_destroy(g);
+}
+
+/* Copies the embedded templates into a directory, replacing one file's line with text. */
+static void make_template_dir(char *dir, const char *file, int line, const char *text) {
+  strcpy(dir, "/tmp/fg-tpl-XXXXXX");
+  cr_assert_not_null(mkdtemp(dir));
+  const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
+  cr_assert_not_null(src, "FLASHGEN_TEST_SOURCE_DIR must point at the source tree");
+  static const char *const files[] = {"engine.lua", "fwd.lua", "common.cuh", "fg_params.h",
+                                      "fwd_q_outer.cu", "fwd_kv_outer.cu", "reference.cu"};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    char in[1024], out[1024], buf[4096];
+    snprintf(in, sizeof in, "%s/templates/%s", src, files[i]);
+    snprintf(out, sizeof out, "%s/%s", dir, files[i]);
+    FILE *fi = fopen(in, "r"), *fo = fopen(out, "w");
+    cr_assert(fi && fo);
+    int n = 0;
+    while (fgets(buf, sizeof buf, fi)) {
+      n++;
+      if (strcmp(files[i], file) == 0 && n == line) fprintf(fo, "%s\n", text);
+      else fputs(buf, fo);
+    }
+    fclose(fi);
+    fclose(fo);
+  }
+}
+
+static void expect_render_error(const char *file, int line, const char *text, const char *needle) {
+  char dir[64];
+  make_template_dir(dir, file, line, text);
+  setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
+  fg_generator *g = gen();
+  fg_variant v = parse("fwd_d64_br64_bc64_f16_causal_qouter_w4_s2_sm80");
+  char *src = NULL, err[4096];
+  fg_kernel_meta meta;
+  cr_assert_neq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "render should fail");
+  cr_assert(strstr(err, needle) != NULL, "expected '%s' in: %s", needle, err);
+  fg_generator_destroy(g);
+  unsetenv("FLASHGEN_TEMPLATE_DIR");
+}
+
+Test(render, errors_name_template_and_line) {
+  expect_render_error("fwd_q_outer.cu", 12, "constexpr int X = {{ no_such_param }};",
+                      "fwd_q_outer.cu:12: undefined template name 'no_such_param'");
+  expect_render_error("fwd_q_outer.cu", 7, "{% if then %}", "fwd_q_outer.cu:7:");
+  expect_render_error("common.cuh", 9, "{% error('broken helper') %}", "common.cuh:9: broken helper");
+  expect_render_error("fwd_q_outer.cu", 20, "{% local f = io.open('/etc/passwd') %}",
+                      "fwd_q_outer.cu:20: undefined template name 'io'");
+  expect_render_error("fwd_q_outer.cu", 21, "{{ os.getenv('HOME') }}",
+                      "fwd_q_outer.cu:21: undefined template name 'os'");
+  expect_render_error("fwd_q_outer.cu", 22, "{% require('x') %}",
+                      "fwd_q_outer.cu:22: undefined template name 'require'");
+  expect_render_error("fwd_q_outer.cu", 23, "{% dofile('/etc/passwd') %}",
+                      "fwd_q_outer.cu:23: undefined template name 'dofile'");
+}
+
+Test(render, template_dir_override_changes_hash) {
+  fg_generator *g = gen();
+  uint64_t h0 = fg_generator_template_hash(g);
+  cr_assert_str_eq(fg_generator_template_source(g), "embedded");
+  fg_generator_destroy(g);
+  char dir[64];
+  make_template_dir(dir, "fwd_q_outer.cu", 2, "// a comment that changes nothing but the text");
+  setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
+  g = gen();
+  cr_assert_str_eq(fg_generator_template_source(g), dir);
+  cr_assert_neq(fg_generator_template_hash(g), h0, "any template change must change the hash");
+  fg_generator_destroy(g);
+  unsetenv("FLASHGEN_TEMPLATE_DIR");
+}
+
+Test(nvrtc, missing_library_is_reported) {
+  setenv("FLASHGEN_NVRTC_LIBRARY", "/nonexistent/libnvrtc.so.99", 1);
+  char err[2048];
+  cr_assert_neq(fg_nvrtc_load(err, sizeof err), 0);
+  cr_assert(strstr(err, "/nonexistent/libnvrtc.so.99") != NULL, "%s", err);
+  cr_assert(strstr(err, "FLASHGEN_NVRTC_LIBRARY") != NULL, "%s", err);
+  cr_assert_eq(fg_nvrtc_version(), 0);
+}
+
+Test(nvrtc, compile_error_carries_log_and_variant) {
+  char err[256];
+  if (fg_nvrtc_load(err, sizeof err)) cr_skip_test("NVRTC not installed: %s", err);
+  fg_kernel_image img;
+  fg_kernel_meta meta = {0};
+  char *log = NULL;
+  cr_assert_neq(fg_nvrtc_compile("extern \"C\" __global__ void k() { undefined_thing(); }",
+                                 "fwd_broken_example", FG_ARCH_SM80, &meta, &img, &log), 0);
+  cr_assert_not_null(log);
+  cr_assert(strstr(log, "fwd_broken_example") != NULL, "%s", log);
+  cr_assert(strstr(log, "undefined_thing") != NULL, "the NVRTC log must be included: %s", log);
+  cr_assert(strstr(log, "--gpu-architecture=sm_80") != NULL, "the options must be included: %s", log);
+  free(log);
+}
