@@ -1,0 +1,223 @@
+/* admin.c: what `flashgen cache ls | stats | verify | clear` and `flashgen tune --list` show and
+ * do: list the kernel entries and tuning records, count and size them, check every checksum,
+ * empty the cache. */
+#include <assert.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "fg_cache_internal.h"
+
+static void format_time(sqlite3_int64 t, char *buf, size_t len) {
+  time_t tt = (time_t)t;
+  struct tm tm;
+  if (!localtime_r(&tt, &tm) || strftime(buf, len, "%Y-%m-%d %H:%M:%S", &tm) == 0)
+    snprintf(buf, len, "%lld", (long long)t);
+}
+
+static const char *text_or(sqlite3_stmt *st, int i, const char *dflt) {
+  const char *s = (const char *)sqlite3_column_text(st, i);
+  return s ? s : dflt;
+}
+
+int fg_cache_ls(fg_cache *c, FILE *out) {
+  assert(c);
+  pthread_mutex_lock(&c->mu);
+  sqlite3_stmt *st = NULL;
+  int n = 0;
+  int rc = sqlite3_prepare_v2(c->db,
+                              "SELECT variant, arch, nvrtc_version, size, created FROM kernels"
+                              " ORDER BY variant, arch, nvrtc_version, flashgen_version",
+                              -1, &st, NULL);
+  if (rc == SQLITE_OK) {
+    if (out)
+      fprintf(out, "%-64s %-7s %-6s %10s  %s\n", "VARIANT", "ARCH", "NVRTC", "BYTES", "CREATED");
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+      int nv = sqlite3_column_int(st, 2);
+      char nvs[32], when[32];
+      snprintf(nvs, sizeof nvs, "%d.%d", nv / 1000, (nv % 1000) / 10);
+      format_time(sqlite3_column_int64(st, 4), when, sizeof when);
+      if (out)
+        fprintf(out, "%-64s %-7s %-6s %10lld  %s\n", text_or(st, 0, "?"), text_or(st, 1, "?"), nvs,
+                (long long)sqlite3_column_int64(st, 3), when);
+      n++;
+    }
+    if (rc == SQLITE_DONE) rc = SQLITE_OK;
+  }
+  sqlite3_finalize(st);
+  pthread_mutex_unlock(&c->mu);
+  return rc == SQLITE_OK ? n : -1;
+}
+
+static long long count(sqlite3 *db, const char *sql, int *rcp) {
+  sqlite3_stmt *st = NULL;
+  long long v = 0;
+  int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+  if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+    v = sqlite3_column_int64(st, 0);
+    rc = SQLITE_OK;
+  }
+  sqlite3_finalize(st);
+  if (rc != SQLITE_OK && *rcp == SQLITE_OK) *rcp = rc;
+  return v;
+}
+
+static long long file_size(const char *path, const char *suffix) {
+  char p[PATH_MAX + 16];
+  struct stat st;
+  snprintf(p, sizeof p, "%s%s", path, suffix);
+  return stat(p, &st) == 0 ? (long long)st.st_size : 0;
+}
+
+int fg_cache_count(fg_cache *c, fg_cache_counts *s) {
+  assert(c && s);
+  memset(s, 0, sizeof *s);
+  pthread_mutex_lock(&c->mu);
+  int rc = SQLITE_OK;
+  s->kernels = count(c->db, "SELECT count(*) FROM kernels", &rc);
+  s->kernel_bytes = count(c->db, "SELECT COALESCE(sum(size), 0) FROM kernels", &rc);
+  s->tuning_records = count(c->db, "SELECT count(*) FROM tuning", &rc);
+  s->candidates = count(c->db, "SELECT count(*) FROM candidates", &rc);
+  s->devices = count(c->db, "SELECT count(*) FROM devices", &rc);
+  pthread_mutex_unlock(&c->mu);
+  s->file_bytes = file_size(c->path, "") + file_size(c->path, "-wal");
+  return rc == SQLITE_OK ? 0 : -1;
+}
+
+int fg_cache_stats(fg_cache *c, FILE *out) {
+  fg_cache_counts s;
+  if (fg_cache_count(c, &s) != 0) return -1;
+  if (out) {
+    fprintf(out, "database:        %s\n", c->path);
+    fprintf(out, "file size:       %lld bytes (with its write-ahead log)\n", s.file_bytes);
+    fprintf(out, "schema version:  %d\n", FG_CACHE_SCHEMA_VERSION);
+    fprintf(out, "kernels:         %lld entries, %lld bytes of cubin and PTX\n", s.kernels,
+            s.kernel_bytes);
+    fprintf(out, "tuning records:  %lld buckets on %lld devices, %lld candidates measured\n",
+            s.tuning_records, s.devices, s.candidates);
+  }
+  return 0;
+}
+
+int fg_cache_verify(fg_cache *c, FILE *out) {
+  assert(c);
+  pthread_mutex_lock(&c->mu);
+  sqlite3_stmt *st = NULL;
+  int bad = 0;
+  long long checked = 0;
+  int rc = sqlite3_prepare_v2(
+      c->db,
+      "SELECT variant, arch, nvrtc_version, template_hash, flashgen_version, " FG_CACHE_META_COLS
+      ", size, checksum, cubin, ptx"
+      " FROM kernels ORDER BY variant, arch",
+      -1, &st, NULL);
+  while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+    rc = SQLITE_OK;
+    checked++;
+    const char *variant = text_or(st, 0, "?"), *arch = text_or(st, 1, "?");
+    fg_kernel_meta m;
+    const char *why = fg_cache_read_meta(st, 5, &m);
+    if (!why &&
+        (sqlite3_column_type(st, 17) != SQLITE_BLOB || sqlite3_column_type(st, 18) != SQLITE_BLOB))
+      why = "cubin or PTX missing";
+    if (!why)
+      why = fg_cache_check_entry(variant, arch, sqlite3_column_int(st, 2),
+                                 fg_cache_i64_to_u64(sqlite3_column_int64(st, 3)),
+                                 text_or(st, 4, ""), &m, sqlite3_column_blob(st, 17),
+                                 (size_t)sqlite3_column_bytes(st, 17), sqlite3_column_blob(st, 18),
+                                 (size_t)sqlite3_column_bytes(st, 18), sqlite3_column_int64(st, 15),
+                                 fg_cache_i64_to_u64(sqlite3_column_int64(st, 16)));
+    if (why) {
+      bad++;
+      if (out)
+        fprintf(out, "BAD  %s %s nvrtc %d flashgen %s: %s\n", variant, arch,
+                sqlite3_column_int(st, 2), text_or(st, 4, "?"), why);
+    }
+  }
+  if (rc == SQLITE_DONE) rc = SQLITE_OK;
+  sqlite3_finalize(st);
+  pthread_mutex_unlock(&c->mu);
+  if (rc != SQLITE_OK) {
+    if (out)
+      fprintf(out,
+              "flashgen: cache %s could not be read to the end (%s); run `flashgen cache "
+              "clear`\n",
+              c->path, sqlite3_errstr(rc));
+    return -1;
+  }
+  if (out) {
+    if (bad)
+      fprintf(out,
+              "%d of %lld entries bad; they are deleted and recompiled when next used, or run "
+              "`flashgen cache clear`\n",
+              bad, checked);
+    else
+      fprintf(out, "all %lld entries ok\n", checked);
+  }
+  return bad;
+}
+
+static int clear_txn(fg_cache *c, void *ud) {
+  (void)ud;
+  return sqlite3_exec(c->db,
+                      "DELETE FROM kernels; DELETE FROM candidates; DELETE FROM tuning;"
+                      " DELETE FROM devices;",
+                      NULL, NULL, NULL);
+}
+
+int fg_cache_clear(fg_cache *c) {
+  assert(c);
+  pthread_mutex_lock(&c->mu);
+  int rc = fg_cache_write_txn(c, clear_txn, NULL);
+  if (rc == SQLITE_OK) {
+    /* Give the space back; both fail harmlessly while another process is reading. */
+    sqlite3_exec(c->db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL);
+    sqlite3_exec(c->db, "VACUUM", NULL, NULL, NULL);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return rc == SQLITE_OK ? 0 : -1;
+}
+
+int fg_cache_list_tuning(fg_cache *c, FILE *out) {
+  assert(c);
+  pthread_mutex_lock(&c->mu);
+  sqlite3_stmt *st = NULL;
+  int n = 0;
+  int rc = sqlite3_prepare_v2(
+      c->db,
+      "SELECT d.name, d.cc_major, d.cc_minor, d.sm_count, d.driver_version, t.bucket, t.winner,"
+      " (SELECT k.tflops FROM candidates k WHERE k.device_id = t.device_id"
+      "  AND k.bucket = t.bucket AND k.variant = t.winner),"
+      " (SELECT count(*) FROM candidates k WHERE k.device_id = t.device_id AND k.bucket = "
+      "t.bucket),"
+      " (SELECT count(*) FROM candidates k WHERE k.device_id = t.device_id AND k.bucket = t.bucket"
+      "  AND k.ok = 0)"
+      " FROM tuning t JOIN devices d ON d.id = t.device_id ORDER BY d.name, d.id, t.bucket",
+      -1, &st, NULL);
+  if (rc == SQLITE_OK) {
+    if (out)
+      fprintf(out, "%-40s %-32s %-64s %8s %s\n", "DEVICE", "BUCKET", "WINNER", "TFLOP/s",
+              "CANDIDATES (REJECTED)");
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+      char dev[256];
+      snprintf(dev, sizeof dev, "%s (cc %d.%d, %d SMs, driver %d)", text_or(st, 0, "?"),
+               sqlite3_column_int(st, 1), sqlite3_column_int(st, 2), sqlite3_column_int(st, 3),
+               sqlite3_column_int(st, 4));
+      if (out) {
+        char tf[32];
+        if (sqlite3_column_type(st, 7) == SQLITE_NULL)
+          snprintf(tf, sizeof tf, "-");
+        else
+          snprintf(tf, sizeof tf, "%.1f", sqlite3_column_double(st, 7));
+        fprintf(out, "%-40s %-32s %-64s %8s %d (%d)\n", dev, text_or(st, 5, "?"),
+                text_or(st, 6, "(none)"), tf, sqlite3_column_int(st, 8), sqlite3_column_int(st, 9));
+      }
+      n++;
+    }
+    if (rc == SQLITE_DONE) rc = SQLITE_OK;
+  }
+  sqlite3_finalize(st);
+  pthread_mutex_unlock(&c->mu);
+  return rc == SQLITE_OK ? n : -1;
+}

@@ -1,0 +1,82 @@
+/* fg_cache_internal.h: what the files of cache/ share and nothing outside cache/ may use: the
+ * handle's layout, the schema version, the checksum, the write-transaction loop and the message
+ * helpers. */
+#ifndef FG_CACHE_INTERNAL_H
+#define FG_CACHE_INTERNAL_H
+#include <limits.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdint.h>
+
+#include "fg_cache.h"
+
+#ifndef PATH_MAX
+#define PATH_MAX 4096
+#endif
+
+/* Bump when the schema changes, and add the migration from the previous version to db.c (or let
+ * it rebuild: every table is a cache of something that can be measured again). */
+#define FG_CACHE_SCHEMA_VERSION 1
+#define FG_CACHE_DB_NAME "flashgen.sqlite3"
+#define FG_CACHE_BUSY_TIMEOUT_MS 5000
+
+struct fg_cache {
+  sqlite3 *db;
+  pthread_mutex_t mu; /* one operation (and its transaction) at a time per handle */
+  int write_failed;   /* a put failed for good (disk full, read-only): later puts are quiet */
+  char dir[PATH_MAX];
+  char path[PATH_MAX]; /* dir/flashgen.sqlite3 */
+};
+
+/* snprintf into warn (NULL or 0 length: nothing). */
+void fg_cache_warnf(char *warn, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* XXH64 of data with seed: chain calls (the result as the next seed) to hash several pieces. */
+uint64_t fg_cache_hash64(const void *data, size_t len, uint64_t seed);
+
+/* SQLite stores signed 64-bit integers; these convert without implementation-defined casts. */
+int64_t fg_cache_u64_to_i64(uint64_t v);
+uint64_t fg_cache_i64_to_u64(int64_t v);
+
+/* Creates dir (mode 0700) when it is missing, then checks that it is a private directory of the
+ * caller: not a symlink, owned by the effective uid, not group- or world-writable, writable.
+ * Returns 0, or -1 with the reason and what to do in warn. */
+int fg_cache_prepare_dir(const char *dir, char *warn, size_t len);
+
+/* Runs fn inside BEGIN IMMEDIATE ... COMMIT, retrying the whole transaction when another
+ * process holds the lock (SQLITE_BUSY / SQLITE_LOCKED). fn returns an SQLite code; anything but
+ * SQLITE_OK rolls back. Returns the final code. Call with c->mu held. */
+typedef int (*fg_cache_txn_fn)(fg_cache *c, void *ud);
+int fg_cache_write_txn(fg_cache *c, fg_cache_txn_fn fn, void *ud);
+
+/* Fills warn for a write that failed with SQLite code rc (what: "storing kernel X"); a failure
+ * that will not go away by itself (disk full, read-only, I/O error) turns further writes off. */
+void fg_cache_write_failed(fg_cache *c, int rc, const char *what, char *warn, size_t len);
+
+/* 1 if rc (primary code) means "another connection holds a lock". */
+int fg_cache_is_busy(int rc);
+
+/* The checksum of a kernel entry: covers the key, every meta field, the cubin and the PTX. */
+uint64_t fg_cache_kernel_checksum(const char *variant, const char *arch, int nvrtc_version,
+                                  uint64_t template_hash, const char *flashgen_version,
+                                  const fg_kernel_meta *m, const void *cubin, size_t cubin_size,
+                                  const void *ptx, size_t ptx_size);
+
+/* The launch-meta columns of a kernel row, in the order fg_cache_read_meta reads them. */
+#define FG_CACHE_META_COLS                                                                   \
+  "entry, threads, smem_bytes, grid, br, workspace_floats_per_row, regs, spill_store_bytes," \
+  " spill_load_bytes, stack_bytes"
+
+/* Reads the FG_CACHE_META_COLS of the row st is on, from column col on, into *m. Returns NULL,
+ * or what is wrong with them. */
+const char *fg_cache_read_meta(sqlite3_stmt *st, int col, fg_kernel_meta *m);
+
+/* Checks an entry as read against the size and checksum stored with it. Returns NULL when it
+ * is whole, or what is wrong with it. */
+const char *fg_cache_check_entry(const char *variant, const char *arch, int nvrtc_version,
+                                 uint64_t template_hash, const char *flashgen_version,
+                                 const fg_kernel_meta *m, const void *cubin, size_t cubin_size,
+                                 const void *ptx, size_t ptx_size, long long size,
+                                 uint64_t checksum);
+#endif

@@ -1,0 +1,324 @@
+/* kernels.c: compiled kernels in the cache: the entry checksum, looking an entry up (a failed
+ * checksum deletes it and counts as a miss) and storing one (INSERT OR REPLACE, one entry per
+ * key however many processes write it). */
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fg_cache_internal.h"
+
+/* The header the checksum covers before the blobs: every field a fixed 8 bytes (strings 16:
+ * length and hash), about 200 bytes in all. */
+typedef struct hbuf {
+  unsigned char b[256];
+  size_t n;
+} hbuf;
+
+static void put_u64(hbuf *h, uint64_t v) {
+  if (h->n + 8 > sizeof h->b) return;
+  for (int i = 0; i < 8; i++) h->b[h->n++] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_int(hbuf *h, long long v) { put_u64(h, fg_cache_i64_to_u64(v)); }
+
+/* Strings are hashed length first, so "ab"+"c" and "a"+"bc" differ. Long strings are folded in
+ * through their own hash. */
+static void put_str(hbuf *h, const char *s) {
+  size_t n = strlen(s);
+  put_u64(h, n);
+  put_u64(h, fg_cache_hash64(s, n, 0));
+}
+
+uint64_t fg_cache_kernel_checksum(const char *variant, const char *arch, int nvrtc_version,
+                                  uint64_t template_hash, const char *flashgen_version,
+                                  const fg_kernel_meta *m, const void *cubin, size_t cubin_size,
+                                  const void *ptx, size_t ptx_size) {
+  hbuf h = {.n = 0};
+  put_u64(&h, 0x316b67662d6766ULL); /* "fg-fgk1": names this layout of the header */
+  put_str(&h, variant);
+  put_str(&h, arch);
+  put_int(&h, nvrtc_version);
+  put_u64(&h, template_hash);
+  put_str(&h, flashgen_version);
+  char entry[sizeof m->entry + 1];
+  memcpy(entry, m->entry, sizeof m->entry);
+  entry[sizeof m->entry] = '\0';
+  put_str(&h, entry);
+  put_int(&h, m->threads);
+  put_int(&h, m->smem_bytes);
+  put_int(&h, m->grid);
+  put_int(&h, m->br);
+  put_int(&h, m->workspace_floats_per_row);
+  put_int(&h, m->regs);
+  put_int(&h, m->spill_store_bytes);
+  put_int(&h, m->spill_load_bytes);
+  put_int(&h, m->stack_bytes);
+  put_u64(&h, cubin_size);
+  put_u64(&h, ptx_size);
+  uint64_t sum = fg_cache_hash64(h.b, h.n, 0);
+  sum = fg_cache_hash64(cubin, cubin_size, sum);
+  return fg_cache_hash64(ptx, ptx_size, sum);
+}
+
+static void check_key(const fg_cache_key *key) {
+  assert(key && key->variant && key->flashgen_version);
+  assert(key->arch >= 0 && key->arch < FG_ARCH_COUNT);
+  (void)key;
+}
+
+static void bind_key(sqlite3_stmt *st, int first, const fg_cache_key *key) {
+  sqlite3_bind_text(st, first, key->variant, -1, SQLITE_STATIC);
+  sqlite3_bind_text(st, first + 1, fg_arch_name(key->arch), -1, SQLITE_STATIC);
+  sqlite3_bind_int(st, first + 2, key->nvrtc_version);
+  sqlite3_bind_int64(st, first + 3, fg_cache_u64_to_i64(key->template_hash));
+  sqlite3_bind_text(st, first + 4, key->flashgen_version, -1, SQLITE_STATIC);
+}
+
+/* ---- get ---- */
+
+const char *fg_cache_read_meta(sqlite3_stmt *st, int col, fg_kernel_meta *m) {
+  memset(m, 0, sizeof *m);
+  const char *entry = (const char *)sqlite3_column_text(st, col);
+  if (!entry) return "entry name missing";
+  if (strlen(entry) >= sizeof m->entry) return "entry name too long";
+  memcpy(m->entry, entry, strlen(entry));
+  m->threads = sqlite3_column_int(st, col + 1);
+  m->smem_bytes = sqlite3_column_int(st, col + 2);
+  m->grid = (fg_grid_kind)sqlite3_column_int(st, col + 3);
+  m->br = sqlite3_column_int(st, col + 4);
+  m->workspace_floats_per_row = sqlite3_column_int(st, col + 5);
+  m->regs = sqlite3_column_int(st, col + 6);
+  m->spill_store_bytes = sqlite3_column_int(st, col + 7);
+  m->spill_load_bytes = sqlite3_column_int(st, col + 8);
+  m->stack_bytes = sqlite3_column_int(st, col + 9);
+  return NULL;
+}
+
+const char *fg_cache_check_entry(const char *variant, const char *arch, int nvrtc_version,
+                                 uint64_t template_hash, const char *flashgen_version,
+                                 const fg_kernel_meta *m, const void *cubin, size_t cubin_size,
+                                 const void *ptx, size_t ptx_size, long long size,
+                                 uint64_t checksum) {
+  if ((long long)(cubin_size + ptx_size) != size)
+    return "size differs from the recorded size (truncated?)";
+  uint64_t got = fg_cache_kernel_checksum(variant, arch, nvrtc_version, template_hash,
+                                          flashgen_version, m, cubin, cubin_size, ptx, ptx_size);
+  return got == checksum ? NULL : "checksum mismatch";
+}
+
+/* The blobs are not selected: they are read straight into the caller's buffers (incremental
+ * blob I/O), which saves a copy of each through SQLite's own buffer. */
+static const char select_sql[] =
+    "SELECT id, " FG_CACHE_META_COLS
+    ", size, checksum,"
+    " typeof(cubin) = 'blob' AND typeof(ptx) = 'blob' FROM kernels"
+    " WHERE variant = ?1 AND arch = ?2 AND nvrtc_version = ?3 AND template_hash = ?4"
+    " AND flashgen_version = ?5";
+
+/* Reads column col of kernel row id into a malloc'd buffer, with a NUL byte after it (so the
+ * PTX is a C string). */
+static int read_blob(sqlite3 *db, const char *col, sqlite3_int64 id, unsigned char **out,
+                     size_t *n) {
+  sqlite3_blob *b = NULL;
+  *out = NULL;
+  *n = 0;
+  int rc = sqlite3_blob_open(db, "main", "kernels", col, id, 0, &b);
+  if (rc != SQLITE_OK) {
+    sqlite3_blob_close(b);
+    return rc;
+  }
+  int len = sqlite3_blob_bytes(b);
+  unsigned char *buf = malloc((size_t)len + 1);
+  if (!buf)
+    rc = SQLITE_NOMEM;
+  else if (len > 0)
+    rc = sqlite3_blob_read(b, buf, len, 0);
+  sqlite3_blob_close(b);
+  if (rc != SQLITE_OK) {
+    free(buf);
+    return rc;
+  }
+  buf[len] = '\0';
+  *out = buf;
+  *n = (size_t)len;
+  return SQLITE_OK;
+}
+
+enum { LOOKUP_MISS, LOOKUP_HIT, LOOKUP_BAD };
+
+/* One try at reading key's entry, in a read transaction so the row and its blobs are one
+ * snapshot. Sets *state (and fills img on a hit, *bad_id for a bad entry); returns an SQLite
+ * code. */
+static int lookup(fg_cache *c, const fg_cache_key *key, fg_kernel_image *img, int *state,
+                  sqlite3_int64 *bad_id) {
+  *state = LOOKUP_MISS;
+  int rc = sqlite3_exec(c->db, "BEGIN", NULL, NULL, NULL);
+  if (rc != SQLITE_OK) return rc;
+  sqlite3_stmt *st = NULL;
+  unsigned char *cubin = NULL, *ptx = NULL;
+  size_t cubin_size = 0, ptx_size = 0;
+  rc = sqlite3_prepare_v2(c->db, select_sql, -1, &st, NULL);
+  if (rc == SQLITE_OK) {
+    bind_key(st, 1, key);
+    rc = sqlite3_step(st);
+  }
+  if (rc == SQLITE_DONE) {
+    rc = SQLITE_OK;
+  } else if (rc == SQLITE_ROW) {
+    rc = SQLITE_OK;
+    sqlite3_int64 id = sqlite3_column_int64(st, 0);
+    fg_kernel_meta m;
+    const char *why = fg_cache_read_meta(st, 1, &m);
+    if (!why && !sqlite3_column_int(st, 13)) why = "cubin or PTX missing";
+    if (!why) rc = read_blob(c->db, "cubin", id, &cubin, &cubin_size);
+    if (!why && rc == SQLITE_OK) rc = read_blob(c->db, "ptx", id, &ptx, &ptx_size);
+    if (!why && rc == SQLITE_OK)
+      why = fg_cache_check_entry(key->variant, fg_arch_name(key->arch), key->nvrtc_version,
+                                 key->template_hash, key->flashgen_version, &m, cubin, cubin_size,
+                                 ptx, ptx_size, sqlite3_column_int64(st, 11),
+                                 fg_cache_i64_to_u64(sqlite3_column_int64(st, 12)));
+    if (rc == SQLITE_OK && why) {
+      *state = LOOKUP_BAD;
+      *bad_id = id;
+    } else if (rc == SQLITE_OK) {
+      *state = LOOKUP_HIT;
+      memset(img, 0, sizeof *img);
+      snprintf(img->variant, sizeof img->variant, "%s", key->variant);
+      img->arch = key->arch;
+      img->cubin = cubin;
+      img->cubin_size = cubin_size;
+      img->ptx = (char *)ptx; /* NUL-terminated by read_blob */
+      img->ptx_size = ptx_size;
+      img->meta = m;
+      img->compile_ms = 0;
+      cubin = NULL;
+      ptx = NULL;
+    }
+  }
+  free(cubin);
+  free(ptx);
+  sqlite3_finalize(st);
+  sqlite3_exec(c->db, rc == SQLITE_OK ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+  return rc;
+}
+
+static int delete_bad_txn(fg_cache *c, void *ud) {
+  sqlite3_stmt *st = NULL;
+  /* By row id: a process that has meanwhile replaced the entry gave it a new id, and its good
+   * entry is left alone. */
+  int rc = sqlite3_prepare_v2(c->db, "DELETE FROM kernels WHERE id = ?1", -1, &st, NULL);
+  if (rc == SQLITE_OK) {
+    sqlite3_bind_int64(st, 1, *(const sqlite3_int64 *)ud);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_DONE) rc = SQLITE_OK;
+  }
+  sqlite3_finalize(st);
+  return rc;
+}
+
+int fg_cache_get_kernel(fg_cache *c, const fg_cache_key *key, fg_kernel_image *img, char *warn,
+                        size_t warnlen) {
+  if (warn && warnlen) warn[0] = '\0';
+  if (!c) return 0;
+  check_key(key);
+  pthread_mutex_lock(&c->mu);
+  int state = LOOKUP_MISS, rc = SQLITE_OK;
+  sqlite3_int64 bad_id = -1;
+  for (int attempt = 0; attempt < 5; attempt++) {
+    rc = lookup(c, key, img, &state, &bad_id);
+    if (!fg_cache_is_busy(rc)) break;
+  }
+  if (state == LOOKUP_BAD) {
+    int drc = fg_cache_write_txn(c, delete_bad_txn, &bad_id);
+    fg_cache_warnf(warn, warnlen,
+                   "flashgen: cache entry %s (%s) in %s failed its checksum and %s; it counts as a "
+                   "miss and will be compiled again (`flashgen cache verify` checks every entry)",
+                   key->variant, fg_arch_name(key->arch), c->path,
+                   drc == SQLITE_OK ? "was deleted" : "could not be deleted");
+  } else if (rc != SQLITE_OK) {
+    fg_cache_warnf(warn, warnlen,
+                   "flashgen: cache %s: looking up %s failed (%s); treated as a miss; run "
+                   "`flashgen cache verify` or `flashgen cache clear` if this repeats",
+                   c->path, key->variant, sqlite3_errstr(rc));
+  }
+  pthread_mutex_unlock(&c->mu);
+  return state == LOOKUP_HIT;
+}
+
+/* ---- put ---- */
+
+typedef struct put_args {
+  const fg_cache_key *key;
+  const fg_kernel_image *img;
+  const fg_kernel_meta *meta; /* img->meta with entry NUL-terminated */
+  uint64_t sum;
+} put_args;
+
+static int put_txn(fg_cache *c, void *ud) {
+  const put_args *a = ud;
+  const fg_kernel_meta *m = a->meta;
+  sqlite3_stmt *st = NULL;
+  int rc = sqlite3_prepare_v2(
+      c->db,
+      "INSERT OR REPLACE INTO kernels(variant, arch, nvrtc_version, template_hash,"
+      " flashgen_version, entry, threads, smem_bytes, grid, br, workspace_floats_per_row, regs,"
+      " spill_store_bytes, spill_load_bytes, stack_bytes, size, checksum, created, cubin, ptx)"
+      " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,"
+      " ?19, ?20)",
+      -1, &st, NULL);
+  if (rc != SQLITE_OK) {
+    sqlite3_finalize(st);
+    return rc;
+  }
+  bind_key(st, 1, a->key);
+  sqlite3_bind_text(st, 6, m->entry, -1, SQLITE_STATIC);
+  sqlite3_bind_int(st, 7, m->threads);
+  sqlite3_bind_int(st, 8, m->smem_bytes);
+  sqlite3_bind_int(st, 9, (int)m->grid);
+  sqlite3_bind_int(st, 10, m->br);
+  sqlite3_bind_int(st, 11, m->workspace_floats_per_row);
+  sqlite3_bind_int(st, 12, m->regs);
+  sqlite3_bind_int(st, 13, m->spill_store_bytes);
+  sqlite3_bind_int(st, 14, m->spill_load_bytes);
+  sqlite3_bind_int(st, 15, m->stack_bytes);
+  sqlite3_bind_int64(st, 16, (sqlite3_int64)(a->img->cubin_size + a->img->ptx_size));
+  sqlite3_bind_int64(st, 17, fg_cache_u64_to_i64(a->sum));
+  sqlite3_bind_int64(st, 18, (sqlite3_int64)time(NULL));
+  /* An empty cubin or PTX is stored as a zero-length blob, never as NULL. */
+  sqlite3_bind_blob64(st, 19, a->img->cubin ? (const void *)a->img->cubin : "", a->img->cubin_size,
+                      SQLITE_STATIC);
+  sqlite3_bind_blob64(st, 20, a->img->ptx ? (const void *)a->img->ptx : "", a->img->ptx_size,
+                      SQLITE_STATIC);
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_DONE) rc = SQLITE_OK;
+  sqlite3_finalize(st);
+  return rc;
+}
+
+int fg_cache_put_kernel(fg_cache *c, const fg_cache_key *key, const fg_kernel_image *img,
+                        char *warn, size_t warnlen) {
+  if (warn && warnlen) warn[0] = '\0';
+  if (!c) return -1;
+  check_key(key);
+  assert(img && (img->cubin || img->cubin_size == 0) && (img->ptx || img->ptx_size == 0));
+  pthread_mutex_lock(&c->mu);
+  if (c->write_failed) { /* already reported once */
+    pthread_mutex_unlock(&c->mu);
+    return -1;
+  }
+  fg_kernel_meta meta = img->meta;
+  meta.entry[sizeof meta.entry - 1] = '\0';
+  put_args a = {key, img, &meta, 0};
+  a.sum = fg_cache_kernel_checksum(key->variant, fg_arch_name(key->arch), key->nvrtc_version,
+                                   key->template_hash, key->flashgen_version, &meta, img->cubin,
+                                   img->cubin_size, img->ptx, img->ptx_size);
+  int rc = fg_cache_write_txn(c, put_txn, &a);
+  if (rc != SQLITE_OK) {
+    char what[FG_VARIANT_NAME_MAX + 32];
+    snprintf(what, sizeof what, "storing kernel %s", key->variant);
+    fg_cache_write_failed(c, rc, what, warn, warnlen);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return rc == SQLITE_OK ? 0 : -1;
+}

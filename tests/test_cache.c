@@ -1,0 +1,1090 @@
+/* test_cache.c: tests of the on-disk cache (cache/): kernels round-trip exactly and every key
+ * input misses; truncated, zeroed and bit-flipped entries are caught, deleted and can be stored
+ * again; 8 processes writing the same entries; unusable directories and a full disk degrade with
+ * a warning; the directory rules (0700, group/world-writable, symlink, other owner); the schema
+ * version; tuning records merge; ls / stats / verify / clear. No GPU.
+ *
+ * Build and run: cmake --build build --target test_cache && build/tests/test_cache */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fg_cache.h"
+#include "fg_cache_internal.h" /* fg_cache_hash64, FG_CACHE_SCHEMA_VERSION */
+
+#define NOBODY 65534
+
+/* ---- Fixture: a fresh private temp dir per test; the cache goes in tmp/c. ---- */
+
+static char g_tmp[64];
+static char g_dir[128];
+
+static void rm_rf(const char *path) {
+  struct stat st;
+  if (lstat(path, &st) != 0) return;
+  if (S_ISDIR(st.st_mode)) {
+    chmod(path, 0700);
+    DIR *d = opendir(path);
+    if (d) {
+      struct dirent *e;
+      while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        char p[1024];
+        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+        rm_rf(p);
+      }
+      closedir(d);
+    }
+    rmdir(path);
+  } else {
+    unlink(path);
+  }
+}
+
+static void setup(void) {
+  snprintf(g_tmp, sizeof g_tmp, "/tmp/fg-cache-test-XXXXXX");
+  cr_assert_not_null(mkdtemp(g_tmp), "mkdtemp: %s", strerror(errno));
+  snprintf(g_dir, sizeof g_dir, "%s/c", g_tmp);
+  unsetenv("FLASHGEN_CACHE_DIR");
+}
+
+static void teardown(void) { rm_rf(g_tmp); }
+
+TestSuite(cache, .init = setup, .fini = teardown);
+
+/* ---- Helpers ---- */
+
+static fg_cache *open_ok(const char *dir) {
+  char warn[1024];
+  fg_cache *c = fg_cache_open(dir, warn, sizeof warn);
+  cr_assert_not_null(c, "fg_cache_open(%s): %s", dir, warn);
+  cr_assert_str_empty(warn, "unexpected warning: %s", warn);
+  return c;
+}
+
+static void open_refused(const char *dir, const char *expect_in_warn) {
+  char warn[1024];
+  fg_cache *c = fg_cache_open(dir, warn, sizeof warn);
+  cr_assert_null(c, "fg_cache_open(%s) accepted a directory it must refuse", dir);
+  cr_assert(strstr(warn, expect_in_warn) != NULL, "warning lacks \"%s\": %s", expect_in_warn, warn);
+  cr_assert(strstr(warn, "FLASHGEN_CACHE_DIR") != NULL, "warning says not what to do: %s", warn);
+}
+
+static fg_cache_key key_of(const char *variant) {
+  fg_cache_key k = {variant, FG_ARCH_SM80, 12040, 0xF1E2D3C4B5A69788ULL, "0.1.0"};
+  return k;
+}
+
+/* A deterministic image: bytes from an LCG seeded by seed. */
+static fg_kernel_image make_image(const char *variant, unsigned seed, size_t cubin_size,
+                                  size_t ptx_size) {
+  fg_kernel_image img;
+  memset(&img, 0, sizeof img);
+  snprintf(img.variant, sizeof img.variant, "%s", variant);
+  img.arch = FG_ARCH_SM80;
+  img.cubin = malloc(cubin_size);
+  img.ptx = malloc(ptx_size + 1);
+  cr_assert(img.cubin && img.ptx);
+  unsigned x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < cubin_size; i++) {
+    x = x * 1664525u + 1013904223u;
+    img.cubin[i] = (unsigned char)(x >> 24);
+  }
+  for (size_t i = 0; i < ptx_size; i++) {
+    x = x * 1664525u + 1013904223u;
+    img.ptx[i] = (char)('a' + (x >> 24) % 26);
+  }
+  img.ptx[ptx_size] = '\0';
+  img.cubin_size = cubin_size;
+  img.ptx_size = ptx_size;
+  snprintf(img.meta.entry, sizeof img.meta.entry, "fg_fwd_kernel_%u", seed);
+  img.meta.threads = 128 + (int)(seed % 4) * 32;
+  img.meta.smem_bytes = 49152 + (int)seed;
+  img.meta.grid = FG_GRID_Q_TILES;
+  img.meta.br = 64;
+  img.meta.workspace_floats_per_row = (int)(seed % 3);
+  img.meta.regs = 168;
+  img.meta.spill_store_bytes = 8;
+  img.meta.spill_load_bytes = 12;
+  img.meta.stack_bytes = -1;
+  img.compile_ms = 123.5;
+  return img;
+}
+
+/* The contract of fg_cache_get_kernel: the buffers come from malloc and free() releases them. */
+static void release(fg_kernel_image *img) {
+  free(img->cubin);
+  free(img->ptx);
+  img->cubin = NULL;
+  img->ptx = NULL;
+}
+
+static int same_image(const fg_kernel_image *a, const fg_kernel_image *b) {
+  return a->cubin_size == b->cubin_size && a->ptx_size == b->ptx_size &&
+         memcmp(a->cubin, b->cubin, a->cubin_size) == 0 &&
+         memcmp(a->ptx, b->ptx, a->ptx_size) == 0 && b->ptx[b->ptx_size] == '\0' &&
+         strcmp(a->meta.entry, b->meta.entry) == 0 && a->meta.threads == b->meta.threads &&
+         a->meta.smem_bytes == b->meta.smem_bytes && a->meta.grid == b->meta.grid &&
+         a->meta.br == b->meta.br &&
+         a->meta.workspace_floats_per_row == b->meta.workspace_floats_per_row &&
+         a->meta.regs == b->meta.regs && a->meta.spill_store_bytes == b->meta.spill_store_bytes &&
+         a->meta.spill_load_bytes == b->meta.spill_load_bytes &&
+         a->meta.stack_bytes == b->meta.stack_bytes;
+}
+
+static void put_ok(fg_cache *c, const fg_cache_key *k, const fg_kernel_image *img) {
+  char warn[1024];
+  cr_assert_eq(fg_cache_put_kernel(c, k, img, warn, sizeof warn), 0, "put %s: %s", k->variant,
+               warn);
+  cr_assert_str_empty(warn);
+}
+
+static int get(fg_cache *c, const fg_cache_key *k, fg_kernel_image *out, char *warn, size_t len) {
+  memset(out, 0, sizeof *out);
+  return fg_cache_get_kernel(c, k, out, warn, len);
+}
+
+static long long kernel_count(fg_cache *c) {
+  fg_cache_counts n;
+  cr_assert_eq(fg_cache_count(c, &n), 0);
+  return n.kernels;
+}
+
+/* Runs sql on the cache's database through a separate connection (to damage it on purpose). */
+static void db_exec(const char *path, const char *sql) {
+  sqlite3 *db = NULL;
+  cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+  sqlite3_busy_timeout(db, 5000);
+  char *err = NULL;
+  cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, &err), SQLITE_OK, "%s: %s", sql, err);
+  sqlite3_close(db);
+}
+
+/* Flips one bit of the cubin (column "cubin") or ptx of variant's entry. */
+static void flip_bit(const char *path, const char *variant, const char *column, size_t byte,
+                     int bit) {
+  sqlite3 *db = NULL;
+  cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+  sqlite3_busy_timeout(db, 5000);
+  char sql[256];
+  snprintf(sql, sizeof sql, "SELECT %s FROM kernels WHERE variant = ?1", column);
+  sqlite3_stmt *st = NULL;
+  cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+  sqlite3_bind_text(st, 1, variant, -1, SQLITE_STATIC);
+  cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+  size_t n = (size_t)sqlite3_column_bytes(st, 0);
+  cr_assert_gt(n, byte);
+  unsigned char *b = malloc(n);
+  memcpy(b, sqlite3_column_blob(st, 0), n);
+  sqlite3_finalize(st);
+  b[byte] ^= (unsigned char)(1u << bit);
+  snprintf(sql, sizeof sql, "UPDATE kernels SET %s = ?1 WHERE variant = ?2", column);
+  cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+  sqlite3_bind_blob(st, 1, b, (int)n, SQLITE_TRANSIENT);
+  sqlite3_bind_text(st, 2, variant, -1, SQLITE_STATIC);
+  cr_assert_eq(sqlite3_step(st), SQLITE_DONE);
+  cr_assert_eq(sqlite3_changes(db), 1);
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  free(b);
+}
+
+/* Reads a whole stream written by a printing function. */
+static char *capture(int (*fn)(fg_cache *, FILE *), fg_cache *c, int *ret) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  cr_assert_not_null(f);
+  *ret = fn(c, f);
+  fclose(f);
+  return buf;
+}
+
+/* ---- Kernels: round trip and keys ---- */
+
+Test(cache, put_then_get_round_trips_bytes_and_meta_exactly) {
+  fg_cache *c = open_ok(g_dir);
+  const char *v = "fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm80";
+  fg_kernel_image img = make_image(v, 7, 300000, 120000);
+  fg_cache_key k = key_of(v);
+  put_ok(c, &k, &img);
+  fg_kernel_image got;
+  char warn[1024];
+  cr_assert_eq(get(c, &k, &got, warn, sizeof warn), 1, "miss right after put: %s", warn);
+  cr_assert_str_empty(warn);
+  cr_assert(same_image(&img, &got), "bytes or meta differ after the round trip");
+  cr_assert_str_eq(got.variant, v);
+  cr_assert_eq(got.arch, FG_ARCH_SM80);
+  cr_assert_eq(got.compile_ms, 0.0, "a cached kernel was not compiled in this process");
+  release(&got);
+  fg_cache_close(c);
+
+  /* And from a new handle (another process would see the same). */
+  c = open_ok(g_dir);
+  cr_assert_eq(get(c, &k, &got, warn, sizeof warn), 1);
+  cr_assert(same_image(&img, &got));
+  release(&got);
+  release(&img);
+  fg_cache_close(c);
+}
+
+Test(cache, empty_cubin_and_ptx_round_trip) {
+  fg_cache *c = open_ok(g_dir);
+  fg_kernel_image img = make_image("ref", 1, 0, 0);
+  fg_cache_key k = key_of("ref");
+  put_ok(c, &k, &img);
+  fg_kernel_image got;
+  cr_assert_eq(get(c, &k, &got, NULL, 0), 1);
+  cr_assert_eq(got.cubin_size, 0);
+  cr_assert_eq(got.ptx_size, 0);
+  cr_assert_not_null(got.ptx);
+  cr_assert_eq(got.ptx[0], '\0');
+  release(&got);
+  release(&img);
+  fg_cache_close(c);
+}
+
+Test(cache, any_key_input_differing_is_a_miss) {
+  fg_cache *c = open_ok(g_dir);
+  const char *v = "fwd_d64_br64_bc64_f16_nocausal_qouter_w4_s2_sm80";
+  fg_kernel_image img = make_image(v, 3, 5000, 3000);
+  fg_cache_key k = key_of(v);
+  put_ok(c, &k, &img);
+
+  fg_cache_key variants[6];
+  for (int i = 0; i < 6; i++) variants[i] = k;
+  variants[0].variant = "fwd_d64_br64_bc64_f16_causal_qouter_w4_s2_sm80";
+  variants[1].arch = FG_ARCH_SM90A;
+  variants[2].nvrtc_version = 12050;
+  variants[3].template_hash = k.template_hash ^ 1; /* template text changed */
+  variants[4].flashgen_version = "0.1.1";
+  variants[5].template_hash = k.template_hash ^ 0x8000000000000000ULL;
+  const char *what[6] = {"variant",          "arch",
+                         "nvrtc version",    "template hash",
+                         "flashgen version", "template hash top bit"};
+  for (int i = 0; i < 6; i++) {
+    fg_kernel_image got;
+    char warn[1024];
+    cr_assert_eq(get(c, &variants[i], &got, warn, sizeof warn), 0,
+                 "a different %s must miss, never give a stale kernel", what[i]);
+    cr_assert_str_empty(warn, "a plain miss is not a warning: %s", warn);
+  }
+  fg_kernel_image got;
+  cr_assert_eq(get(c, &k, &got, NULL, 0), 1, "the exact key must still hit");
+  release(&got);
+  release(&img);
+  fg_cache_close(c);
+}
+
+Test(cache, put_replaces_the_entry_of_the_same_key) {
+  fg_cache *c = open_ok(g_dir);
+  fg_cache_key k = key_of("v1");
+  fg_kernel_image a = make_image("v1", 1, 1000, 500), b = make_image("v1", 2, 2000, 700);
+  put_ok(c, &k, &a);
+  put_ok(c, &k, &b);
+  cr_assert_eq(kernel_count(c), 1);
+  fg_kernel_image got;
+  cr_assert_eq(get(c, &k, &got, NULL, 0), 1);
+  cr_assert(same_image(&b, &got), "the second put must win");
+  release(&got);
+  release(&a);
+  release(&b);
+  fg_cache_close(c);
+}
+
+Test(cache, null_cache_misses_and_refuses_puts) {
+  fg_cache_key k = key_of("v");
+  fg_kernel_image img = make_image("v", 1, 10, 10), got;
+  cr_assert_eq(fg_cache_get_kernel(NULL, &k, &got, NULL, 0), 0);
+  cr_assert_eq(fg_cache_put_kernel(NULL, &k, &img, NULL, 0), -1);
+  cr_assert_eq(fg_cache_writable(NULL), 0);
+  fg_cache_close(NULL);
+  release(&img);
+}
+
+/* ---- Corruption ---- */
+
+/* Damages the entry of v with sql_or_flip, then: verify counts it, get misses with a warning and
+ * deletes it, a new put hits again. */
+static void check_damage_is_caught(const char *damage_sql, const char *flip_column) {
+  fg_cache *c = open_ok(g_dir);
+  const char *v = "fwd_d128_br64_bc64_f16_causal_qouter_w4_s2_sm80";
+  fg_kernel_image img = make_image(v, 11, 40000, 9000);
+  fg_cache_key k = key_of(v);
+  put_ok(c, &k, &img);
+  if (damage_sql)
+    db_exec(fg_cache_path(c), damage_sql);
+  else
+    flip_bit(fg_cache_path(c), v, flip_column, 1234, 5);
+
+  cr_assert_eq(fg_cache_verify(c, NULL), 1, "verify must see the damaged entry");
+  fg_kernel_image got;
+  char warn[1024];
+  cr_assert_eq(get(c, &k, &got, warn, sizeof warn), 0, "a damaged entry must be a miss");
+  cr_assert_null(got.cubin, "no bytes may be handed out for a damaged entry");
+  cr_assert(strstr(warn, "checksum") && strstr(warn, v) && strstr(warn, "deleted"),
+            "warning must name the entry and say it was deleted: %s", warn);
+  cr_assert_eq(kernel_count(c), 0, "the damaged entry must be gone");
+  cr_assert_eq(get(c, &k, &got, warn, sizeof warn), 0);
+  cr_assert_str_empty(warn, "after deletion it is a plain miss: %s", warn);
+
+  put_ok(c, &k, &img); /* "recompiled" */
+  cr_assert_eq(get(c, &k, &got, warn, sizeof warn), 1);
+  cr_assert(same_image(&img, &got));
+  cr_assert_eq(fg_cache_verify(c, NULL), 0);
+  release(&got);
+  release(&img);
+  fg_cache_close(c);
+}
+
+Test(cache, truncated_cubin_is_caught) {
+  check_damage_is_caught("UPDATE kernels SET cubin = substr(cubin, 1, 1000)", NULL);
+}
+
+Test(cache, truncated_cubin_with_matching_size_is_caught) {
+  check_damage_is_caught(
+      "UPDATE kernels SET cubin = substr(cubin, 1, 1000), size = 1000 + length(ptx)", NULL);
+}
+
+Test(cache, zeroed_cubin_is_caught) {
+  check_damage_is_caught("UPDATE kernels SET cubin = zeroblob(length(cubin))", NULL);
+}
+
+Test(cache, zeroed_ptx_is_caught) {
+  check_damage_is_caught("UPDATE kernels SET ptx = zeroblob(length(ptx))", NULL);
+}
+
+Test(cache, one_flipped_bit_in_cubin_is_caught) { check_damage_is_caught(NULL, "cubin"); }
+
+Test(cache, one_flipped_bit_in_ptx_is_caught) { check_damage_is_caught(NULL, "ptx"); }
+
+Test(cache, changed_launch_meta_is_caught) {
+  check_damage_is_caught("UPDATE kernels SET smem_bytes = smem_bytes + 16", NULL);
+}
+
+Test(cache, missing_cubin_is_caught) {
+  check_damage_is_caught("UPDATE kernels SET cubin = NULL", NULL);
+}
+
+Test(cache, checksum_is_xxh64) {
+  /* Reference values of XXH64 (xxhash 0.8). */
+  cr_assert_eq(fg_cache_hash64("", 0, 0), 0xEF46DB3751D8E999ULL);
+  cr_assert_eq(fg_cache_hash64(NULL, 0, 0), 0xEF46DB3751D8E999ULL);
+  cr_assert_eq(fg_cache_hash64("abc", 3, 0), 0x44BC2CF5AD770999ULL);
+  const char *fox = "The quick brown fox jumps over the lazy dog";
+  cr_assert_eq(fg_cache_hash64(fox, strlen(fox), 0), 0x0B242D361FDA71BCULL);
+  cr_assert_eq(fg_cache_hash64(fox, strlen(fox), 1234567), 0x789C36419F376E77ULL);
+  /* Every single-bit flip of a 64 KiB buffer changes the checksum. */
+  size_t n = 65536;
+  unsigned char *b = malloc(n);
+  for (size_t i = 0; i < n; i++) b[i] = (unsigned char)(i * 131 + 7);
+  uint64_t h0 = fg_cache_hash64(b, n, 0);
+  for (size_t i = 0; i < n; i += 97) {
+    for (int bit = 0; bit < 8; bit++) {
+      b[i] ^= (unsigned char)(1u << bit);
+      cr_assert_neq(fg_cache_hash64(b, n, 0), h0, "flip of byte %zu bit %d undetected", i, bit);
+      b[i] ^= (unsigned char)(1u << bit);
+    }
+  }
+  free(b);
+}
+
+/* ---- Concurrency ---- */
+
+#define NPROC 8
+#define NKEYS 20
+
+static void key_name(int i, char *buf, size_t len) {
+  snprintf(buf, len, "fwd_d%d_br64_bc64_bf16_causal_qouter_w4_s2_sm80", 32 + 8 * i);
+}
+
+/* One writer process: waits for the start signal, opens the cache, puts all keys twice (in an
+ * order of its own), then reads every one back. Returns an exit code. */
+static int writer(int id, int start_fd) {
+  char b;
+  if (read(start_fd, &b, 1) < 0) return 2;
+  char warn[1024];
+  fg_cache *c = fg_cache_open(g_dir, warn, sizeof warn);
+  if (!c) {
+    fprintf(stderr, "writer %d: open: %s\n", id, warn);
+    return 10;
+  }
+  for (int round = 0; round < 2; round++) {
+    for (int j = 0; j < NKEYS; j++) {
+      int i = (j + id * 3) % NKEYS;
+      char name[FG_VARIANT_NAME_MAX];
+      key_name(i, name, sizeof name);
+      fg_cache_key k = key_of(name);
+      fg_kernel_image img = make_image(name, (unsigned)i, 50000 + 1000 * (size_t)i, 20000);
+      int rc = fg_cache_put_kernel(c, &k, &img, warn, sizeof warn);
+      release(&img);
+      if (rc != 0) {
+        fprintf(stderr, "writer %d: put %s: %s\n", id, name, warn);
+        return 20;
+      }
+    }
+  }
+  for (int i = 0; i < NKEYS; i++) {
+    char name[FG_VARIANT_NAME_MAX];
+    key_name(i, name, sizeof name);
+    fg_cache_key k = key_of(name);
+    fg_kernel_image want = make_image(name, (unsigned)i, 50000 + 1000 * (size_t)i, 20000), got;
+    memset(&got, 0, sizeof got);
+    int hit = fg_cache_get_kernel(c, &k, &got, warn, sizeof warn);
+    int same = hit == 1 && same_image(&want, &got);
+    release(&want);
+    release(&got);
+    if (!same) {
+      fprintf(stderr, "writer %d: get %s: hit %d, warn %s\n", id, name, hit, warn);
+      return 30;
+    }
+  }
+  fg_cache_close(c);
+  return 0;
+}
+
+Test(cache, eight_processes_writing_the_same_entries) {
+  /* The directory does not exist yet: creating it and the schema is part of the race. */
+  int fds[2];
+  cr_assert_eq(pipe(fds), 0);
+  pid_t pids[NPROC];
+  for (int p = 0; p < NPROC; p++) {
+    pids[p] = fork();
+    cr_assert_geq(pids[p], 0, "fork: %s", strerror(errno));
+    if (pids[p] == 0) {
+      close(fds[1]);
+      _exit(writer(p, fds[0]));
+    }
+  }
+  close(fds[0]);
+  close(fds[1]); /* start: every reader sees end of file at once */
+  for (int p = 0; p < NPROC; p++) {
+    int status = 0;
+    cr_assert_eq(waitpid(pids[p], &status, 0), pids[p]);
+    cr_assert(
+        WIFEXITED(status) && WEXITSTATUS(status) == 0, "writer %d failed (exit %d, signal %d)", p,
+        WIFEXITED(status) ? WEXITSTATUS(status) : -1, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  }
+  fg_cache *c = open_ok(g_dir);
+  cr_assert_eq(kernel_count(c), NKEYS, "one entry per key");
+  cr_assert_eq(fg_cache_verify(c, NULL), 0, "every entry valid");
+  cr_assert_eq(fg_cache_ls(c, NULL), NKEYS);
+  for (int i = 0; i < NKEYS; i++) {
+    char name[FG_VARIANT_NAME_MAX];
+    key_name(i, name, sizeof name);
+    fg_cache_key k = key_of(name);
+    fg_kernel_image want = make_image(name, (unsigned)i, 50000 + 1000 * (size_t)i, 20000), got;
+    cr_assert_eq(get(c, &k, &got, NULL, 0), 1, "%s missing", name);
+    cr_assert(same_image(&want, &got), "%s differs", name);
+    release(&want);
+    release(&got);
+  }
+  fg_cache_close(c);
+}
+
+typedef struct thread_arg {
+  fg_cache *c;
+  int id, failures;
+} thread_arg;
+
+static void *thread_main(void *p) {
+  thread_arg *a = p;
+  for (int i = 0; i < 10; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "t%d_k%d", a->id, i);
+    fg_cache_key k = key_of(name);
+    fg_kernel_image img = make_image(name, (unsigned)(a->id * 100 + i), 20000, 5000), got;
+    memset(&got, 0, sizeof got);
+    if (fg_cache_put_kernel(a->c, &k, &img, NULL, 0) != 0) a->failures++;
+    if (fg_cache_get_kernel(a->c, &k, &got, NULL, 0) != 1 || !same_image(&img, &got)) a->failures++;
+    release(&img);
+    release(&got);
+  }
+  return NULL;
+}
+
+Test(cache, one_handle_shared_by_threads) {
+  fg_cache *c = open_ok(g_dir);
+  pthread_t t[4];
+  thread_arg a[4];
+  for (int i = 0; i < 4; i++) {
+    a[i] = (thread_arg){c, i, 0};
+    cr_assert_eq(pthread_create(&t[i], NULL, thread_main, &a[i]), 0);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(t[i], NULL);
+    cr_assert_eq(a[i].failures, 0, "thread %d", i);
+  }
+  cr_assert_eq(kernel_count(c), 40);
+  fg_cache_close(c);
+}
+
+/* ---- Directories ---- */
+
+Test(cache, directory_is_created_with_mode_0700) {
+  mode_t old = umask(0); /* even with a permissive umask */
+  char deep[256];
+  snprintf(deep, sizeof deep, "%s/a/b/flashgen", g_tmp);
+  fg_cache *c = open_ok(deep);
+  umask(old);
+  struct stat st;
+  cr_assert_eq(stat(deep, &st), 0);
+  cr_assert(S_ISDIR(st.st_mode));
+  cr_assert_eq(st.st_mode & 07777, 0700, "mode %o", (unsigned)(st.st_mode & 07777));
+  char db[300];
+  snprintf(db, sizeof db, "%s/flashgen.sqlite3", deep);
+  cr_assert_str_eq(fg_cache_path(c), db);
+  cr_assert_eq(stat(db, &st), 0, "the database is a file in that directory");
+  fg_cache_close(c);
+
+  old = umask(0277); /* and with one that would remove the owner's write bit */
+  snprintf(deep, sizeof deep, "%s/other", g_tmp);
+  c = open_ok(deep);
+  umask(old);
+  cr_assert_eq(stat(deep, &st), 0);
+  cr_assert_eq(st.st_mode & 07777, 0700, "mode %o", (unsigned)(st.st_mode & 07777));
+  fg_cache_close(c);
+}
+
+Test(cache, group_writable_directory_is_refused) {
+  cr_assert_eq(mkdir(g_dir, 0700), 0);
+  cr_assert_eq(chmod(g_dir, 0770), 0);
+  open_refused(g_dir, "group-writable");
+  char db[300];
+  snprintf(db, sizeof db, "%s/flashgen.sqlite3", g_dir);
+  cr_assert_neq(access(db, F_OK), 0, "nothing may be written into a refused directory");
+}
+
+Test(cache, world_writable_directory_is_refused) {
+  cr_assert_eq(mkdir(g_dir, 0700), 0);
+  cr_assert_eq(chmod(g_dir, 0707), 0);
+  open_refused(g_dir, "world-writable");
+  cr_assert_eq(chmod(g_dir, 01777), 0); /* like /tmp: sticky does not make it private */
+  open_refused(g_dir, "world-writable");
+}
+
+Test(cache, symlinked_directory_is_refused) {
+  char real[256];
+  snprintf(real, sizeof real, "%s/real", g_tmp);
+  cr_assert_eq(mkdir(real, 0700), 0);
+  cr_assert_eq(symlink(real, g_dir), 0);
+  open_refused(g_dir, "symbolic link");
+  fg_cache_close(open_ok(real)); /* the real directory itself is fine */
+}
+
+Test(cache, directory_of_another_user_is_refused) {
+  if (geteuid() == 0) {
+    cr_assert_eq(mkdir(g_dir, 0700), 0);
+    cr_assert_eq(chown(g_dir, NOBODY, NOBODY), 0);
+    open_refused(g_dir, "owned by uid 65534");
+  } else {
+    open_refused("/", "owned by uid 0"); /* root's, mode 0755 */
+  }
+}
+
+Test(cache, path_that_is_a_file_is_refused) {
+  cr_assert_eq(close(open(g_dir, O_CREAT | O_WRONLY, 0600)), 0);
+  open_refused(g_dir, "not a directory");
+}
+
+Test(cache, database_that_cannot_be_opened_is_refused) {
+  char db[300];
+  cr_assert_eq(mkdir(g_dir, 0700), 0);
+  snprintf(db, sizeof db, "%s/flashgen.sqlite3", g_dir);
+  cr_assert_eq(mkdir(db, 0700), 0); /* a directory where the database file should be */
+  open_refused(g_dir, "not a regular file");
+}
+
+Test(cache, missing_and_uncreatable_directory) {
+  /* Under a regular file: mkdir fails even for root. */
+  char file[256], under[300];
+  snprintf(file, sizeof file, "%s/file", g_tmp);
+  cr_assert_eq(close(open(file, O_CREAT | O_WRONLY, 0600)), 0);
+  snprintf(under, sizeof under, "%s/sub/flashgen", file);
+  open_refused(under, "cannot create");
+  /* In /proc nobody can create directories. */
+  open_refused("/proc/flashgen-x/cache", "cannot create");
+}
+
+/* Runs fn in a child process as user nobody (root only) and returns its exit status. */
+static int as_nobody(int (*fn)(void)) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (setgroups(0, NULL) != 0 || setgid(NOBODY) != 0 || setuid(NOBODY) != 0) _exit(99);
+    _exit(fn());
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+
+/* Opening a read-only cache directory must fail with a warning; the caller goes on in memory. */
+static int open_readonly_dir(void) {
+  char warn[1024];
+  fg_cache *c = fg_cache_open(g_dir, warn, sizeof warn);
+  if (c) return 1;
+  if (!strstr(warn, "not writable") || !strstr(warn, "FLASHGEN_CACHE_DIR")) {
+    fprintf(stderr, "warning: %s\n", warn);
+    return 2;
+  }
+  return 0;
+}
+
+Test(cache, read_only_directory_is_refused) {
+  /* First a working cache with an entry, then the directory is made read-only. */
+  fg_cache *c = open_ok(g_dir);
+  fg_kernel_image img = make_image("v", 1, 100, 100);
+  fg_cache_key k = key_of("v");
+  put_ok(c, &k, &img);
+  release(&img);
+  fg_cache_close(c);
+  cr_assert_eq(chmod(g_dir, 0500), 0);
+  if (geteuid() == 0) {
+    /* Root ignores permission bits: check as nobody, in a child, on a copy the child owns. */
+    cr_assert_eq(chown(g_tmp, NOBODY, NOBODY), 0);
+    cr_assert_eq(chown(g_dir, NOBODY, NOBODY), 0);
+    char db[300];
+    snprintf(db, sizeof db, "%s/flashgen.sqlite3", g_dir);
+    chown(db, NOBODY, NOBODY);
+    cr_assert_eq(as_nobody(open_readonly_dir), 0, "as nobody, a 0500 directory must be refused");
+  } else {
+    cr_assert_eq(open_readonly_dir(), 0);
+  }
+}
+
+/* A read-only database file in a writable directory: opening may fail or succeed, but a put
+ * must not succeed silently and nothing may crash. */
+static int readonly_db_file(void) {
+  char warn[1024], db[300];
+  snprintf(db, sizeof db, "%s/flashgen.sqlite3", g_dir);
+  if (chmod(db, 0400) != 0) return 3;
+  fg_cache *c = fg_cache_open(g_dir, warn, sizeof warn);
+  if (!c) return warn[0] ? 0 : 4;
+  fg_kernel_image img = make_image("w", 2, 100, 100);
+  fg_cache_key k = key_of("w");
+  int rc = fg_cache_put_kernel(c, &k, &img, warn, sizeof warn);
+  release(&img);
+  if (rc != -1 || !strstr(warn, "read-only")) {
+    fprintf(stderr, "put on a read-only database: %d, %s\n", rc, warn);
+    return 5;
+  }
+  fg_cache_close(c);
+  return 0;
+}
+
+Test(cache, read_only_database_file) {
+  fg_cache *c = open_ok(g_dir);
+  fg_cache_close(c);
+  if (geteuid() == 0) {
+    cr_assert_eq(chown(g_tmp, NOBODY, NOBODY), 0);
+    cr_assert_eq(chown(g_dir, NOBODY, NOBODY), 0);
+    char p[300];
+    const char *suffix[3] = {"", "-wal", "-shm"};
+    for (int i = 0; i < 3; i++) {
+      snprintf(p, sizeof p, "%s/flashgen.sqlite3%s", g_dir, suffix[i]);
+      chown(p, NOBODY, NOBODY);
+    }
+    cr_assert_eq(as_nobody(readonly_db_file), 0);
+  } else {
+    cr_assert_eq(readonly_db_file(), 0);
+  }
+}
+
+Test(cache, full_disk_fails_the_put_with_one_warning) {
+  fg_cache *c = open_ok(g_dir);
+  fg_cache_key k1 = key_of("small"), k2 = key_of("big"), k3 = key_of("later");
+  fg_kernel_image small = make_image("small", 1, 1000, 1000);
+  fg_kernel_image big = make_image("big", 2, 2000000, 100000);
+  put_ok(c, &k1, &small);
+  cr_assert_gt(fg_cache_debug_set_max_pages(c, 0), 0);
+  char warn[1024];
+  cr_assert_eq(fg_cache_put_kernel(c, &k2, &big, warn, sizeof warn), -1, "a full disk must fail");
+  cr_assert(strstr(warn, "full") && strstr(warn, "flashgen cache clear"),
+            "the warning must say the disk is full and what to do: %s", warn);
+  cr_assert_eq(fg_cache_writable(c), 0);
+  /* Only one warning: later writes fail quietly. */
+  cr_assert_eq(fg_cache_put_kernel(c, &k3, &small, warn, sizeof warn), -1);
+  cr_assert_str_empty(warn);
+  fg_tune_candidate cand = {.variant = "small", .ok = 1, .ms = 1, .tflops = 1};
+  fg_device_id dev = {.name = "GPU", .cc_major = 9};
+  cr_assert_eq(fg_cache_put_tuning(c, &dev, "b", &cand, 1, "small", warn, sizeof warn), -1);
+  cr_assert_str_empty(warn);
+  /* What was stored is still served, nothing half-written is. */
+  fg_kernel_image got;
+  cr_assert_eq(get(c, &k1, &got, NULL, 0), 1);
+  cr_assert(same_image(&small, &got));
+  release(&got);
+  cr_assert_eq(get(c, &k2, &got, NULL, 0), 0);
+  cr_assert_eq(fg_cache_verify(c, NULL), 0);
+  fg_cache_close(c);
+  /* A new handle (a new process) tries again. */
+  c = open_ok(g_dir);
+  cr_assert_eq(fg_cache_writable(c), 1);
+  put_ok(c, &k2, &big);
+  release(&small);
+  release(&big);
+  fg_cache_close(c);
+}
+
+/* ---- Directory resolution ---- */
+
+Test(cache, resolve_dir_order) {
+  char buf[512];
+  setenv("FLASHGEN_CACHE_DIR", "/x/env", 1);
+  setenv("XDG_CACHE_HOME", "/x/xdg", 1);
+  setenv("HOME", "/x/home", 1);
+  cr_assert_eq(fg_cache_resolve_dir("/x/arg", buf, sizeof buf), 0);
+  cr_assert_str_eq(buf, "/x/arg");
+  cr_assert_eq(fg_cache_resolve_dir(NULL, buf, sizeof buf), 0);
+  cr_assert_str_eq(buf, "/x/env");
+  unsetenv("FLASHGEN_CACHE_DIR");
+  cr_assert_eq(fg_cache_resolve_dir(NULL, buf, sizeof buf), 0);
+  cr_assert_str_eq(buf, "/x/xdg/flashgen");
+  setenv("XDG_CACHE_HOME", "relative", 1); /* ignored, as the XDG spec says */
+  cr_assert_eq(fg_cache_resolve_dir(NULL, buf, sizeof buf), 0);
+  cr_assert_str_eq(buf, "/x/home/.cache/flashgen");
+  unsetenv("XDG_CACHE_HOME");
+  cr_assert_eq(fg_cache_resolve_dir(NULL, buf, sizeof buf), 0);
+  cr_assert_str_eq(buf, "/x/home/.cache/flashgen");
+  cr_assert_eq(fg_cache_resolve_dir(NULL, buf, 8), -1, "too small a buffer is an error");
+}
+
+Test(cache, open_uses_FLASHGEN_CACHE_DIR) {
+  setenv("FLASHGEN_CACHE_DIR", g_dir, 1);
+  fg_cache *c = open_ok(NULL);
+  char want[300];
+  snprintf(want, sizeof want, "%s/flashgen.sqlite3", g_dir);
+  cr_assert_str_eq(fg_cache_path(c), want);
+  fg_cache_close(c);
+}
+
+/* ---- Schema versions and damaged files ---- */
+
+Test(cache, older_schema_is_rebuilt) {
+  cr_assert_eq(mkdir(g_dir, 0700), 0);
+  char db[300];
+  snprintf(db, sizeof db, "%s/flashgen.sqlite3", g_dir);
+  /* A database from before versioning, with a kernels table of another shape. */
+  db_exec(db,
+          "CREATE TABLE kernels(name TEXT, blob BLOB); INSERT INTO kernels VALUES('x', x'00');"
+          "CREATE TABLE junk(a); PRAGMA user_version = 0;");
+  fg_cache *c = open_ok(g_dir);
+  fg_kernel_image img = make_image("v", 5, 1000, 1000), got;
+  fg_cache_key k = key_of("v");
+  put_ok(c, &k, &img);
+  cr_assert_eq(get(c, &k, &got, NULL, 0), 1);
+  cr_assert_eq(kernel_count(c), 1);
+  release(&got);
+  release(&img);
+  fg_cache_close(c);
+  sqlite3 *h;
+  cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
+  sqlite3_stmt *st;
+  cr_assert_eq(sqlite3_prepare_v2(h, "PRAGMA user_version", -1, &st, NULL), SQLITE_OK);
+  cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+  cr_assert_eq(sqlite3_column_int(st, 0), FG_CACHE_SCHEMA_VERSION);
+  sqlite3_finalize(st);
+  cr_assert_eq(sqlite3_prepare_v2(h, "SELECT count(*) FROM sqlite_master WHERE name = 'junk'", -1,
+                                  &st, NULL),
+               SQLITE_OK);
+  cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+  cr_assert_eq(sqlite3_column_int(st, 0), 0, "the old tables are dropped");
+  sqlite3_finalize(st);
+  sqlite3_close(h);
+}
+
+Test(cache, newer_schema_is_left_alone_and_refused) {
+  cr_assert_eq(mkdir(g_dir, 0700), 0);
+  char db[300];
+  snprintf(db, sizeof db, "%s/flashgen.sqlite3", g_dir);
+  db_exec(db, "CREATE TABLE future(a); PRAGMA user_version = 999;");
+  char warn[1024];
+  cr_assert_null(fg_cache_open(g_dir, warn, sizeof warn));
+  cr_assert(strstr(warn, "newer flashgen") && strstr(warn, "FLASHGEN_CACHE_DIR"), "%s", warn);
+  sqlite3 *h;
+  sqlite3_stmt *st;
+  cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
+  cr_assert_eq(sqlite3_prepare_v2(h, "SELECT count(*) FROM future", -1, &st, NULL), SQLITE_OK);
+  cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+  sqlite3_finalize(st);
+  sqlite3_close(h);
+}
+
+Test(cache, damaged_database_file_is_rebuilt) {
+  cr_assert_eq(mkdir(g_dir, 0700), 0);
+  char db[300];
+  snprintf(db, sizeof db, "%s/flashgen.sqlite3", g_dir);
+  FILE *f = fopen(db, "wb");
+  cr_assert_not_null(f);
+  for (int i = 0; i < 8192; i++) fputc((i * 7) & 0xff, f);
+  fclose(f);
+  char warn[1024];
+  fg_cache *c = fg_cache_open(g_dir, warn, sizeof warn);
+  cr_assert_not_null(c, "%s", warn);
+  cr_assert(strstr(warn, "rebuilt"), "one warning says so: %s", warn);
+  fg_kernel_image img = make_image("v", 5, 1000, 1000), got;
+  fg_cache_key k = key_of("v");
+  put_ok(c, &k, &img);
+  cr_assert_eq(get(c, &k, &got, NULL, 0), 1);
+  release(&got);
+  release(&img);
+  fg_cache_close(c);
+}
+
+/* ---- Tuning records ---- */
+
+static fg_tune_candidate cand(const char *v, int ok, double ms, double tflops, const char *why) {
+  fg_tune_candidate k;
+  memset(&k, 0, sizeof k);
+  snprintf(k.variant, sizeof k.variant, "%s", v);
+  snprintf(k.reason, sizeof k.reason, "%s", why);
+  k.ok = ok;
+  k.ms = ms;
+  k.tflops = tflops;
+  return k;
+}
+
+static const fg_tune_candidate *find_cand(const fg_tune_candidate *c, int n, const char *v) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(c[i].variant, v) == 0) return &c[i];
+  return NULL;
+}
+
+static fg_device_id h100(void) {
+  fg_device_id d;
+  memset(&d, 0, sizeof d);
+  snprintf(d.name, sizeof d.name, "NVIDIA H100 80GB HBM3");
+  d.cc_major = 9;
+  d.cc_minor = 0;
+  d.sm_count = 132;
+  d.driver_version = 12040;
+  return d;
+}
+
+Test(cache, tuning_merge_keeps_old_candidates_and_updates_the_winner) {
+  fg_cache *c = open_ok(g_dir);
+  fg_device_id dev = h100();
+  const char *bucket = "fwd_d128_bf16_causal_n4096";
+  fg_tune_candidate first[3] = {cand("A", 1, 1.0, 100.0, ""), cand("B", 1, 2.0, 50.0, ""),
+                                cand("C", 0, 0, 0, "wrong result: max error 0.5")};
+  char warn[1024];
+  cr_assert_eq(fg_cache_put_tuning(c, &dev, bucket, first, 3, "A", warn, sizeof warn), 0, "%s",
+               warn);
+  char w[FG_VARIANT_NAME_MAX];
+  double tf = 0;
+  cr_assert_eq(fg_cache_get_winner(c, &dev, bucket, w, sizeof w, &tf), 1);
+  cr_assert_str_eq(w, "A");
+  cr_assert_eq(tf, 100.0);
+
+  fg_tune_candidate second[2] = {cand("D", 1, 0.5, 200.0, ""), cand("B", 1, 0.9, 110.0, "")};
+  cr_assert_eq(fg_cache_put_tuning(c, &dev, bucket, second, 2, "D", warn, sizeof warn), 0, "%s",
+               warn);
+  cr_assert_eq(fg_cache_get_winner(c, &dev, bucket, w, sizeof w, &tf), 1);
+  cr_assert_str_eq(w, "D");
+  cr_assert_eq(tf, 200.0);
+
+  fg_tune_candidate *all = NULL;
+  int n = 0;
+  char winner[FG_VARIANT_NAME_MAX];
+  cr_assert_eq(fg_cache_get_tuning(c, &dev, bucket, &all, &n, winner, sizeof winner), 1);
+  cr_assert_eq(n, 4, "3 old + 1 new, the re-measured one replaced");
+  cr_assert_str_eq(winner, "D");
+  const fg_tune_candidate *a = find_cand(all, n, "A"), *b = find_cand(all, n, "B"),
+                          *cc = find_cand(all, n, "C"), *d = find_cand(all, n, "D");
+  cr_assert(a && b && cc && d);
+  cr_assert(a->ok && a->ms == 1.0 && a->tflops == 100.0, "A kept as measured");
+  cr_assert(b->ok && b->ms == 0.9 && b->tflops == 110.0, "B replaced by its new measurement");
+  cr_assert(!cc->ok && strcmp(cc->reason, "wrong result: max error 0.5") == 0,
+            "C keeps its reason");
+  cr_assert(d->ok && d->ms == 0.5);
+  free(all);
+
+  cr_assert_eq(fg_cache_get_tuning(c, &dev, "fwd_other", &all, &n, winner, sizeof winner), 0);
+  cr_assert_eq(n, 0);
+  cr_assert_null(all);
+  fg_cache_close(c);
+}
+
+Test(cache, a_rejected_candidate_never_becomes_the_winner) {
+  fg_cache *c = open_ok(g_dir);
+  fg_device_id dev = h100();
+  fg_tune_candidate k[2] = {cand("A", 1, 1.0, 100.0, ""), cand("C", 0, 0, 0, "launch failed")};
+  char warn[1024];
+  cr_assert_eq(fg_cache_put_tuning(c, &dev, "b", k, 2, "C", warn, sizeof warn), -1);
+  cr_assert(strstr(warn, "not an accepted candidate"), "%s", warn);
+  cr_assert_eq(fg_cache_put_tuning(c, &dev, "b", k, 2, "Z", warn, sizeof warn), -1, "unmeasured");
+  char w[FG_VARIANT_NAME_MAX];
+  cr_assert_eq(fg_cache_get_winner(c, &dev, "b", w, sizeof w, NULL), 0, "nothing stored");
+  cr_assert_eq(fg_cache_writable(c), 1, "a caller's mistake does not turn the cache off");
+  /* No winner at all is a valid record (every candidate rejected). */
+  cr_assert_eq(fg_cache_put_tuning(c, &dev, "b", k + 1, 1, NULL, warn, sizeof warn), 0, "%s", warn);
+  cr_assert_eq(fg_cache_get_winner(c, &dev, "b", w, sizeof w, NULL), 0);
+  fg_tune_candidate *all = NULL;
+  int n = 0;
+  cr_assert_eq(fg_cache_get_tuning(c, &dev, "b", &all, &n, w, sizeof w), 1);
+  cr_assert_eq(n, 1);
+  cr_assert_str_empty(w);
+  free(all);
+  fg_cache_close(c);
+}
+
+typedef struct seen {
+  int n;
+  char buckets[8][64];
+  char winners[8][64];
+  double tflops[8];
+} seen;
+
+static void collect(void *ud, const char *bucket, const char *winner, double tflops) {
+  seen *s = ud;
+  if (s->n < 8) {
+    snprintf(s->buckets[s->n], 64, "%s", bucket);
+    snprintf(s->winners[s->n], 64, "%s", winner);
+    s->tflops[s->n] = tflops;
+  }
+  s->n++;
+}
+
+Test(cache, each_winner_filters_by_prefix_and_device) {
+  fg_cache *c = open_ok(g_dir);
+  fg_device_id dev = h100(), newer_driver = h100(), fewer_sms = h100();
+  newer_driver.driver_version = 12050;
+  fewer_sms.sm_count = 114;
+  struct {
+    const fg_device_id *dev;
+    const char *bucket, *winner;
+    double tf;
+  } recs[] = {{&dev, "fwd_d64_f16_causal_n1024", "W1", 10},
+              {&dev, "fwd_d64_f16_causal_n512", "W2", 20},
+              {&dev, "fwd_d128_f16_causal_n512", "W3", 30},
+              {&newer_driver, "fwd_d64_f16_causal_n512", "W4", 40}};
+  for (size_t i = 0; i < sizeof recs / sizeof recs[0]; i++) {
+    fg_tune_candidate k = cand(recs[i].winner, 1, 1, recs[i].tf, "");
+    cr_assert_eq(
+        fg_cache_put_tuning(c, recs[i].dev, recs[i].bucket, &k, 1, recs[i].winner, NULL, 0), 0);
+  }
+  seen s = {0};
+  cr_assert_eq(fg_cache_each_winner(c, &dev, "fwd_d64_", collect, &s), 2);
+  cr_assert_eq(s.n, 2);
+  cr_assert_str_eq(s.buckets[0], "fwd_d64_f16_causal_n1024");
+  cr_assert_str_eq(s.winners[0], "W1");
+  cr_assert_eq(s.tflops[0], 10.0);
+  cr_assert_str_eq(s.buckets[1], "fwd_d64_f16_causal_n512");
+  cr_assert_str_eq(s.winners[1], "W2");
+
+  memset(&s, 0, sizeof s);
+  cr_assert_eq(fg_cache_each_winner(c, &dev, NULL, collect, &s), 3);
+  memset(&s, 0, sizeof s);
+  cr_assert_eq(fg_cache_each_winner(c, &newer_driver, "fwd_d64_", collect, &s), 1);
+  cr_assert_str_eq(s.winners[0], "W4", "records of another driver are another device's");
+  memset(&s, 0, sizeof s);
+  cr_assert_eq(fg_cache_each_winner(c, &fewer_sms, "", collect, &s), 0);
+
+  char w[FG_VARIANT_NAME_MAX];
+  cr_assert_eq(fg_cache_get_winner(c, &fewer_sms, "fwd_d64_f16_causal_n512", w, sizeof w, NULL), 0,
+               "a different SM count is a different device");
+  fg_device_id other_name = h100();
+  snprintf(other_name.name, sizeof other_name.name, "NVIDIA H100 PCIe");
+  cr_assert_eq(fg_cache_get_winner(c, &other_name, "fwd_d64_f16_causal_n512", w, sizeof w, NULL),
+               0);
+  fg_device_id other_cc = h100();
+  other_cc.cc_minor = 1;
+  cr_assert_eq(fg_cache_get_winner(c, &other_cc, "fwd_d64_f16_causal_n512", w, sizeof w, NULL), 0);
+  cr_assert_eq(fg_cache_get_winner(c, &dev, "fwd_d64_f16_causal_n512", w, 2, NULL), -1,
+               "a buffer too small for the name");
+  fg_cache_close(c);
+}
+
+/* ---- ls, stats, verify, clear ---- */
+
+Test(cache, verify_reports_each_bad_entry) {
+  fg_cache *c = open_ok(g_dir);
+  const char *names[3] = {"kern_alpha", "kern_beta", "kern_gamma"};
+  fg_kernel_image imgs[3];
+  for (int i = 0; i < 3; i++) {
+    imgs[i] = make_image(names[i], (unsigned)i, 3000, 2000);
+    fg_cache_key k = key_of(names[i]);
+    put_ok(c, &k, &imgs[i]);
+    release(&imgs[i]);
+  }
+  int ret;
+  char *out = capture(fg_cache_verify, c, &ret);
+  cr_assert_eq(ret, 0);
+  cr_assert(strstr(out, "all 3 entries ok"), "%s", out);
+  free(out);
+
+  flip_bit(fg_cache_path(c), "kern_alpha", "cubin", 10, 0);
+  db_exec(fg_cache_path(c),
+          "UPDATE kernels SET ptx = substr(ptx, 1, 5) WHERE variant = 'kern_gamma'");
+  out = capture(fg_cache_verify, c, &ret);
+  cr_assert_eq(ret, 2, "two bad entries: %s", out);
+  cr_assert(strstr(out, "kern_alpha") && strstr(out, "kern_gamma") && !strstr(out, "kern_beta"),
+            "each bad entry named, the good one not: %s", out);
+  cr_assert(strstr(out, "2 of 3 entries bad"), "%s", out);
+  free(out);
+  cr_assert_eq(kernel_count(c), 3, "verify reports, it does not delete");
+  fg_cache_close(c);
+}
+
+Test(cache, ls_stats_list_tuning_and_clear) {
+  fg_cache *c = open_ok(g_dir);
+  fg_kernel_image img =
+      make_image("fwd_d64_br64_bc64_f16_nocausal_qouter_w4_s2_sm80", 1, 4000, 1000);
+  fg_cache_key k = key_of(img.variant);
+  put_ok(c, &k, &img);
+  k.arch = FG_ARCH_SM90A;
+  put_ok(c, &k, &img);
+  release(&img);
+  fg_device_id dev = h100();
+  fg_tune_candidate cs[2] = {cand("fwd_d64_x", 1, 0.25, 321.5, ""),
+                             cand("fwd_d64_y", 0, 0, 0, "smem")};
+  cr_assert_eq(fg_cache_put_tuning(c, &dev, "fwd_d64_f16_n4096", cs, 2, "fwd_d64_x", NULL, 0), 0);
+
+  int ret;
+  char *out = capture(fg_cache_ls, c, &ret);
+  cr_assert_eq(ret, 2);
+  cr_assert(strstr(out, "fwd_d64_br64_bc64_f16_nocausal_qouter_w4_s2_sm80") &&
+                strstr(out, "sm_80") && strstr(out, "sm_90a") && strstr(out, "12.4") &&
+                strstr(out, "5000"),
+            "ls shows variant, arch, NVRTC version and size: %s", out);
+  free(out);
+
+  out = capture(fg_cache_stats, c, &ret);
+  cr_assert_eq(ret, 0);
+  cr_assert(strstr(out, fg_cache_path(c)), "%s", out);
+  cr_assert(strstr(out, "2 entries, 10000 bytes"), "%s", out);
+  cr_assert(strstr(out, "1 buckets on 1 devices, 2 candidates"), "%s", out);
+  free(out);
+  fg_cache_counts n;
+  cr_assert_eq(fg_cache_count(c, &n), 0);
+  cr_assert_eq(n.kernels, 2);
+  cr_assert_eq(n.kernel_bytes, 10000);
+  cr_assert_eq(n.tuning_records, 1);
+  cr_assert_eq(n.candidates, 2);
+  cr_assert_gt(n.file_bytes, 10000);
+
+  out = capture(fg_cache_list_tuning, c, &ret);
+  cr_assert_eq(ret, 1);
+  cr_assert(strstr(out, "NVIDIA H100 80GB HBM3") && strstr(out, "fwd_d64_f16_n4096") &&
+                strstr(out, "fwd_d64_x") && strstr(out, "321.5") && strstr(out, "2 (1)"),
+            "device, bucket, winner, TFLOP/s, candidates (rejected): %s", out);
+  free(out);
+
+  cr_assert_eq(fg_cache_clear(c), 0);
+  cr_assert_eq(fg_cache_count(c, &n), 0);
+  cr_assert_eq(n.kernels + n.tuning_records + n.candidates + n.devices, 0);
+  cr_assert_eq(fg_cache_ls(c, NULL), 0);
+  char w[FG_VARIANT_NAME_MAX];
+  cr_assert_eq(fg_cache_get_winner(c, &dev, "fwd_d64_f16_n4096", w, sizeof w, NULL), 0);
+  fg_cache_close(c);
+}
