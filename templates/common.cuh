@@ -102,16 +102,34 @@ FG_DEV void copy16_s2g(void *gdst, u32 saddr) {
 }
 
 // Copies ROWS rows of NCHUNK 16-byte chunks from global (row stride in elements) into shared
-// rows of SROW elements, with cp.async; rows at or past rows_left are zero-filled.
+// rows of SROW elements, with cp.async; rows at or past rows_left are zero-filled. When the
+// threads cover whole rows, each thread walks one pointer down its column (few registers).
 template <int ROWS, int NCHUNK, int SROW, int THREADS>
 FG_DEV void load_tile(u32 sbase, const u16 *g, i64 row_stride, i64 rows_left, int tid) {
+  if constexpr (THREADS % NCHUNK == 0) {
+    constexpr int RPI = THREADS / NCHUNK;  // rows per pass
+    const int r0 = tid / NCHUNK, c = tid % NCHUNK;
+    const u16 *src = g + r0 * row_stride + c * 8;
+    u32 dst = sbase + (u32)(r0 * SROW + c * 8) * 2u;
 #pragma unroll
-  for (int it = 0; it < (ROWS * NCHUNK + THREADS - 1) / THREADS; ++it) {
-    const int idx = tid + it * THREADS;
-    if ((ROWS * NCHUNK) % THREADS == 0 || idx < ROWS * NCHUNK) {
-      const int r = idx / NCHUNK, c = idx % NCHUNK;
-      const bool ok = r < rows_left;
-      cp_async16(sbase + (u32)(r * SROW + c * 8) * 2u, ok ? g + r * row_stride + c * 8 : g, ok);
+    for (int it = 0; it < (ROWS + RPI - 1) / RPI; ++it) {
+      const int r = r0 + it * RPI;
+      if (ROWS % RPI == 0 || r < ROWS) {
+        const bool ok = r < rows_left;
+        cp_async16(dst, ok ? src : g, ok);
+      }
+      src += RPI * row_stride;
+      dst += (u32)(RPI * SROW * 2);
+    }
+  } else {
+#pragma unroll
+    for (int it = 0; it < (ROWS * NCHUNK + THREADS - 1) / THREADS; ++it) {
+      const int idx = tid + it * THREADS;
+      if ((ROWS * NCHUNK) % THREADS == 0 || idx < ROWS * NCHUNK) {
+        const int r = idx / NCHUNK, c = idx % NCHUNK;
+        const bool ok = r < rows_left;
+        cp_async16(sbase + (u32)(r * SROW + c * 8) * 2u, ok ? g + r * row_stride + c * 8 : g, ok);
+      }
     }
   }
 }

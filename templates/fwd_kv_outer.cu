@@ -18,7 +18,7 @@ constexpr int WS = D + 2;  // workspace floats per query row: O_i (D), m_i, l_i
 constexpr int NT_CH = NT_O < 16 ? NT_O : 16;  // n-tiles of O per P~V chunk (128 columns)
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) {{ entry }}(const __grid_constant__ fg_fwd_params p) {
+extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __grid_constant__ fg_fwd_params p) {
   extern __shared__ __align__(128) u16 smem[];
   u16 *sQ = smem;
   u16 *sK = sQ + BR * ROW;
@@ -151,7 +151,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) {{ entry }}(const __grid_c
 
       // line 12: O_i <- diag(l_new)^-1 (diag(l_i) e^{m_i-m_new} O_i + e^{m~-m_new} P~_ij V_j), computed
       // over column chunks of at most 128 so the fp32 accumulator stays within 64 registers.
+{% if d_pad > 128 then %}
 #pragma unroll 1
+{% else %}
+#pragma unroll
+{% end %}
       for (int c0 = 0; c0 < NT_O; c0 += NT_CH) {
         float acc[MT][NT_CH][4];
 #pragma unroll

@@ -20,7 +20,7 @@ constexpr int KSTEPS = DP / 16, NT_S = BC / 8, NT_O = DP / 8, CHUNKS = D / 8;
 static_assert(BR % (16 * WARPS) == 0 && BC % 16 == 0 && DP % 16 == 0, "tile shape");
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) {{ entry }}(const __grid_constant__ fg_fwd_params p) {
+extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __grid_constant__ fg_fwd_params p) {
   extern __shared__ __align__(128) u16 smem[];
   u16 *sQ = smem;
   u16 *sK = sQ + BR * ROW;
@@ -101,13 +101,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) {{ entry }}(const __grid_c
     const u16 *cK = sK + buf * BC * ROW;
     const u16 *cV = sV + buf * BC * ROW;
 
-    // S = Q K^T
+    // S = Q K^T. With Q in registers the k-loop must unroll fully (constant indices); from shared
+    // memory it unrolls by two, so ptxas cannot hoist every K fragment of the block at once.
     float s[MT][NT_S][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int nt = 0; nt < NT_S; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+{% if q_in_regs then %}
 #pragma unroll
+{% else %}
+#pragma unroll 2
+{% end %}
     for (int ks = 0; ks < KSTEPS; ++ks) {
       u32 a[MT][4];
 #pragma unroll
@@ -131,18 +136,22 @@ extern "C" __global__ void __launch_bounds__(THREADS) {{ entry }}(const __grid_c
     }
 
     // Mask keys past the end and, when causal, above the diagonal (only blocks that need it).
-    bool need_mask = (j + 1) * BC > Nk;
-    if constexpr (CAUSAL) need_mask = need_mask || (j + 1) * BC - 1 > q0 + diag;
+    // Block-relative 32-bit offsets: key c of this block is visible to row r of the Q block iff
+    // c < kv_left and (not causal or c <= r + diag_off).
+    const i64 kv_left64 = Nk - j * BC, diag_off64 = q0 + diag - j * BC;
+    const bool need_mask = kv_left64 < BC || (CAUSAL && diag_off64 < BC - 1);
     if (need_mask) {
+      const int kv_left = (int)(kv_left64 < BC ? kv_left64 : BC);
+      const int diag_off = (int)(diag_off64 < -BR ? -BR : (diag_off64 > BC ? BC : diag_off64));
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const i64 row = q0 + wrow + mt * 16 + g + (e >= 2 ? 8 : 0);
-            const i64 col = j * BC + nt * 8 + 2 * t + (e & 1);
-            if (col >= Nk || (CAUSAL && col > row + diag)) s[mt][nt][e] = FG_NEG_INF;
+            const int r = wrow + mt * 16 + g + (e >= 2 ? 8 : 0);
+            const int c = nt * 8 + 2 * t + (e & 1);
+            if (c >= kv_left || (CAUSAL && c > r + diag_off)) s[mt][nt][e] = FG_NEG_INF;
           }
     }
 
@@ -175,25 +184,29 @@ extern "C" __global__ void __launch_bounds__(THREADS) {{ entry }}(const __grid_c
         }
       }
 
-    // O += P V, P straight from the S accumulators (registers), V^T via ldmatrix.trans.
+    // P as mma A fragments, packed to 16 bits right away so the fp32 S registers die here.
+    u32 pa[MT][BC / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) {
+        pa[mt][kk][0] = pack2<BF16>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][kk][1] = pack2<BF16>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][kk][2] = pack2<BF16>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][kk][3] = pack2<BF16>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+
+    // O += P V, V^T via ldmatrix.trans.
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) {
-      u32 pa[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        pa[mt][0] = pack2<BF16>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        pa[mt][1] = pack2<BF16>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        pa[mt][2] = pack2<BF16>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        pa[mt][3] = pack2<BF16>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
 #pragma unroll
       for (int np = 0; np < NT_O / 2; ++np) {
         u32 b0, b1, b2, b3;
         ldsm_x4_t(smem_addr(cV + (kk * 16 + a_row) * ROW + np * 16 + a_col), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma16816<BF16>(o[mt][2 * np], pa[mt], b0, b1);
-          mma16816<BF16>(o[mt][2 * np + 1], pa[mt], b2, b3);
+          mma16816<BF16>(o[mt][2 * np], pa[mt][kk], b0, b1);
+          mma16816<BF16>(o[mt][2 * np + 1], pa[mt][kk], b2, b3);
         }
       }
     }
