@@ -11,4 +11,5 @@ int fg_cmd_check(int argc, char **argv);
 int fg_cmd_explain(int argc, char **argv);
 int fg_cmd_tune(int argc, char **argv);
 int fg_cmd_cache(int argc, char **argv);
+int fg_cmd_export(int argc, char **argv);
 #endif

@@ -19,6 +19,7 @@ static const struct {
     {"explain", fg_cmd_explain, "say which variant a problem would run and why"},
     {"tune", fg_cmd_tune, "find the fastest correct variant of each problem on the GPU, record it"},
     {"cache", fg_cmd_cache, "the kernel cache: ls, stats, verify, clear, tuning"},
+    {"export", fg_cmd_export, "write kernels as C for builds that must not compile at run time"},
 };
 
 static void usage(FILE *f) {

@@ -20,6 +20,8 @@
  *
  * CUDA: flashgen loads the driver (libcuda.so.1) itself; nothing here needs cuda.h. The context
  * uses the device's primary context, so memory from cudaMalloc (runtime API) or PyTorch works.
+ * FLASHGEN_CUDA_LIBRARY=/path/to/libcuda.so.1 names the driver explicitly (then it is the only
+ * place looked at).
  */
 #ifndef FLASHGEN_H
 #define FLASHGEN_H
@@ -104,8 +106,9 @@ FG_API const char *fg_last_create_error(void);
 FG_API void fg_context_destroy(fg_context *ctx);
 
 /* The detailed message of the last failure of a call on ctx made by the calling thread, or ""
- * if the last call succeeded. Valid until the calling thread's next call on ctx. NULL ctx gives
- * a static string. */
+ * if the last call succeeded. A call that succeeded with a warning (e.g. a kernel cache that
+ * cannot be used) leaves the warning here, starting with "warning: ". Valid until the calling
+ * thread's next call on ctx. NULL ctx gives a static string. */
 FG_API const char *fg_context_last_error(const fg_context *ctx);
 
 /* Arguments of one attention call. Zero-initialise, then set the fields; the struct only grows
@@ -118,7 +121,10 @@ FG_API const char *fg_context_last_error(const fg_context *ctx);
  * Strides are in elements, for the batch, head and sequence dimensions in that order; the last
  * dimension is always contiguous. All three zero means the contiguous (B, H, N, d) layout. For
  * the (B, N, H, d) layout use {N*H*d, d, H*d}. Each pointer and each stride in bytes must be a
- * multiple of 16.
+ * multiple of 16. q, k, v, o and lse must be memory of the context's device (device or managed
+ * memory; not host memory, not another device's). The outputs (o, lse) must not overlap each
+ * other or an input, and the strides of O must give every element its own address; the inputs
+ * may share memory (K and V in one buffer).
  *
  * head_dim: a multiple of 8 from 32 to 256. heads_q a multiple of heads_kv (GQA; heads_kv = 1 is
  * MQA). seqlen_q and seqlen_k may differ.
@@ -127,8 +133,12 @@ FG_API const char *fg_context_last_error(const fg_context *ctx);
  * FlashAttention-2 convention): query i sees keys j <= i + seqlen_k - seqlen_q. A query row
  * that sees no key (causal with seqlen_q > seqlen_k) gets O = 0 and lse = -inf.
  *
- * Empty problems: batch = 0, heads_q = 0 or seqlen_q = 0 launch nothing and touch nothing.
- * seqlen_k = 0 sets O to zero and lse to -inf (the limit of an empty softmax sum).
+ * Empty problems: batch = 0, heads_q = 0 or seqlen_q = 0 launch nothing and touch nothing; their
+ * pointers may be NULL (PyTorch gives empty tensors a NULL data pointer). seqlen_k = 0 sets O to
+ * zero and lse to -inf (the limit of an empty softmax sum); k and v may then be NULL.
+ *
+ * Sizes: all index arithmetic is 64-bit; batch * heads_q may exceed the grid's 65535 (the call
+ * is split into several launches), a tensor may have more than 2^31 elements.
  *
  * scale: the softmax scale; 0 means 1/sqrt(head_dim). Must be finite and positive otherwise. */
 typedef struct fg_attention_args {
@@ -152,8 +162,38 @@ FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_args *
 
 /* Writes into buf (at most len bytes, always NUL-terminated when len > 0) which kernel
  * fg_attention_forward would run for args and why (the key, the tuning record or rule, the
- * variant, where its binary comes from). Launches and compiles nothing. */
+ * variant, where its binary comes from, the launch shape). Launches and compiles nothing; the
+ * pointers in args may be NULL (only the shapes matter). Returns FG_OK, or the error the call
+ * would fail with before launching (invalid arguments; FG_ERROR_KERNEL_MISSING when the policy
+ * forbids compiling and no binary is available), with buf explaining it as well. */
 FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char *buf, size_t len);
+
+/* An exported kernel table: what `flashgen export` writes as C (its layout is in
+ * flashgen_export.h; the generated <prefix>_kernels.h declares `const fg_export
+ * *<prefix>_flashgen_export(void)`, which returns it). */
+typedef struct fg_export fg_export;
+
+/* Registers an exported table for every context of the process, present and future: the
+ * dispatcher looks there first (its tuned choices, then its kernels), under every policy. This
+ * is how an application that links only flashgen_runtime gets kernels; call it once, from any
+ * thread. The table and everything it points to must stay valid for the life of the process
+ * (the generated file keeps it in static storage); flashgen copies nothing big and frees
+ * nothing. Registering the same table again is a harmless no-op. Tables do not replace one
+ * another: each kernel is looked for in all of them, the one built for the device's exact arch
+ * first.
+ *
+ * When a problem needs a kernel that no registered table holds for the device, and the policy
+ * forbids compiling (FG_POLICY_EXPORTED_ONLY, the default of flashgen_runtime, or
+ * FG_POLICY_EXPORTED_AND_CACHE), fg_attention_forward returns FG_ERROR_KERNEL_MISSING and
+ * fg_context_last_error names the problem, the GPU and its arch, and what the registered tables
+ * contain for it ("none of which runs on ... : export for sm_90a").
+ *
+ * Returns FG_OK; FG_ERROR_INVALID_ARGUMENT for NULL, a table of an unknown ABI version, or a
+ * malformed entry (a kernel without a variant name that parses, an arch, an entry point or
+ * any binary; a choice naming a variant that does not parse); FG_ERROR_OUT_OF_MEMORY. On
+ * failure nothing is registered and err (when not NULL, at most errlen bytes, always
+ * NUL-terminated when errlen > 0) says which entry is wrong and why. */
+FG_API fg_status fg_register_export(const fg_export *table, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

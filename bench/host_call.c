@@ -1,0 +1,70 @@
+/* host_call.c: host time of one fg_attention_forward call once its kernel is loaded (the
+ * dispatcher, validation and launch; not the kernel): the median over 10^4 calls on a small
+ * problem, and the time of the first call in this process (cubin from the cache or compiled).
+ * Run on a machine with a GPU: build/fg_bench_host [calls]. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "fg_runtime_internal.h"
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static int cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv) {
+  int calls = argc > 1 ? atoi(argv[1]) : 10000;
+  if (calls < 10) calls = 10;
+  double t0 = now_us();
+  fg_context *ctx;
+  if (fg_context_create(&ctx, NULL) != FG_OK) {
+    fprintf(stderr, "fg_bench_host: %s\n", fg_last_create_error());
+    return 1;
+  }
+  double t_ctx = now_us() - t0;
+  const int64_t B = 1, H = 2, N = 128, d = 64;
+  size_t n = (size_t)(B * H * N * d);
+  CUdeviceptr q, k, v, o;
+  if (fg_dev_alloc(ctx, &q, n * 2) || fg_dev_alloc(ctx, &k, n * 2) || fg_dev_alloc(ctx, &v, n * 2) ||
+      fg_dev_alloc(ctx, &o, n * 2) || fg_dev_fill16(ctx, q, 0x3c00, n) || fg_dev_fill16(ctx, k, 0x3c00, n) ||
+      fg_dev_fill16(ctx, v, 0x3c00, n)) {
+    fprintf(stderr, "fg_bench_host: %s\n", fg_context_last_error(ctx));
+    return 1;
+  }
+  fg_attention_args a = {0};
+  a.dtype = FG_DTYPE_F16;
+  a.batch = B; a.heads_q = H; a.heads_kv = H; a.seqlen_q = N; a.seqlen_k = N; a.head_dim = d;
+  a.q = (void *)q; a.k = (void *)k; a.v = (void *)v; a.o = (void *)o;
+  double t1 = now_us();
+  if (fg_attention_forward(ctx, &a, NULL) != FG_OK || fg_dev_synchronize(ctx) != FG_OK) {
+    fprintf(stderr, "fg_bench_host: %s\n", fg_context_last_error(ctx));
+    return 1;
+  }
+  double t_first = now_us() - t1;
+  double *t = malloc(sizeof(double) * (size_t)calls);
+  for (int i = 0; i < calls; i++) {
+    double s = now_us();
+    if (fg_attention_forward(ctx, &a, NULL) != FG_OK) {
+      fprintf(stderr, "fg_bench_host: %s\n", fg_context_last_error(ctx));
+      return 1;
+    }
+    t[i] = now_us() - s;
+    if (i % 256 == 255) fg_dev_synchronize(ctx); /* keep the launch queue from filling */
+  }
+  fg_dev_synchronize(ctx);
+  qsort(t, (size_t)calls, sizeof(double), cmp);
+  printf("context create: %.1f ms\nfirst call (load or compile + launch, synchronised): %.2f ms\n"
+         "host time per call, kernel loaded: median %.2f us, p10 %.2f us, p90 %.2f us over %d calls\n",
+         t_ctx / 1e3, t_first / 1e3, t[calls / 2], t[calls / 10], t[calls * 9 / 10], calls);
+  free(t);
+  fg_dev_free(ctx, q); fg_dev_free(ctx, k); fg_dev_free(ctx, v); fg_dev_free(ctx, o);
+  fg_context_destroy(ctx);
+  return 0;
+}

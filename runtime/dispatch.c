@@ -1,0 +1,407 @@
+/* dispatch.c: problem -> key (pass, d, dtype, causal, shape bucket) -> variant, memoised per
+ * context; the shape bucket rule (one place, shared with autotune); and fg_explain, which says
+ * what would run and why without compiling or launching anything. */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fg_runtime_internal.h"
+
+int64_t fg_seqlen_bucket(int64_t seqlen_k) {
+  int64_t b = FG_BUCKET_MIN;
+  while (b < seqlen_k && b < FG_BUCKET_MAX) b *= 2;
+  return b;
+}
+
+int fg_problem_key_prefix(fg_pass pass, int d, fg_dtype dtype, int causal, char *buf, size_t len) {
+  (void)pass; /* only the forward pass exists so far */
+  return snprintf(buf, len, "fwd_d%d_%s_%s_nk", d, fg_dtype_name(dtype),
+                  causal ? "causal" : "noncausal");
+}
+
+int fg_problem_key(fg_pass pass, int d, fg_dtype dtype, int causal, int64_t bucket, char *buf,
+                   size_t len) {
+  (void)pass;
+  return snprintf(buf, len, "fwd_d%d_%s_%s_nk%" PRId64, d, fg_dtype_name(dtype),
+                  causal ? "causal" : "noncausal", bucket);
+}
+
+int64_t fg_problem_key_bucket(const char *key, const char *prefix) {
+  size_t pl = strlen(prefix);
+  if (strncmp(key, prefix, pl) != 0) return -1;
+  const char *p = key + pl;
+  if (!*p) return -1;
+  int64_t v = 0;
+  for (; *p; p++) {
+    if (*p < '0' || *p > '9' || v > INT64_MAX / 10 - 10) return -1;
+    v = v * 10 + (*p - '0');
+  }
+  return v;
+}
+
+fg_variant fg_dispatch_builtin(int d, fg_dtype dtype, int causal, fg_arch arch) {
+  return fg_builtin_variant(d, dtype, causal, arch);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The memo: packed key -> decision. Entries are never freed before the context (callers keep
+ * pointers); fg_dispatch_forget starts a new generation instead. */
+#define FG_MEMO_BUCKETS 64
+
+typedef struct fg_memo_entry {
+  uint32_t key;
+  uint64_t gen;
+  uint64_t exp_gen; /* exported tables registered when decided */
+  fg_dispatch d;
+  const fg_loaded_kernel *kernel; /* guarded by the memo lock */
+  struct fg_memo_entry *next;
+} fg_memo_entry;
+
+struct fg_dispatch_memo {
+  pthread_mutex_t lock;
+  uint64_t gen;
+  fg_memo_entry *buckets[FG_MEMO_BUCKETS];
+};
+
+fg_status fg_dispatch_memo_create(fg_context *ctx) {
+  fg_dispatch_memo *m = calloc(1, sizeof *m);
+  if (!m) return FG_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_init(&m->lock, NULL);
+  ctx->memo = m;
+  return FG_OK;
+}
+
+void fg_dispatch_memo_destroy(fg_context *ctx) {
+  fg_dispatch_memo *m = ctx->memo;
+  if (!m) return;
+  for (int b = 0; b < FG_MEMO_BUCKETS; b++) {
+    fg_memo_entry *e = m->buckets[b];
+    while (e) {
+      fg_memo_entry *n = e->next;
+      free(e);
+      e = n;
+    }
+  }
+  pthread_mutex_destroy(&m->lock);
+  free(m);
+  ctx->memo = NULL;
+}
+
+void fg_dispatch_forget(fg_context *ctx) {
+  pthread_mutex_lock(&ctx->memo->lock);
+  ctx->memo->gen++;
+  pthread_mutex_unlock(&ctx->memo->lock);
+}
+
+static uint32_t fg_pack_key(fg_pass pass, int d, fg_dtype dtype, int causal, int64_t bucket) {
+  int lg = 0;
+  while (((int64_t)1 << lg) < bucket) lg++;
+  return ((((uint32_t)pass * 512u + (uint32_t)d) * 4u + (uint32_t)dtype) * 2u +
+          (uint32_t)(causal != 0)) * 64u + (uint32_t)lg;
+}
+
+static fg_memo_entry *fg_memo_find(fg_dispatch_memo *m, uint32_t key) {
+  for (fg_memo_entry *e = m->buckets[key % FG_MEMO_BUCKETS]; e; e = e->next)
+    if (e->key == key && e->gen == m->gen && e->exp_gen == fg_exported_generation()) return e;
+  return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Deciding. */
+typedef struct fg_candidate {
+  fg_variant v;
+  char rule[768];
+} fg_candidate;
+
+static int fg_variant_serves(const fg_variant *v, int d, fg_dtype dtype, int causal) {
+  return v->pass == FG_PASS_FWD && v->d == d && v->dtype == dtype &&
+         (v->causal != 0) == (causal != 0);
+}
+
+#ifdef FG_WITH_JIT
+typedef struct fg_nearest {
+  const char *prefix;
+  int64_t want;
+  int found;
+  int64_t best_b, best_dist;
+  char winner[FG_VARIANT_NAME_MAX];
+  double tflops;
+} fg_nearest;
+
+static void fg_nearest_cb(void *ud, const char *bucket, const char *winner, double tflops) {
+  fg_nearest *n = ud;
+  int64_t b = fg_problem_key_bucket(bucket, n->prefix);
+  if (b <= 0 || !winner) return;
+  int64_t dist = 0;
+  for (int64_t x = b < n->want ? b : n->want, y = b < n->want ? n->want : b; x < y; x *= 2) dist++;
+  if (!n->found || dist < n->best_dist || (dist == n->best_dist && b > n->best_b)) {
+    n->found = 1;
+    n->best_b = b;
+    n->best_dist = dist;
+    n->tflops = tflops;
+    snprintf(n->winner, sizeof n->winner, "%s", winner);
+  }
+}
+
+/* The tuned winner for key on this device from the cache: exact bucket, then nearest. */
+static int fg_cache_candidate(fg_context *ctx, const char *key, const char *prefix, int64_t bucket,
+                              int d, fg_dtype dtype, int causal, fg_candidate *c) {
+  fg_cache *cache = fg_context_cache(ctx);
+  if (!cache) return 0;
+  fg_device_id dev;
+  fg_context_device_id(ctx, &dev);
+  char name[FG_VARIANT_NAME_MAX];
+  double tf = 0;
+  int exact = fg_cache_get_winner(cache, &dev, key, name, sizeof name, &tf) == 1;
+  fg_nearest n;
+  memset(&n, 0, sizeof n);
+  if (!exact) {
+    n.prefix = prefix;
+    n.want = bucket;
+    fg_cache_each_winner(cache, &dev, prefix, fg_nearest_cb, &n);
+    if (!n.found) return 0;
+    snprintf(name, sizeof name, "%s", n.winner);
+    tf = n.tflops;
+  }
+  char perr[256];
+  if (fg_variant_parse(name, &c->v, perr, sizeof perr) != 0 ||
+      !fg_variant_serves(&c->v, d, dtype, causal)) {
+    fg_warn(ctx, "kernel cache: the tuning record for %s names '%s', which is not a variant for "
+            "this problem; ignoring it",
+            exact ? key : "a nearby bucket", name);
+    return 0;
+  }
+  if (exact)
+    snprintf(c->rule, sizeof c->rule,
+             "the tuned record for %s on this GPU (%s), %.1f TFLOP/s, in the kernel cache %s", key,
+             ctx->limits.name, tf, fg_cache_path(cache));
+  else
+    snprintf(c->rule, sizeof c->rule,
+             "the tuned record of the nearest bucket %s%" PRId64
+             " on this GPU (%s), %.1f TFLOP/s, in the kernel cache %s (no record for %s)",
+             prefix, n.best_b, ctx->limits.name, tf, fg_cache_path(cache), key);
+  return 1;
+}
+#endif
+
+static fg_status fg_decide(fg_context *ctx, const fg_attention_args *a, fg_dispatch *out) {
+  const int d = (int)a->head_dim, causal = a->causal != 0;
+  const fg_dtype dtype = a->dtype;
+  const int64_t bucket = fg_seqlen_bucket(a->seqlen_k);
+  char prefix[48];
+  memset(out, 0, sizeof *out);
+  fg_problem_key(FG_PASS_FWD, d, dtype, causal, bucket, out->key, sizeof out->key);
+  fg_problem_key_prefix(FG_PASS_FWD, d, dtype, causal, prefix, sizeof prefix);
+
+  fg_candidate cand[4];
+  int n = 0;
+  char why[512];
+  if (fg_exported_choice_for(ctx, out->key, &cand[n].v, why, sizeof why) &&
+      fg_variant_serves(&cand[n].v, d, dtype, causal)) {
+    snprintf(cand[n].rule, sizeof cand[n].rule, "%s", why);
+    n++;
+  }
+#ifdef FG_WITH_JIT
+  if (fg_cache_candidate(ctx, out->key, prefix, bucket, d, dtype, causal, &cand[n])) n++;
+#endif
+  cand[n].v = fg_dispatch_builtin(d, dtype, causal, ctx->arch);
+  snprintf(cand[n].rule, sizeof cand[n].rule, "the built-in rule (%s)",
+           n ? "after the tuned choice above" : "no tuning record for this key");
+  n++;
+  const int jit = fg_policy_allows_jit(ctx);
+  if (!jit && fg_exported_any(ctx, &cand[n - 1].v, &cand[n].v)) {
+    snprintf(cand[n].rule, sizeof cand[n].rule,
+             "an exported kernel with the same head_dim, dtype and masking (no tuned or built-in "
+             "choice is available under the policy '%s')",
+             fg_policy_name(ctx->policy));
+    n++;
+  }
+
+  int pick = -1;
+  char tried[1536] = "";
+  if (jit) {
+    pick = 0;
+  } else {
+    for (int i = 0; i < n && pick < 0; i++) {
+      char desc[1024];
+      fg_kernel_meta meta;
+      int known;
+      fg_binary_source src = fg_registry_probe(ctx, &cand[i].v, desc, sizeof desc, &meta, &known);
+      if (src == FG_BINARY_LOADED || src == FG_BINARY_EXPORTED || src == FG_BINARY_CACHED) {
+        pick = i;
+      } else {
+        char name[FG_VARIANT_NAME_MAX];
+        fg_variant_name(&cand[i].v, name, sizeof name);
+        size_t l = strlen(tried);
+        snprintf(tried + l, sizeof tried - l, "%s%s (%s)", l ? "; " : "", name, desc);
+      }
+    }
+  }
+  if (pick < 0) {
+    char summary[768];
+    fg_exported_summary(ctx, summary, sizeof summary);
+    return fg_fail(ctx, FG_ERROR_KERNEL_MISSING,
+                   "no kernel for problem %s (batch %" PRId64 ", heads_q %" PRId64
+                   ", heads_kv %" PRId64 ", seqlen_q %" PRId64 ", seqlen_k %" PRId64
+                   ", head_dim %d, %s, %s) on %s (%s) under the policy '%s', which forbids "
+                   "compiling. Tried: %s. Exported kernels: %s.",
+                   out->key, a->batch, a->heads_q, a->heads_kv, a->seqlen_q, a->seqlen_k, d,
+                   fg_dtype_name(dtype), causal ? "causal" : "non-causal", ctx->limits.name,
+                   fg_arch_name(ctx->arch), fg_policy_name(ctx->policy), tried, summary);
+  }
+  out->variant = cand[pick].v;
+  fg_variant_name(&out->variant, out->variant_name, sizeof out->variant_name);
+  snprintf(out->rule, sizeof out->rule, "%s", cand[pick].rule);
+  return FG_OK;
+}
+
+fg_status fg_dispatch_choose(fg_context *ctx, const fg_attention_args *a, int load_kernel,
+                             const fg_dispatch **out, const fg_loaded_kernel **kernel) {
+  fg_dispatch_memo *m = ctx->memo;
+  const uint32_t key = fg_pack_key(FG_PASS_FWD, (int)a->head_dim, a->dtype, a->causal,
+                                   fg_seqlen_bucket(a->seqlen_k));
+  *out = NULL;
+  pthread_mutex_lock(&m->lock);
+  fg_memo_entry *e = fg_memo_find(m, key);
+  if (e && (!load_kernel || e->kernel)) {
+    if (load_kernel) *kernel = e->kernel;
+    pthread_mutex_unlock(&m->lock);
+    *out = &e->d;
+    return FG_OK;
+  }
+  pthread_mutex_unlock(&m->lock);
+
+  if (!e) {
+    const uint64_t exp_gen = fg_exported_generation(); /* before deciding: never newer than seen */
+    fg_memo_entry *ne = calloc(1, sizeof *ne);
+    if (!ne) return fg_fail(ctx, FG_ERROR_OUT_OF_MEMORY, "out of host memory in the dispatcher");
+    fg_status st = fg_decide(ctx, a, &ne->d);
+    if (st != FG_OK) { /* not memoised: an exported table registered later may change it */
+      free(ne);
+      return st;
+    }
+    ne->key = key;
+    ne->exp_gen = exp_gen;
+    pthread_mutex_lock(&m->lock);
+    e = fg_memo_find(m, key); /* another thread may have decided meanwhile */
+    if (!e) {
+      ne->gen = m->gen;
+      ne->next = m->buckets[key % FG_MEMO_BUCKETS];
+      m->buckets[key % FG_MEMO_BUCKETS] = ne;
+      e = ne;
+      ne = NULL;
+    }
+    pthread_mutex_unlock(&m->lock);
+    free(ne);
+  }
+  *out = &e->d;
+  if (!load_kernel) return FG_OK;
+  const fg_loaded_kernel *k = NULL;
+  fg_status st = fg_registry_get(ctx, &e->d.variant, &k);
+  if (st != FG_OK) return st;
+  pthread_mutex_lock(&m->lock);
+  e->kernel = k;
+  pthread_mutex_unlock(&m->lock);
+  *kernel = k;
+  return FG_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* fg_explain */
+typedef struct fg_text {
+  char *buf;
+  size_t len, used;
+} fg_text;
+
+static void fg_text_add(fg_text *t, const char *fmt, ...) FG_PRINTF(2, 3);
+static void fg_text_add(fg_text *t, const char *fmt, ...) {
+  if (!t->buf || t->len == 0 || t->used + 1 >= t->len) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(t->buf + t->used, t->len - t->used, fmt, ap);
+  va_end(ap);
+  if (n > 0) t->used += (size_t)n < t->len - t->used ? (size_t)n : t->len - t->used - 1;
+}
+
+FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char *buf, size_t len) {
+  fg_text t = {buf, len, 0};
+  if (buf && len) buf[0] = 0;
+  if (!ctx) {
+    fg_text_add(&t, "fg_explain: ctx is NULL");
+    return FG_ERROR_INVALID_ARGUMENT;
+  }
+  fg_clear_error(ctx);
+  fg_attention_args a;
+  char err[1024];
+  fg_status st = fg_validate_args(args, FG_VALIDATE_SHAPES, &a, err, sizeof err);
+  if (st != FG_OK) {
+    fg_text_add(&t, "invalid arguments: %s\n", err);
+    return fg_fail(ctx, st, "%s", err);
+  }
+  fg_text_add(&t,
+              "problem: batch %" PRId64 ", heads_q %" PRId64 ", heads_kv %" PRId64
+              ", seqlen_q %" PRId64 ", seqlen_k %" PRId64 ", head_dim %" PRId64
+              ", %s, %s, scale %g%s\n",
+              a.batch, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k, a.head_dim,
+              fg_dtype_name(a.dtype), a.causal ? "causal (bottom-right aligned)" : "non-causal",
+              (double)a.scale, a.lse ? ", writes LSE" : "");
+  fg_text_add(
+      &t, "device: %d, %s (compute capability %d.%d, %s, %d SMs, %d B shared memory per block)\n",
+      ctx->device, ctx->limits.name, ctx->limits.cc_major, ctx->limits.cc_minor,
+      fg_arch_name(ctx->arch), ctx->limits.sm_count, ctx->limits.smem_optin_per_block);
+  fg_text_add(&t, "policy: %s\n", fg_policy_name(ctx->policy));
+  if (fg_args_empty(&a)) {
+    fg_text_add(&t, "nothing to launch: batch, heads_q or seqlen_q is 0 (the call returns at once "
+                    "and touches nothing)\n");
+    return FG_OK;
+  }
+  const fg_dispatch *d = NULL;
+  st = fg_dispatch_choose(ctx, &a, 0, &d, NULL);
+  char key[64];
+  fg_problem_key(FG_PASS_FWD, (int)a.head_dim, a.dtype, a.causal, fg_seqlen_bucket(a.seqlen_k),
+                 key, sizeof key);
+  fg_text_add(&t, "key: %s (seqlen_k %" PRId64 " -> bucket %" PRId64 ")\n", key, a.seqlen_k,
+              fg_seqlen_bucket(a.seqlen_k));
+  if (st != FG_OK) {
+    fg_text_add(&t, "no kernel: %s\n", fg_context_last_error(ctx));
+    return st;
+  }
+  fg_text_add(&t, "choice: %s\n", d->rule);
+  fg_text_add(&t, "variant: %s\n", d->variant_name);
+  char desc[1024];
+  fg_kernel_meta meta;
+  int known = 0;
+  fg_binary_source src = fg_registry_probe(ctx, &d->variant, desc, sizeof desc, &meta, &known);
+  fg_text_add(&t, "binary: %s\n", desc);
+  if (known) {
+    fg_fwd_params p;
+    fg_params_from_args(&a, &p);
+    uint64_t grid[3];
+    fg_launch_grid(&meta, &p, grid);
+    fg_text_add(&t,
+                "launch: grid (%" PRIu64 ", %" PRIu64 ", %" PRIu64
+                ") x %d threads, %d B dynamic "
+                "shared memory",
+                grid[0], grid[1], grid[2], meta.threads, meta.smem_bytes);
+    if (meta.workspace_floats_per_row > 0)
+      fg_text_add(&t, ", %.1f MiB fp32 workspace",
+                  (double)a.batch * (double)a.heads_q * (double)a.seqlen_q *
+                      meta.workspace_floats_per_row * 4.0 / (1024.0 * 1024.0));
+    if (meta.regs >= 0) fg_text_add(&t, ", %d registers per thread", meta.regs);
+    uint64_t limit = meta.grid == FG_GRID_HEADS ? 2147483647u : (uint64_t)ctx->limits.max_grid_y;
+    uint64_t bh = (uint64_t)a.batch * (uint64_t)a.heads_q;
+    if (bh > limit) {
+      uint64_t per = limit / (uint64_t)a.heads_q;
+      fg_text_add(&t, " (split into %" PRIu64 " launches of at most %" PRIu64 " batches)",
+                  ((uint64_t)a.batch + per - 1) / per, per);
+    }
+    fg_text_add(&t, "\n");
+  }
+  if (src == FG_BINARY_MISSING || src == FG_BINARY_FAILED) {
+    fg_set_error(ctx, "%s", desc);
+    return src == FG_BINARY_MISSING ? FG_ERROR_KERNEL_MISSING : FG_ERROR_COMPILE;
+  }
+  return FG_OK;
+}

@@ -1,0 +1,196 @@
+/* export_register.c: fg_register_export, the public way in for exported tables. Reads a table in
+ * the stable layout of flashgen_export.h (by the sizes it records, so older and newer tables
+ * both read), checks it, turns it into the registry's fg_exported_table and hands that to
+ * fg_register_exported. The converted tables live as long as the process, like the tables. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fg_runtime_internal.h"
+#include "flashgen_export.h"
+
+typedef struct fg_export_reg {
+  const fg_export *pub;
+  fg_exported_table table;
+  struct fg_export_reg *next;
+} fg_export_reg;
+
+static pthread_mutex_t fg_export_lock = PTHREAD_MUTEX_INITIALIZER;
+static fg_export_reg *fg_export_regs; /* reachable for the life of the process */
+
+/* Copies the first `size` bytes written by the producer into a zeroed struct of this version:
+ * fields the producer did not know are zero, fields this version does not know are ignored. */
+static void fg_read_sized(void *dst, size_t dst_size, const void *src, size_t src_size) {
+  memset(dst, 0, dst_size);
+  memcpy(dst, src, src_size < dst_size ? src_size : dst_size);
+}
+
+static fg_status fg_export_fail(char *err, size_t errlen, const char *desc, const char *fmt, ...)
+    FG_PRINTF(4, 5);
+
+/* "exported table '<desc>': <message>" into err; returns FG_ERROR_INVALID_ARGUMENT. */
+static fg_status fg_export_fail(char *err, size_t errlen, const char *desc, const char *fmt, ...) {
+  if (err && errlen) {
+    int n = snprintf(err, errlen, "exported table '%s': ", desc ? desc : "");
+    if (n >= 0 && (size_t)n < errlen) {
+      va_list ap;
+      va_start(ap, fmt);
+      vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+      va_end(ap);
+    }
+  }
+  return FG_ERROR_INVALID_ARGUMENT;
+}
+
+/* Fills img from the producer's kernel k; returns NULL or what is wrong with it. */
+static const char *fg_export_convert_kernel(const fg_export_kernel *k, fg_kernel_image *img,
+                                            char *why, size_t whylen) {
+  memset(img, 0, sizeof *img);
+  fg_variant v;
+  char perr[256];
+  if (!k->variant || !k->variant[0]) return "has no variant name";
+  if (strlen(k->variant) >= sizeof img->variant) return "has a variant name too long to be one";
+  if (fg_variant_parse(k->variant, &v, perr, sizeof perr) != 0) {
+    snprintf(why, whylen, "has a variant name that does not parse (%s)", perr);
+    return why;
+  }
+  if (!k->arch || fg_arch_parse(k->arch, &img->arch) != 0) {
+    snprintf(why, whylen, "has an unknown arch '%s'", k->arch ? k->arch : "(null)");
+    return why;
+  }
+  if (img->arch != v.arch) {
+    snprintf(why, whylen, "was compiled for %s but its name says %s", fg_arch_name(img->arch),
+             fg_arch_name(v.arch));
+    return why;
+  }
+  if ((!k->cubin || !k->cubin_size) && (!k->ptx || !k->ptx_size)) return "has neither cubin nor PTX";
+  if (k->ptx && k->ptx_size && k->ptx[k->ptx_size] != '\0')
+    return "has PTX that is not NUL-terminated at ptx_size";
+  if (!k->entry || !k->entry[0]) return "has no entry point in its launch contract";
+  if (strlen(k->entry) >= sizeof img->meta.entry) return "has an entry point name too long";
+  if (k->threads <= 0 || k->grid < FG_EXPORT_GRID_Q_TILES || k->grid > FG_EXPORT_GRID_ROWS ||
+      (k->grid == FG_EXPORT_GRID_Q_TILES && k->br <= 0) || k->smem_bytes < 0 ||
+      k->workspace_floats_per_row < 0)
+    return "has a malformed launch contract (threads, grid, br, shared memory or workspace)";
+  snprintf(img->variant, sizeof img->variant, "%s", k->variant);
+  /* The registry never writes through these: the arrays stay in read-only storage. */
+  img->cubin = k->cubin && k->cubin_size ? (unsigned char *)(uintptr_t)k->cubin : NULL;
+  img->cubin_size = img->cubin ? k->cubin_size : 0;
+  img->ptx = k->ptx && k->ptx_size ? (char *)(uintptr_t)k->ptx : NULL;
+  img->ptx_size = img->ptx ? k->ptx_size : 0;
+  snprintf(img->meta.entry, sizeof img->meta.entry, "%s", k->entry);
+  img->meta.threads = k->threads;
+  img->meta.smem_bytes = k->smem_bytes;
+  img->meta.grid = (fg_grid_kind)k->grid;
+  img->meta.br = k->br;
+  img->meta.workspace_floats_per_row = k->workspace_floats_per_row;
+  img->meta.regs = k->regs;
+  img->meta.spill_store_bytes = k->spill_store_bytes;
+  img->meta.spill_load_bytes = k->spill_load_bytes;
+  img->meta.stack_bytes = k->stack_bytes;
+  img->compile_ms = 0;
+  return NULL;
+}
+
+FG_API fg_status fg_register_export(const fg_export *table, char *err, size_t errlen) {
+  if (err && errlen) err[0] = 0;
+  if (!table) {
+    if (err && errlen) snprintf(err, errlen, "fg_register_export: the table is NULL");
+    return FG_ERROR_INVALID_ARGUMENT;
+  }
+  pthread_mutex_lock(&fg_export_lock);
+  for (fg_export_reg *r = fg_export_regs; r; r = r->next)
+    if (r->pub == table) {
+      pthread_mutex_unlock(&fg_export_lock);
+      return FG_OK;
+    }
+  pthread_mutex_unlock(&fg_export_lock);
+
+  /* The header: abi_version and size come first in every version. */
+  if (table->abi_version != FG_EXPORT_ABI_VERSION || table->size < 4 * sizeof(uint32_t)) {
+    if (err && errlen)
+      snprintf(err, errlen,
+               "fg_register_export: the table has layout version %u (size %u); this runtime (%s) "
+               "reads version %d: export again with this flashgen",
+               (unsigned)table->abi_version, (unsigned)table->size, fg_version(),
+               FG_EXPORT_ABI_VERSION);
+    return FG_ERROR_INVALID_ARGUMENT;
+  }
+  fg_export e;
+  fg_read_sized(&e, sizeof e, table, table->size);
+  const char *desc = e.description ? e.description : "";
+  if ((e.n_kernels && (!e.kernels || !e.kernel_size)) || (e.n_choices && (!e.choices || !e.choice_size)))
+    return fg_export_fail(err, errlen, desc,
+                          "a count is set but its array or its element size is missing");
+
+  fg_export_reg *reg = calloc(1, sizeof *reg);
+  fg_kernel_image *imgs = e.n_kernels ? calloc(e.n_kernels, sizeof *imgs) : NULL;
+  fg_exported_choice *chs = e.n_choices ? calloc(e.n_choices, sizeof *chs) : NULL;
+  if (!reg || (e.n_kernels && !imgs) || (e.n_choices && !chs)) {
+    free(reg), free(imgs), free(chs);
+    if (err && errlen) snprintf(err, errlen, "out of host memory registering an exported table");
+    return FG_ERROR_OUT_OF_MEMORY;
+  }
+  fg_status st = FG_OK;
+  for (size_t i = 0; i < e.n_kernels && st == FG_OK; i++) {
+    fg_export_kernel k;
+    fg_read_sized(&k, sizeof k, (const char *)e.kernels + i * e.kernel_size, e.kernel_size);
+    char why[512];
+    const char *bad = fg_export_convert_kernel(&k, &imgs[i], why, sizeof why);
+    if (bad)
+      st = fg_export_fail(err, errlen, desc, "kernel %zu ('%s') %s", i,
+                          k.variant ? k.variant : "(null)", bad);
+  }
+  for (size_t i = 0; i < e.n_choices && st == FG_OK; i++) {
+    fg_export_choice c;
+    fg_read_sized(&c, sizeof c, (const char *)e.choices + i * e.choice_size, e.choice_size);
+    fg_variant v;
+    char perr[256] = "";
+    if (!c.bucket || !c.bucket[0] || !c.variant) {
+      st = fg_export_fail(err, errlen, desc, "choice %zu has no bucket or no variant", i);
+      break;
+    }
+    if (fg_variant_parse(c.variant, &v, perr, sizeof perr) != 0) {
+      st = fg_export_fail(err, errlen, desc, "choice %zu (%s) names a variant that does not "
+                          "parse: %s", i, c.bucket, perr);
+      break;
+    }
+    size_t j = 0;
+    while (j < e.n_kernels && strcmp(imgs[j].variant, c.variant) != 0) j++;
+    if (j == e.n_kernels) {
+      st = fg_export_fail(err, errlen, desc, "choice %zu (%s) names %s, which is not one of "
+                          "the table's kernels", i, c.bucket, c.variant);
+      break;
+    }
+    chs[i].bucket = c.bucket;
+    chs[i].variant = c.variant;
+  }
+  if (st != FG_OK) {
+    free(reg), free(imgs), free(chs);
+    return st;
+  }
+  reg->pub = table;
+  reg->table.description = desc;
+  reg->table.kernels = imgs;
+  reg->table.n_kernels = e.n_kernels;
+  reg->table.choices = chs;
+  reg->table.n_choices = e.n_choices;
+
+  pthread_mutex_lock(&fg_export_lock);
+  for (fg_export_reg *r = fg_export_regs; r; r = r->next)
+    if (r->pub == table) { /* another thread registered it meanwhile */
+      pthread_mutex_unlock(&fg_export_lock);
+      free(reg), free(imgs), free(chs);
+      return FG_OK;
+    }
+  st = fg_register_exported(&reg->table, err, errlen);
+  if (st == FG_OK) {
+    reg->next = fg_export_regs;
+    fg_export_regs = reg;
+  }
+  pthread_mutex_unlock(&fg_export_lock);
+  if (st != FG_OK) free(reg), free(imgs), free(chs);
+  return st;
+}

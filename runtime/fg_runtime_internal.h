@@ -1,0 +1,325 @@
+/* fg_runtime_internal.h: the runtime's internal API, shared by the files of runtime/ and used by
+ * autotune/, cli/ (`flashgen check`, `flashgen explain`) and the tests. Not installed, not stable.
+ *
+ * Owns: the context struct, per-thread errors, input validation, the device helpers (allocate,
+ * copy, fill, time with events), loading and launching an fg_kernel_image, the module registry,
+ * exported tables, the problem key and shape bucket, dispatch, and forcing a variant for a call.
+ *
+ * Conventions: functions taking an fg_context make its CUDA context current themselves (push/pop)
+ * unless they say otherwise, and on failure leave the detailed message in the calling thread's
+ * last error on that context (fg_context_last_error). */
+#ifndef FG_RUNTIME_INTERNAL_H
+#define FG_RUNTIME_INTERNAL_H
+#include <pthread.h>
+#include <stdint.h>
+
+#include "fg_cuda.h"
+#include "fg_kernel.h"
+#include "fg_params.h"
+#include "fg_variant.h"
+#include "flashgen.h"
+#ifdef FG_WITH_JIT
+#include "fg_cache.h"
+#include "fg_gen.h"
+#endif
+
+#if defined(__GNUC__)
+#define FG_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define FG_PRINTF(f, a)
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Device limits, read off the device when the context is created. */
+typedef struct fg_rt_limits {
+  char name[256];            /* e.g. "NVIDIA H100 80GB HBM3" */
+  int cc_major, cc_minor;
+  int smem_optin_per_block;  /* bytes a block may opt into */
+  int smem_per_sm;           /* bytes */
+  int regs_per_sm;           /* 32-bit registers */
+  int max_threads_per_block;
+  int sm_count;
+  int max_grid_y;            /* 65535 on every GPU so far */
+  int l2_bytes;
+  int memory_pools;          /* cuMemAllocAsync usable */
+  int driver_version;        /* major*1000 + minor*10 */
+  size_t total_mem;
+} fg_rt_limits;
+
+typedef struct fg_registry fg_registry;       /* registry.c */
+typedef struct fg_dispatch_memo fg_dispatch_memo; /* dispatch.c */
+typedef struct fg_err_table fg_err_table;     /* context.c */
+
+struct fg_context {
+  uint64_t id;               /* unique in the process, never reused */
+  int device;                /* ordinal */
+  CUdevice dev;
+  CUcontext cu;              /* the device's primary context, retained */
+  fg_rt_limits limits;
+  fg_arch arch;              /* what the generator targets on this device */
+  fg_policy policy;          /* resolved: never FG_POLICY_DEFAULT */
+  int quiet;
+  int no_disk_cache;
+  char *cache_dir;           /* NULL: the cache's default */
+  fg_err_table *errors;
+  fg_registry *registry;
+  fg_dispatch_memo *memo;
+  pthread_mutex_t lock;      /* guards the lazily created members below */
+#ifdef FG_WITH_JIT
+  fg_generator *gen;
+  int gen_tried;
+  char gen_err[1024];
+  fg_cache *cache;
+  int cache_tried;
+#endif
+};
+
+/* ---- context (context.c) ---- */
+const fg_rt_limits *fg_context_limits(const fg_context *ctx);
+fg_arch fg_context_arch(const fg_context *ctx);
+fg_policy fg_context_policy(const fg_context *ctx); /* resolved */
+const char *fg_policy_name(fg_policy p);
+/* Whether the policy lets the dispatcher read the disk cache / compile. */
+int fg_policy_allows_cache(const fg_context *ctx);
+int fg_policy_allows_jit(const fg_context *ctx);
+#ifdef FG_WITH_JIT
+/* The context's device as the generator and the cache describe it (name points into ctx). */
+void fg_context_device_limits(const fg_context *ctx, fg_device_limits *out);
+void fg_context_device_id(const fg_context *ctx, fg_device_id *out);
+/* The generator, created on first use. On failure returns FG_ERROR_INTERNAL with the message
+ * in the last error (and the same answer on every later call). */
+fg_status fg_context_generator(fg_context *ctx, fg_generator **out);
+/* The on-disk cache, opened on first use; NULL when the policy or the options forbid it or it
+ * cannot be used (one warning on stderr unless quiet, the first time). */
+fg_cache *fg_context_cache(fg_context *ctx);
+/* Fills the parts of a cache key that do not depend on the variant (template hash, NVRTC version,
+ * flashgen version). Returns 0, or -1 with the reason in why (NVRTC or the generator missing). */
+int fg_context_cache_key(fg_context *ctx, fg_cache_key *key, char *why, size_t whylen);
+#endif
+
+/* ---- per-thread last error (context.c) ---- */
+/* Sets the calling thread's last error on ctx. */
+void fg_set_error(fg_context *ctx, const char *fmt, ...) FG_PRINTF(2, 3);
+/* Sets the last error and returns s: `return fg_fail(ctx, FG_ERROR_..., "...", ...);` */
+fg_status fg_fail(fg_context *ctx, fg_status s, const char *fmt, ...) FG_PRINTF(3, 4);
+/* Sets the last error to the description of a failed driver call and returns its status. */
+fg_status fg_fail_cuda(fg_context *ctx, const char *call, CUresult r);
+/* Clears the last error (a call succeeded). */
+void fg_clear_error(fg_context *ctx);
+/* A warning: on stderr ("flashgen: warning: ...") unless the context is quiet, and kept as the
+ * calling thread's last error text (prefixed "warning: ") until its next call. */
+void fg_warn(fg_context *ctx, const char *fmt, ...) FG_PRINTF(2, 3);
+
+/* ---- device helpers (context.c) ---- */
+fg_status fg_ctx_push(fg_context *ctx);
+void fg_ctx_pop(fg_context *ctx);
+fg_status fg_dev_alloc(fg_context *ctx, CUdeviceptr *p, size_t bytes);
+void fg_dev_free(fg_context *ctx, CUdeviceptr p); /* 0 is a no-op */
+fg_status fg_dev_upload(fg_context *ctx, CUdeviceptr dst, const void *src, size_t bytes);
+fg_status fg_dev_download(fg_context *ctx, void *dst, CUdeviceptr src, size_t bytes);
+fg_status fg_dev_fill16(fg_context *ctx, CUdeviceptr dst, unsigned short value, size_t count);
+fg_status fg_dev_fill32(fg_context *ctx, CUdeviceptr dst, unsigned int value, size_t count);
+fg_status fg_dev_synchronize(fg_context *ctx);
+/* Page-locked host memory (FG_ERROR_UNSUPPORTED when the driver lacks cuMemAllocHost). */
+fg_status fg_host_alloc_pinned(fg_context *ctx, void **p, size_t bytes);
+void fg_host_free_pinned(fg_context *ctx, void *p);
+fg_status fg_stream_create(fg_context *ctx, CUstream *s);
+void fg_stream_destroy(fg_context *ctx, CUstream s);
+fg_status fg_stream_synchronize(fg_context *ctx, CUstream s);
+fg_status fg_event_create(fg_context *ctx, CUevent *ev);
+void fg_event_destroy(fg_context *ctx, CUevent ev);
+fg_status fg_event_record(fg_context *ctx, CUevent ev, CUstream s);
+/* Waits for end and returns the time between the two events in milliseconds. */
+fg_status fg_event_elapsed_ms(fg_context *ctx, CUevent start, CUevent end, float *ms);
+
+/* ---- validation (validate.c) ---- */
+typedef enum fg_validate_mode {
+  FG_VALIDATE_CALL = 0,    /* a real call: pointers required (unless the problem is empty) */
+  FG_VALIDATE_SHAPES = 1   /* fg_explain: pointers may be NULL; non-NULL ones are still checked */
+} fg_validate_mode;
+
+/* The checks that need no driver: the size field, dtype, sizes, head_dim, GQA ratio, scale,
+ * NULL pointers, 16-byte alignment of pointers and strides, strides that make O overlap, and
+ * sizes whose element offsets overflow 64 bits. On success copies *in into *out normalised:
+ * size = sizeof, default strides filled in, scale resolved (1/sqrt(d) for 0). On failure
+ * returns FG_ERROR_INVALID_ARGUMENT (FG_ERROR_UNSUPPORTED for sizes past the launch limits)
+ * with a message in err that names the argument and its value and says what is accepted. */
+fg_status fg_validate_args(const fg_attention_args *in, fg_validate_mode mode,
+                           fg_attention_args *out, char *err, size_t errlen);
+
+/* 1 when the (normalised) problem launches nothing: batch, heads_q or seqlen_q is 0. */
+int fg_args_empty(const fg_attention_args *a);
+
+/* The checks that need the driver: q, k, v, o and lse (when set) are device (or managed)
+ * memory of ctx's device. k and v are not checked when seqlen_k = 0. Returns
+ * FG_ERROR_INVALID_ARGUMENT with the message in err. The caller has made ctx current. */
+fg_status fg_validate_pointers(fg_context *ctx, const fg_attention_args *a, char *err,
+                               size_t errlen);
+
+/* The element count of a strided tensor [n0, n1, n2, d] (largest offset + 1), 0 if empty. */
+int64_t fg_tensor_extent(int64_t n0, int64_t n1, int64_t n2, int64_t d, const int64_t stride[3]);
+
+/* Fills the kernel parameter block from normalised args (workspace 0). */
+void fg_params_from_args(const fg_attention_args *a, fg_fwd_params *p);
+
+/* ---- kernel images: load and launch (registry.c, forward.c) ---- */
+typedef struct fg_loaded_kernel {
+  char name[FG_VARIANT_NAME_MAX]; /* variant or reference name */
+  fg_arch arch;                    /* arch of the image */
+  CUmodule module;
+  CUfunction fn;
+  fg_kernel_meta meta;
+  int from_ptx;                    /* the driver JIT-compiled the PTX (no cubin for this GPU) */
+  char source[256];                /* where the binary came from, for fg_explain */
+} fg_loaded_kernel;
+
+/* Loads img into ctx's CUDA context: the cubin, or the PTX when the cubin does not run on this
+ * GPU; resolves meta.entry; opts into meta.smem_bytes of dynamic shared memory when above 48 KB.
+ * Fails with FG_ERROR_UNSUPPORTED when the launch contract exceeds the device (threads, shared
+ * memory). out->source is left empty for the caller. */
+fg_status fg_kernel_load(fg_context *ctx, const fg_kernel_image *img, fg_loaded_kernel *out);
+void fg_kernel_unload(fg_context *ctx, fg_loaded_kernel *k);
+
+/* Element sizes of a launch: inputs (Q, K, V), output O and LSE, in bytes. Forward kernels take
+ * {2, 2, 4}; the reference kernels {2, 8, 8} (they write fp64). */
+typedef struct fg_launch_elems {
+  int in, out, lse;
+} fg_launch_elems;
+#define FG_ELEMS_FORWARD ((fg_launch_elems){2, 2, 4})
+#define FG_ELEMS_REFERENCE ((fg_launch_elems){2, 8, 8})
+
+/* The grid of a kernel for a problem (before splitting along y). */
+void fg_launch_grid(const fg_kernel_meta *m, const fg_fwd_params *p, uint64_t grid[3]);
+
+/* Launches k on stream s with p (which it copies). Splits the launch along the batch when
+ * batch * heads_q exceeds the device's grid.y limit (adjusting the base addresses of every
+ * chunk); allocates the workspace the kernel declares (stream-ordered, freed after the launch)
+ * unless p->workspace is already set. Does not synchronise. Makes ctx current itself. */
+fg_status fg_kernel_launch(fg_context *ctx, const fg_loaded_kernel *k, const fg_fwd_params *p,
+                           fg_launch_elems elems, CUstream s);
+
+/* ---- exported tables (registry.c) ---- */
+/* A tuned choice of an exported table: the problem key (fg_problem_key) and the variant. */
+typedef struct fg_exported_choice {
+  const char *bucket;  /* e.g. "fwd_d128_bf16_causal_nk4096" */
+  const char *variant; /* canonical variant name; its arch says which GPUs it is for */
+} fg_exported_choice;
+
+/* What `flashgen export` writes: kernels (cubin + PTX, launch contract) and tuned choices. The
+ * table and everything it points to must stay valid for the life of the process. */
+typedef struct fg_exported_table {
+  const char *description;           /* who produced it: version, template hash, GPU */
+  const fg_kernel_image *kernels;
+  size_t n_kernels;
+  const fg_exported_choice *choices;
+  size_t n_choices;
+} fg_exported_table;
+
+/* Registers an exported table for every context of the process (present and future); the
+ * dispatcher looks there first. Registering the same table twice is a no-op. Returns
+ * FG_ERROR_INVALID_ARGUMENT (message in err) for a malformed table: a kernel without a name,
+ * a cubin or PTX, or an entry point; a choice naming a variant that does not parse. */
+fg_status fg_register_exported(const fg_exported_table *t, char *err, size_t errlen);
+
+/* Bumped by every registration: decisions made before it may be stale. */
+uint64_t fg_exported_generation(void);
+
+/* How an image built for arch `img` can run on a device of compute capability major.minor:
+ * 3 = built for exactly that arch, 2 = its cubin runs there, 1 = only through its PTX, 0 = no. */
+int fg_arch_compat(fg_arch img, int cc_major, int cc_minor);
+
+/* The best exported kernel for v on ctx's device: same fields as v but the arch, which must be
+ * compatible (exact arch first). Returns the image and its table's description, or NULL. */
+const fg_kernel_image *fg_exported_find(const fg_context *ctx, const fg_variant *v,
+                                        const char **table_desc);
+
+/* The exported choice for a problem key: exact key first, then the nearest bucket of the same
+ * prefix (see fg_problem_key). Returns 1 with *out and a sentence in why, or 0. */
+int fg_exported_choice_for(const fg_context *ctx, const char *key, fg_variant *out, char *why,
+                           size_t whylen);
+
+/* Any exported kernel with v's pass, d, dtype and causal that runs on ctx's device. */
+int fg_exported_any(const fg_context *ctx, const fg_variant *v, fg_variant *out);
+
+/* A short summary of what the exported tables hold for ctx's device, for error messages. */
+void fg_exported_summary(const fg_context *ctx, char *buf, size_t len);
+
+/* ---- the module registry (registry.c) ---- */
+fg_status fg_registry_create(fg_context *ctx);
+void fg_registry_destroy(fg_context *ctx); /* unloads every module; ctx must be current-able */
+
+/* The loaded kernel of v, loading it on first use in the order of the policy: exported table,
+ * disk cache, NVRTC (then stored in the cache). One load per variant per context: the first
+ * thread loads, the others wait. A failure that will not change (compile error, a contract the
+ * device cannot run) is remembered and returned again without retrying, with its message; a
+ * missing kernel is retried after a new exported table is registered. The pointer stays valid
+ * until the context is destroyed. */
+fg_status fg_registry_get(fg_context *ctx, const fg_variant *v, const fg_loaded_kernel **out);
+
+#ifdef FG_WITH_JIT
+/* The reference kernel for dtype (exact = 1: fp64; 0: naive same-dtype), compiled on first use
+ * (through the disk cache when the policy allows) and kept like a variant. Needs the JIT. */
+fg_status fg_registry_get_reference(fg_context *ctx, fg_dtype dtype, int exact,
+                                    const fg_loaded_kernel **out);
+#endif
+
+/* Where v's binary would come from, without compiling or loading anything. */
+typedef enum fg_binary_source {
+  FG_BINARY_MISSING = 0,  /* not anywhere the policy allows */
+  FG_BINARY_LOADED,       /* already loaded in this context */
+  FG_BINARY_EXPORTED,     /* in a registered exported table */
+  FG_BINARY_CACHED,       /* in the disk cache */
+  FG_BINARY_COMPILE,      /* would be compiled with NVRTC */
+  FG_BINARY_FAILED        /* an earlier load failed; the failure is remembered */
+} fg_binary_source;
+/* Says in desc where v's binary would come from; fills *meta when it is known. */
+fg_binary_source fg_registry_probe(fg_context *ctx, const fg_variant *v, char *desc, size_t len,
+                                   fg_kernel_meta *meta, int *meta_known);
+
+/* ---- problem keys and dispatch (dispatch.c) ---- */
+#define FG_BUCKET_MIN 512
+#define FG_BUCKET_MAX 16384
+/* The shape bucket of a problem: seqlen_k rounded up to a power of two, clamped to
+ * [FG_BUCKET_MIN, FG_BUCKET_MAX]. The one place buckets are defined (autotune uses it too). */
+int64_t fg_seqlen_bucket(int64_t seqlen_k);
+/* The problem key, e.g. "fwd_d128_bf16_causal_nk4096" or "fwd_d64_f16_nk512". Returns the length.
+ */
+int fg_problem_key(fg_pass pass, int d, fg_dtype dtype, int causal, int64_t bucket, char *buf,
+                   size_t len);
+/* The key without its bucket number ("fwd_d128_bf16_causal_nk"): every key sharing it differs
+ * only in the bucket. Returns the length. */
+int fg_problem_key_prefix(fg_pass pass, int d, fg_dtype dtype, int causal, char *buf, size_t len);
+/* Parses the bucket number off a key that starts with prefix; -1 if it does not. */
+int64_t fg_problem_key_bucket(const char *key, const char *prefix);
+
+/* The built-in rule's variant for a problem on arch (the lead's fg_builtin_variant). */
+fg_variant fg_dispatch_builtin(int d, fg_dtype dtype, int causal, fg_arch arch);
+
+/* What the dispatcher chose for a problem key. */
+typedef struct fg_dispatch {
+  char key[64];
+  fg_variant variant;
+  char variant_name[FG_VARIANT_NAME_MAX];
+  char rule[768]; /* which record or rule, in words */
+} fg_dispatch;
+
+/* Chooses the variant for normalised args: an exported choice, else the tuned winner in the
+ * cache (exact bucket, then nearest of the same prefix), else the built-in rule; under a policy
+ * that forbids compiling, the first of those whose binary is available, then any exported kernel
+ * of the same (pass, d, dtype, causal). Memoised per context and key. Without load_kernel only
+ * decides (fg_explain: nothing is compiled or loaded; *kernel untouched); with it, also returns
+ * the loaded kernel. *out stays valid until the context is destroyed. */
+fg_status fg_dispatch_choose(fg_context *ctx, const fg_attention_args *a, int load_kernel,
+                             const fg_dispatch **out, const fg_loaded_kernel **kernel);
+/* Forgets the memoised choices (after new tuning records were written). */
+void fg_dispatch_forget(fg_context *ctx);
+fg_status fg_dispatch_memo_create(fg_context *ctx);
+void fg_dispatch_memo_destroy(fg_context *ctx);
+
+/* ---- forward (forward.c) ---- */
+/* fg_attention_forward with the variant forced (NULL: the dispatcher's choice). v must match
+ * the problem's head_dim, dtype and causal flag (FG_ERROR_INVALID_ARGUMENT otherwise). Used by
+ * `flashgen check` and autotune to run every variant. */
+fg_status fg_attention_forward_variant(fg_context *ctx, const fg_attention_args *args,
+                                       CUstream stream, const fg_variant *v);
+#endif

@@ -1,0 +1,176 @@
+/* forward.c: fg_attention_forward (validate, empty problems, dispatch, launch) and launching a
+ * loaded kernel from its contract: the grid, splitting along the batch past the grid's y limit,
+ * the stream-ordered workspace. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fg_runtime_internal.h"
+
+#define FG_GRID_X_LIMIT 2147483647ull
+
+void fg_launch_grid(const fg_kernel_meta *m, const fg_fwd_params *p, uint64_t grid[3]) {
+  const uint64_t bh = (uint64_t)p->batch * (uint64_t)p->heads_q;
+  grid[0] = grid[1] = grid[2] = 1;
+  switch (m->grid) {
+    case FG_GRID_Q_TILES:
+      grid[0] = m->br > 0 ? ((uint64_t)p->seqlen_q + (uint64_t)m->br - 1) / (uint64_t)m->br : 0;
+      grid[1] = bh;
+      break;
+    case FG_GRID_HEADS: grid[0] = bh; break;
+    case FG_GRID_ROWS:
+      grid[0] = (uint64_t)p->seqlen_q;
+      grid[1] = bh;
+      break;
+  }
+}
+
+/* Launches with the context already current. */
+static fg_status fg_launch_current(fg_context *ctx, const fg_loaded_kernel *k,
+                                   const fg_fwd_params *p, fg_launch_elems el, CUstream s) {
+  const fg_kernel_meta *m = &k->meta;
+  if (p->batch <= 0 || p->heads_q <= 0 || p->seqlen_q <= 0) return FG_OK;
+  const uint64_t bh_limit =
+      m->grid == FG_GRID_HEADS ? FG_GRID_X_LIMIT : (uint64_t)ctx->limits.max_grid_y;
+  if ((uint64_t)p->heads_q > bh_limit)
+    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                   "heads_q = %lld is more than the grid allows (%" PRIu64 ") for kernel %s",
+                   p->heads_q, bh_limit, k->name);
+  const int64_t chunk = (int64_t)(bh_limit / (uint64_t)p->heads_q); /* batches per launch */
+  {
+    uint64_t g[3];
+    fg_launch_grid(m, p, g);
+    if (g[0] > FG_GRID_X_LIMIT)
+      return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                     "seqlen_q = %lld needs %" PRIu64 " blocks along x for kernel %s; the grid "
+                     "allows %llu",
+                     p->seqlen_q, g[0], k->name, FG_GRID_X_LIMIT);
+  }
+
+  /* Workspace: fp32 per (batch, head, query row), stream-ordered. */
+  CUdeviceptr ws = 0;
+  int ws_async = 0;
+  const int64_t rows = p->batch * p->heads_q * p->seqlen_q; /* < 2^63 / 8: checked by validation */
+  if (m->workspace_floats_per_row > 0 && p->workspace == 0) {
+    int64_t bytes;
+    if (__builtin_mul_overflow(rows, (int64_t)m->workspace_floats_per_row * 4, &bytes))
+      return fg_fail(ctx, FG_ERROR_UNSUPPORTED, "the workspace of kernel %s would exceed 2^63 B",
+                     k->name);
+    CUresult r;
+    if (ctx->limits.memory_pools) {
+      r = fg_cu.cuMemAllocAsync(&ws, (size_t)bytes, s);
+      ws_async = 1;
+    } else {
+      r = fg_cu.cuMemAlloc(&ws, (size_t)bytes);
+    }
+    if (r != FG_CUDA_SUCCESS) {
+      char d[512];
+      fg_cuda_describe(d, sizeof d, ws_async ? "cuMemAllocAsync" : "cuMemAlloc", r);
+      return fg_fail(ctx, fg_cuda_status(r),
+                     "allocating the %.1f MiB workspace of kernel %s (%d floats per query row): %s",
+                     (double)bytes / (1024.0 * 1024.0), k->name, m->workspace_floats_per_row, d);
+    }
+  }
+
+  fg_status st = FG_OK;
+  for (int64_t b0 = 0; b0 < p->batch; b0 += chunk) {
+    fg_fwd_params c = *p;
+    const int64_t nb = p->batch - b0 < chunk ? p->batch - b0 : chunk;
+    c.batch = nb;
+    if (b0 > 0) {
+      c.q += (unsigned long long)(b0 * p->q_sb * el.in);
+      c.k += (unsigned long long)(b0 * p->k_sb * el.in);
+      c.v += (unsigned long long)(b0 * p->v_sb * el.in);
+      c.o += (unsigned long long)(b0 * p->o_sb * el.out);
+      if (c.lse) c.lse += (unsigned long long)(b0 * p->heads_q * p->seqlen_q * el.lse);
+    }
+    if (ws) c.workspace = ws;
+    if (c.workspace && b0 > 0)
+      c.workspace += (unsigned long long)(b0 * p->heads_q * p->seqlen_q *
+                                          (int64_t)m->workspace_floats_per_row * 4);
+    uint64_t g[3];
+    fg_launch_grid(m, &c, g);
+    void *params[] = {&c};
+    CUresult r = fg_cu.cuLaunchKernel(k->fn, (unsigned)g[0], (unsigned)g[1], (unsigned)g[2],
+                                      (unsigned)m->threads, 1, 1, (unsigned)m->smem_bytes, s,
+                                      params, NULL);
+    if (r != FG_CUDA_SUCCESS) {
+      char d[512];
+      fg_cuda_describe(d, sizeof d, "cuLaunchKernel", r);
+      st = fg_fail(ctx, fg_cuda_status(r),
+                   "launching kernel %s (grid %" PRIu64 " x %" PRIu64 " x %" PRIu64
+                   ", %d threads, %d B dynamic shared memory): %s",
+                   k->name, g[0], g[1], g[2], m->threads, m->smem_bytes, d);
+      break;
+    }
+  }
+  if (ws) {
+    if (ws_async) {
+      fg_cu.cuMemFreeAsync(ws, s);
+    } else {
+      fg_cu.cuStreamSynchronize(s); /* no memory pools: free once the kernel is done */
+      fg_cu.cuMemFree(ws);
+    }
+  }
+  return st;
+}
+
+fg_status fg_kernel_launch(fg_context *ctx, const fg_loaded_kernel *k, const fg_fwd_params *p,
+                           fg_launch_elems elems, CUstream s) {
+  fg_status st = fg_ctx_push(ctx);
+  if (st != FG_OK) return st;
+  st = fg_launch_current(ctx, k, p, elems, s);
+  fg_ctx_pop(ctx);
+  return st;
+}
+
+static fg_status fg_forward(fg_context *ctx, const fg_attention_args *args, CUstream stream,
+                            const fg_variant *forced) {
+  if (!ctx) return FG_ERROR_INVALID_ARGUMENT;
+  fg_clear_error(ctx);
+  fg_attention_args a;
+  char err[1024];
+  fg_status st = fg_validate_args(args, FG_VALIDATE_CALL, &a, err, sizeof err);
+  if (st != FG_OK) return fg_fail(ctx, st, "%s", err);
+  if (forced && !(forced->pass == FG_PASS_FWD && forced->d == a.head_dim &&
+                  forced->dtype == a.dtype && (forced->causal != 0) == (a.causal != 0))) {
+    char name[FG_VARIANT_NAME_MAX] = "?";
+    fg_variant_name(forced, name, sizeof name);
+    return fg_fail(ctx, FG_ERROR_INVALID_ARGUMENT,
+                   "variant %s does not serve this problem (head_dim %" PRId64 ", %s, %s)", name,
+                   a.head_dim, fg_dtype_name(a.dtype), a.causal ? "causal" : "non-causal");
+  }
+  if (fg_args_empty(&a)) return FG_OK;
+
+  st = fg_ctx_push(ctx);
+  if (st != FG_OK) return st;
+  st = fg_validate_pointers(ctx, &a, err, sizeof err);
+  if (st != FG_OK) {
+    fg_ctx_pop(ctx);
+    return fg_fail(ctx, st, "%s", err);
+  }
+  const fg_loaded_kernel *k = NULL;
+  if (forced) {
+    st = fg_registry_get(ctx, forced, &k);
+  } else {
+    const fg_dispatch *d;
+    st = fg_dispatch_choose(ctx, &a, 1, &d, &k);
+  }
+  if (st == FG_OK) {
+    fg_fwd_params p;
+    fg_params_from_args(&a, &p);
+    st = fg_launch_current(ctx, k, &p, FG_ELEMS_FORWARD, stream);
+  }
+  fg_ctx_pop(ctx);
+  return st;
+}
+
+FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_args *args,
+                                      CUstream stream) {
+  return fg_forward(ctx, args, stream, NULL);
+}
+
+fg_status fg_attention_forward_variant(fg_context *ctx, const fg_attention_args *args,
+                                       CUstream stream, const fg_variant *v) {
+  return fg_forward(ctx, args, stream, v);
+}

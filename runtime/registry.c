@@ -1,0 +1,758 @@
+/* registry.c: the per-context module registry (variant name -> loaded CUfunction and its launch
+ * contract; one load per variant, other threads wait; failures remembered), loading an
+ * fg_kernel_image into the driver, and the process-wide list of exported tables. A variant is
+ * looked for in the order of the policy (DESIGN.md, "Dispatch order and policies"): exported
+ * table -> disk cache -> NVRTC, whose result goes into the cache. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fg_runtime_internal.h"
+
+#define FG_SMEM_DEFAULT_LIMIT \
+  (48 * 1024) /* dynamic shared memory a kernel gets without opting in */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Arch compatibility. */
+static void fg_arch_cc(fg_arch a, int *major, int *minor) {
+  switch (a) {
+    case FG_ARCH_SM80: *major = 8, *minor = 0; break;
+    case FG_ARCH_SM86: *major = 8, *minor = 6; break;
+    case FG_ARCH_SM89: *major = 8, *minor = 9; break;
+    default: *major = 9, *minor = 0; break;
+  }
+}
+
+int fg_arch_compat(fg_arch img, int cc_major, int cc_minor) {
+  if (img < 0 || img >= FG_ARCH_COUNT) return 0;
+  if (fg_arch_for_cc(cc_major, cc_minor) == img &&
+      (img != FG_ARCH_SM90A || (cc_major == 9 && cc_minor == 0)))
+    return 3;
+  int maj, min;
+  fg_arch_cc(img, &maj, &min);
+  /* Arch-specific code (sm_90a) runs on exactly 9.0, cubin and PTX alike. */
+  if (img == FG_ARCH_SM90A) return cc_major == 9 && cc_minor == 0 ? 2 : 0;
+  if (maj == cc_major && min <= cc_minor) return 2;
+  if (maj * 10 + min <= cc_major * 10 + cc_minor) return 1;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Exported tables (process-wide). */
+static pthread_mutex_t fg_exp_lock = PTHREAD_MUTEX_INITIALIZER;
+static const fg_exported_table **fg_exp_tables;
+static size_t fg_exp_count;
+static _Atomic uint64_t fg_exp_generation; /* bumped by every registration */
+
+fg_status fg_register_exported(const fg_exported_table *t, char *err, size_t errlen) {
+  if (err && errlen) err[0] = 0;
+  if (!t) {
+    if (err) snprintf(err, errlen, "fg_register_exported: the table is NULL");
+    return FG_ERROR_INVALID_ARGUMENT;
+  }
+  if ((t->n_kernels && !t->kernels) || (t->n_choices && !t->choices)) {
+    if (err) snprintf(err, errlen, "exported table '%s': a count is set but its array is NULL",
+                      t->description ? t->description : "");
+    return FG_ERROR_INVALID_ARGUMENT;
+  }
+  for (size_t i = 0; i < t->n_kernels; i++) {
+    const fg_kernel_image *k = &t->kernels[i];
+    fg_variant v;
+    char perr[256];
+    const char *why = NULL;
+    if (!k->variant[0]) why = "has no variant name";
+    else if (fg_variant_parse(k->variant, &v, perr, sizeof perr) != 0) why = perr;
+    else if ((!k->cubin || !k->cubin_size) && (!k->ptx || !k->ptx_size))
+      why = "has neither cubin nor PTX";
+    else if (!k->meta.entry[0]) why = "has no entry point in its launch contract";
+    else if (k->meta.threads <= 0 || k->meta.grid < FG_GRID_Q_TILES || k->meta.grid > FG_GRID_ROWS)
+      why = "has a malformed launch contract (threads or grid)";
+    if (why) {
+      if (err) snprintf(err, errlen, "exported table '%s': kernel %zu ('%s') %s",
+                        t->description ? t->description : "", i, k->variant, why);
+      return FG_ERROR_INVALID_ARGUMENT;
+    }
+  }
+  for (size_t i = 0; i < t->n_choices; i++) {
+    fg_variant v;
+    char perr[256];
+    const fg_exported_choice *c = &t->choices[i];
+    if (!c->bucket || !c->variant || fg_variant_parse(c->variant, &v, perr, sizeof perr) != 0) {
+      if (err) snprintf(err, errlen, "exported table '%s': choice %zu is malformed (%s)",
+                        t->description ? t->description : "", i,
+                        !c->bucket || !c->variant ? "NULL bucket or variant" : perr);
+      return FG_ERROR_INVALID_ARGUMENT;
+    }
+  }
+  pthread_mutex_lock(&fg_exp_lock);
+  for (size_t i = 0; i < fg_exp_count; i++)
+    if (fg_exp_tables[i] == t) {
+      pthread_mutex_unlock(&fg_exp_lock);
+      return FG_OK;
+    }
+  const fg_exported_table **nt = realloc(fg_exp_tables, (fg_exp_count + 1) * sizeof *nt);
+  if (!nt) {
+    pthread_mutex_unlock(&fg_exp_lock);
+    if (err) snprintf(err, errlen, "out of host memory registering an exported table");
+    return FG_ERROR_OUT_OF_MEMORY;
+  }
+  nt[fg_exp_count++] = t;
+  fg_exp_tables = nt;
+  atomic_fetch_add(&fg_exp_generation, 1);
+  pthread_mutex_unlock(&fg_exp_lock);
+  return FG_OK;
+}
+
+uint64_t fg_exported_generation(void) { return atomic_load(&fg_exp_generation); }
+
+static int fg_same_but_arch(const fg_variant *a, const fg_variant *b) {
+  return a->pass == b->pass && a->d == b->d && a->br == b->br && a->bc == b->bc &&
+         a->dtype == b->dtype && a->causal == b->causal && a->loop == b->loop &&
+         a->warps == b->warps && a->stages == b->stages;
+}
+
+/* The usable compatibility of an image on ctx's device (PTX-only needs PTX, the rest a cubin
+ * or PTX). */
+static int fg_image_compat(const fg_context *ctx, const fg_kernel_image *k) {
+  int c = fg_arch_compat(k->arch, ctx->limits.cc_major, ctx->limits.cc_minor);
+  int has_cubin = k->cubin && k->cubin_size, has_ptx = k->ptx && k->ptx_size;
+  if (c >= 2 && !has_cubin) c = has_ptx ? 1 : 0;
+  if (c == 1 && !has_ptx) c = 0;
+  return c;
+}
+
+const fg_kernel_image *fg_exported_find(const fg_context *ctx, const fg_variant *v,
+                                        const char **table_desc) {
+  const fg_kernel_image *best = NULL;
+  int best_c = 0;
+  pthread_mutex_lock(&fg_exp_lock);
+  for (size_t t = 0; t < fg_exp_count; t++)
+    for (size_t i = 0; i < fg_exp_tables[t]->n_kernels; i++) {
+      const fg_kernel_image *k = &fg_exp_tables[t]->kernels[i];
+      fg_variant kv;
+      char perr[8];
+      if (fg_variant_parse(k->variant, &kv, perr, sizeof perr) != 0 || !fg_same_but_arch(&kv, v))
+        continue;
+      int c = fg_image_compat(ctx, k);
+      if (kv.arch == v->arch && c > 0) c += 10; /* the very arch asked for comes first */
+      if (c > best_c) {
+        best_c = c;
+        best = k;
+        if (table_desc)
+          *table_desc = fg_exp_tables[t]->description ? fg_exp_tables[t]->description : "";
+      }
+    }
+  pthread_mutex_unlock(&fg_exp_lock);
+  return best;
+}
+
+int fg_exported_any(const fg_context *ctx, const fg_variant *v, fg_variant *out) {
+  int best_c = 0;
+  pthread_mutex_lock(&fg_exp_lock);
+  for (size_t t = 0; t < fg_exp_count; t++)
+    for (size_t i = 0; i < fg_exp_tables[t]->n_kernels; i++) {
+      const fg_kernel_image *k = &fg_exp_tables[t]->kernels[i];
+      fg_variant kv;
+      char perr[8];
+      if (fg_variant_parse(k->variant, &kv, perr, sizeof perr) != 0) continue;
+      if (kv.pass != v->pass || kv.d != v->d || kv.dtype != v->dtype || kv.causal != v->causal)
+        continue;
+      int c = fg_image_compat(ctx, k) * 2 + (kv.loop == FG_LOOP_Q_OUTER);
+      if (fg_image_compat(ctx, k) > 0 && c > best_c) {
+        best_c = c;
+        *out = kv;
+      }
+    }
+  pthread_mutex_unlock(&fg_exp_lock);
+  return best_c > 0;
+}
+
+int fg_exported_choice_for(const fg_context *ctx, const char *key, fg_variant *out, char *why,
+                           size_t whylen) {
+  const char *nk = strstr(key, "_nk");
+  if (!nk) return 0;
+  char prefix[64];
+  size_t pl = (size_t)(nk - key) + 3;
+  if (pl >= sizeof prefix) return 0;
+  memcpy(prefix, key, pl);
+  prefix[pl] = 0;
+  int64_t want = fg_problem_key_bucket(key, prefix);
+  if (want <= 0) return 0;
+  int found = 0, best_c = 0;
+  int64_t best_dist = 0, best_b = 0;
+  const char *best_desc = "";
+  pthread_mutex_lock(&fg_exp_lock);
+  for (size_t t = 0; t < fg_exp_count; t++)
+    for (size_t i = 0; i < fg_exp_tables[t]->n_choices; i++) {
+      const fg_exported_choice *c = &fg_exp_tables[t]->choices[i];
+      int64_t b = fg_problem_key_bucket(c->bucket, prefix);
+      if (b <= 0) continue;
+      fg_variant v;
+      char perr[8];
+      if (fg_variant_parse(c->variant, &v, perr, sizeof perr) != 0) continue;
+      int compat = fg_arch_compat(v.arch, ctx->limits.cc_major, ctx->limits.cc_minor);
+      if (compat == 0) continue;
+      /* distance in powers of two; on a tie the larger bucket */
+      int64_t dist = 0;
+      for (int64_t x = b < want ? b : want, y = b < want ? want : b; x < y; x *= 2) dist++;
+      int better = !found || compat > best_c || (compat == best_c && dist < best_dist) ||
+                   (compat == best_c && dist == best_dist && b > best_b);
+      if (better) {
+        found = 1;
+        best_c = compat;
+        best_dist = dist;
+        best_b = b;
+        *out = v;
+        best_desc = fg_exp_tables[t]->description ? fg_exp_tables[t]->description : "";
+      }
+    }
+  pthread_mutex_unlock(&fg_exp_lock);
+  if (found) {
+    if (best_b == want)
+      snprintf(why, whylen, "the tuned choice for %s in the exported table '%s'", key, best_desc);
+    else
+      snprintf(why, whylen,
+               "the tuned choice for the nearest bucket %s%lld in the exported table '%s' (it has "
+               "no choice for %s)",
+               prefix, (long long)best_b, best_desc, key);
+  }
+  return found;
+}
+
+void fg_exported_summary(const fg_context *ctx, char *buf, size_t len) {
+  size_t kernels = 0, usable = 0, tables;
+  char names[512] = "";
+  pthread_mutex_lock(&fg_exp_lock);
+  tables = fg_exp_count;
+  for (size_t t = 0; t < fg_exp_count; t++)
+    for (size_t i = 0; i < fg_exp_tables[t]->n_kernels; i++) {
+      const fg_kernel_image *k = &fg_exp_tables[t]->kernels[i];
+      kernels++;
+      if (fg_image_compat(ctx, k) > 0) {
+        if (usable < 4) {
+          size_t n = strlen(names);
+          snprintf(names + n, sizeof names - n, "%s%s", usable ? ", " : "", k->variant);
+        }
+        usable++;
+      }
+    }
+  pthread_mutex_unlock(&fg_exp_lock);
+  if (tables == 0)
+    snprintf(buf, len, "no exported table is registered");
+  else if (usable == 0)
+    snprintf(buf, len,
+             "the %zu exported table%s hold%s %zu kernel%s, none of which runs on %s (%s, compute "
+             "capability %d.%d): export for %s",
+             tables, tables == 1 ? "" : "s", tables == 1 ? "s" : "", kernels,
+             kernels == 1 ? "" : "s", ctx->limits.name, fg_arch_name(ctx->arch),
+             ctx->limits.cc_major, ctx->limits.cc_minor, fg_arch_name(ctx->arch));
+  else
+    snprintf(buf, len, "the %zu exported table%s hold%s %zu kernel%s for this GPU (%s%s)", tables,
+             tables == 1 ? "" : "s", tables == 1 ? "s" : "", usable, usable == 1 ? "" : "s",
+             names, usable > 4 ? ", ..." : "");
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Loading an image into the driver. */
+fg_status fg_kernel_load(fg_context *ctx, const fg_kernel_image *img, fg_loaded_kernel *out) {
+  memset(out, 0, sizeof *out);
+  snprintf(out->name, sizeof out->name, "%s", img->variant);
+  out->arch = img->arch;
+  out->meta = img->meta;
+  const fg_kernel_meta *m = &img->meta;
+  const fg_rt_limits *lim = &ctx->limits;
+  if (!m->entry[0] || m->grid < FG_GRID_Q_TILES || m->grid > FG_GRID_ROWS ||
+      (m->grid == FG_GRID_Q_TILES && m->br <= 0) || m->workspace_floats_per_row < 0 ||
+      m->smem_bytes < 0)
+    return fg_fail(ctx, FG_ERROR_INTERNAL,
+                   "kernel %s has a malformed launch contract (entry '%s', grid %d, br %d, "
+                   "shared memory %d B, workspace %d floats per row)",
+                   img->variant, m->entry, (int)m->grid, m->br, m->smem_bytes,
+                   m->workspace_floats_per_row);
+  if (m->threads <= 0 || m->threads > lim->max_threads_per_block)
+    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                   "kernel %s needs %d threads per block; %s allows %d", img->variant, m->threads,
+                   lim->name, lim->max_threads_per_block);
+  if (m->smem_bytes > lim->smem_optin_per_block)
+    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                   "kernel %s needs %d B of shared memory per block; %s allows %d B per block",
+                   img->variant, m->smem_bytes, lim->name, lim->smem_optin_per_block);
+  int compat = fg_arch_compat(img->arch, lim->cc_major, lim->cc_minor);
+  int has_cubin = img->cubin && img->cubin_size, has_ptx = img->ptx && img->ptx_size;
+  if (!has_cubin && !has_ptx)
+    return fg_fail(ctx, FG_ERROR_INTERNAL, "kernel %s has neither a cubin nor PTX", img->variant);
+  if (compat == 0 || (compat == 1 && !has_ptx))
+    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                   "kernel %s was built for %s, which does not run on %s (compute capability "
+                   "%d.%d)%s",
+                   img->variant, fg_arch_name(img->arch), lim->name, lim->cc_major, lim->cc_minor,
+                   compat == 0 ? "" : ", and it has no PTX");
+
+  fg_status st = fg_ctx_push(ctx);
+  if (st != FG_OK) return st;
+  CUresult r = FG_CUDA_ERROR_NO_BINARY_FOR_GPU, r_cubin = FG_CUDA_SUCCESS;
+  CUmodule mod = NULL;
+  if (has_cubin && compat >= 2) {
+    r = fg_cu.cuModuleLoadDataEx(&mod, img->cubin, 0, NULL, NULL);
+    r_cubin = r;
+  }
+  char jitlog[4096] = "";
+  if (r != FG_CUDA_SUCCESS && has_ptx) {
+    int opts[2] = {FG_CU_JIT_ERROR_LOG_BUFFER, FG_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+    void *vals[2] = {jitlog, (void *)(uintptr_t)sizeof jitlog};
+    r = fg_cu.cuModuleLoadDataEx(&mod, img->ptx, 2, opts, vals);
+    out->from_ptx = r == FG_CUDA_SUCCESS;
+  }
+  if (r != FG_CUDA_SUCCESS) {
+    fg_ctx_pop(ctx);
+    char d1[512], d2[512] = "";
+    fg_cuda_describe(d1, sizeof d1, has_ptx ? "cuModuleLoadDataEx (PTX)" : "cuModuleLoadDataEx", r);
+    if (r_cubin != FG_CUDA_SUCCESS && has_ptx && r_cubin != r)
+      fg_cuda_describe(d2, sizeof d2, "; the cubin: cuModuleLoadDataEx", r_cubin);
+    return fg_fail(ctx, fg_cuda_status(r),
+                   "loading kernel %s (%s) on %s (compute capability %d.%d): %s%s%s%s",
+                   img->variant, fg_arch_name(img->arch), lim->name, lim->cc_major, lim->cc_minor,
+                   d1, d2, jitlog[0] ? "; JIT log: " : "", jitlog);
+  }
+  CUfunction fn = NULL;
+  r = fg_cu.cuModuleGetFunction(&fn, mod, m->entry);
+  if (r != FG_CUDA_SUCCESS) {
+    fg_cu.cuModuleUnload(mod);
+    fg_ctx_pop(ctx);
+    char d[512];
+    return fg_fail(ctx, FG_ERROR_INTERNAL,
+                   "kernel %s: entry point '%s' not found in its module: %s", img->variant,
+                   m->entry, fg_cuda_describe(d, sizeof d, "cuModuleGetFunction", r));
+  }
+  if (m->smem_bytes > FG_SMEM_DEFAULT_LIMIT) {
+    r = fg_cu.cuFuncSetAttribute(fn, FG_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                 m->smem_bytes);
+    if (r != FG_CUDA_SUCCESS) {
+      fg_cu.cuModuleUnload(mod);
+      fg_ctx_pop(ctx);
+      char d[512];
+      return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                     "kernel %s: opting into %d B of dynamic shared memory failed on %s: %s",
+                     img->variant, m->smem_bytes, lim->name,
+                     fg_cuda_describe(d, sizeof d, "cuFuncSetAttribute", r));
+    }
+  }
+  /* What the compiled function really needs: static shared memory and registers. */
+  int static_smem = 0, max_threads = 0, regs = 0;
+  if (fg_cu.cuFuncGetAttribute(&static_smem, FG_CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn) ==
+          FG_CUDA_SUCCESS &&
+      static_smem + m->smem_bytes > lim->smem_optin_per_block) {
+    fg_cu.cuModuleUnload(mod);
+    fg_ctx_pop(ctx);
+    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                   "kernel %s needs %d B of static plus %d B of dynamic shared memory per block; "
+                   "%s allows %d B",
+                   img->variant, static_smem, m->smem_bytes, lim->name, lim->smem_optin_per_block);
+  }
+  if (fg_cu.cuFuncGetAttribute(&max_threads, FG_CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn) ==
+          FG_CUDA_SUCCESS &&
+      max_threads < m->threads) {
+    fg_cu.cuFuncGetAttribute(&regs, FG_CU_FUNC_ATTRIBUTE_NUM_REGS, fn);
+    fg_cu.cuModuleUnload(mod);
+    fg_ctx_pop(ctx);
+    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                   "kernel %s uses %d registers per thread, so %s can run at most %d threads "
+                   "per block, and it needs %d",
+                   img->variant, regs, lim->name, max_threads, m->threads);
+  }
+  if (out->meta.regs < 0 &&
+      fg_cu.cuFuncGetAttribute(&regs, FG_CU_FUNC_ATTRIBUTE_NUM_REGS, fn) == FG_CUDA_SUCCESS)
+    out->meta.regs = regs;
+  fg_ctx_pop(ctx);
+  out->module = mod;
+  out->fn = fn;
+  return FG_OK;
+}
+
+void fg_kernel_unload(fg_context *ctx, fg_loaded_kernel *k) {
+  if (!k || !k->module) return;
+  if (fg_ctx_push(ctx) == FG_OK) {
+    fg_cu.cuModuleUnload(k->module);
+    fg_ctx_pop(ctx);
+  }
+  k->module = NULL;
+  k->fn = NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The registry. */
+enum { FG_ENTRY_LOADING, FG_ENTRY_READY, FG_ENTRY_FAILED };
+#define FG_REG_BUCKETS 64
+
+typedef struct fg_reg_entry {
+  char key[FG_VARIANT_NAME_MAX + 8];
+  int state;
+  int transient;         /* a failed load that the next call retries (out of memory, ...) */
+  uint64_t exp_gen;      /* exported-table generation when a "missing" failure was recorded */
+  fg_status status;      /* of the failure */
+  char *msg;             /* of the failure */
+  fg_loaded_kernel k;
+  struct fg_reg_entry *next;
+} fg_reg_entry;
+
+struct fg_registry {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  fg_reg_entry *buckets[FG_REG_BUCKETS];
+};
+
+static unsigned fg_hash(const char *s) {
+  unsigned h = 2166136261u;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
+  return h;
+}
+
+fg_status fg_registry_create(fg_context *ctx) {
+  fg_registry *r = calloc(1, sizeof *r);
+  if (!r) return FG_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_init(&r->lock, NULL);
+  pthread_cond_init(&r->cond, NULL);
+  ctx->registry = r;
+  return FG_OK;
+}
+
+void fg_registry_destroy(fg_context *ctx) {
+  fg_registry *r = ctx->registry;
+  if (!r) return;
+  for (int b = 0; b < FG_REG_BUCKETS; b++) {
+    fg_reg_entry *e = r->buckets[b];
+    while (e) {
+      fg_reg_entry *n = e->next;
+      if (e->state == FG_ENTRY_READY) fg_kernel_unload(ctx, &e->k);
+      free(e->msg);
+      free(e);
+      e = n;
+    }
+  }
+  pthread_cond_destroy(&r->cond);
+  pthread_mutex_destroy(&r->lock);
+  free(r);
+  ctx->registry = NULL;
+}
+
+static fg_reg_entry *fg_reg_find(fg_registry *r, const char *key) {
+  for (fg_reg_entry *e = r->buckets[fg_hash(key) % FG_REG_BUCKETS]; e; e = e->next)
+    if (!strcmp(e->key, key)) return e;
+  return NULL;
+}
+
+/* A loader fills *k (with k->source) or returns an error with the last error set. */
+typedef fg_status (*fg_loader_fn)(fg_context *ctx, const void *arg, fg_loaded_kernel *k);
+
+static int fg_failure_is_permanent(fg_status s) {
+  return s == FG_ERROR_COMPILE || s == FG_ERROR_NO_COMPILER || s == FG_ERROR_UNSUPPORTED ||
+         s == FG_ERROR_KERNEL_MISSING;
+}
+
+static fg_status fg_registry_acquire(fg_context *ctx, const char *key, fg_loader_fn load,
+                                     const void *arg, const fg_loaded_kernel **out) {
+  fg_registry *r = ctx->registry;
+  *out = NULL;
+  pthread_mutex_lock(&r->lock);
+  fg_reg_entry *e = fg_reg_find(r, key);
+  if (e) {
+    while (e->state == FG_ENTRY_LOADING) pthread_cond_wait(&r->cond, &r->lock);
+    if (e->state == FG_ENTRY_READY) {
+      pthread_mutex_unlock(&r->lock);
+      *out = &e->k;
+      return FG_OK;
+    }
+    int retry = e->transient || (e->status == FG_ERROR_KERNEL_MISSING &&
+                                 e->exp_gen != atomic_load(&fg_exp_generation));
+    if (!retry) {
+      fg_status s = e->status;
+      fg_set_error(ctx, "%s", e->msg ? e->msg : fg_status_string(s));
+      pthread_mutex_unlock(&r->lock);
+      return s;
+    }
+    e->state = FG_ENTRY_LOADING;
+  } else {
+    e = calloc(1, sizeof *e);
+    if (!e) {
+      pthread_mutex_unlock(&r->lock);
+      return fg_fail(ctx, FG_ERROR_OUT_OF_MEMORY, "out of host memory in the module registry");
+    }
+    snprintf(e->key, sizeof e->key, "%s", key);
+    e->state = FG_ENTRY_LOADING;
+    unsigned b = fg_hash(key) % FG_REG_BUCKETS;
+    e->next = r->buckets[b];
+    r->buckets[b] = e;
+  }
+  uint64_t gen = atomic_load(&fg_exp_generation);
+  pthread_mutex_unlock(&r->lock);
+
+  fg_loaded_kernel k;
+  memset(&k, 0, sizeof k);
+  fg_status s = load(ctx, arg, &k);
+  char *msg = s == FG_OK ? NULL : strdup(fg_context_last_error(ctx));
+
+  pthread_mutex_lock(&r->lock);
+  free(e->msg);
+  e->msg = msg;
+  if (s == FG_OK) {
+    e->k = k;
+    e->state = FG_ENTRY_READY;
+    *out = &e->k;
+  } else {
+    e->state = FG_ENTRY_FAILED;
+    e->status = s;
+    e->transient = !fg_failure_is_permanent(s);
+    e->exp_gen = gen;
+  }
+  pthread_cond_broadcast(&r->cond);
+  pthread_mutex_unlock(&r->lock);
+  return s;
+}
+
+#ifdef FG_WITH_JIT
+/* Loads a kernel from the disk cache. Returns 1 on a hit (k filled), 0 on a miss (why says why
+ * the cache was not consulted when it was not), -1 on a failure to load a hit (error set). */
+static int fg_load_from_cache(fg_context *ctx, const char *name, fg_arch arch, fg_loaded_kernel *k,
+                              fg_status *st) {
+  fg_cache *c = fg_context_cache(ctx);
+  if (!c) return 0;
+  fg_cache_key key;
+  char why[1024];
+  if (fg_context_cache_key(ctx, &key, why, sizeof why) != 0) return 0;
+  key.variant = name;
+  key.arch = arch;
+  fg_kernel_image img;
+  memset(&img, 0, sizeof img);
+  char warn[1024] = "";
+  int hit = fg_cache_get_kernel(c, &key, &img, warn, sizeof warn);
+  if (warn[0]) fg_warn(ctx, "kernel cache: %s", warn);
+  if (hit != 1) return 0;
+  *st = fg_kernel_load(ctx, &img, k);
+  fg_kernel_image_free(&img);
+  if (*st != FG_OK) return -1;
+  snprintf(k->source, sizeof k->source, "the kernel cache (%s)", fg_cache_path(c));
+  return 1;
+}
+
+/* Compiles with NVRTC (build = the generator call), loads, and stores into the cache. */
+typedef int (*fg_build_fn)(fg_context *ctx, fg_generator *g, const void *arg, fg_kernel_image *img,
+                           char **errlog);
+
+static fg_status fg_load_by_compiling(fg_context *ctx, const char *name, fg_build_fn build,
+                                      const void *arg, fg_loaded_kernel *k) {
+  char err[1024];
+  if (fg_nvrtc_load(err, sizeof err) != 0)
+    return fg_fail(ctx, FG_ERROR_NO_COMPILER,
+                   "kernel %s must be compiled, but NVRTC could not be loaded: %s", name, err);
+  fg_generator *g;
+  fg_status st = fg_context_generator(ctx, &g);
+  if (st != FG_OK) return st;
+  fg_kernel_image img;
+  memset(&img, 0, sizeof img);
+  char *log = NULL;
+  if (build(ctx, g, arg, &img, &log) != 0) {
+    st = fg_fail(ctx, FG_ERROR_COMPILE, "compiling kernel %s for %s failed: %s", name,
+                 fg_arch_name(ctx->arch), log ? log : "(no log)");
+    free(log);
+    fg_kernel_image_free(&img);
+    return st;
+  }
+  free(log);
+  st = fg_kernel_load(ctx, &img, k);
+  if (st == FG_OK) {
+    fg_cache *c = fg_context_cache(ctx);
+    int stored = 0;
+    if (c) {
+      fg_cache_key key;
+      char why[1024], warn[1024] = "";
+      if (fg_context_cache_key(ctx, &key, why, sizeof why) == 0) {
+        key.variant = name;
+        key.arch = img.arch;
+        if (fg_cache_put_kernel(c, &key, &img, warn, sizeof warn) == 0) stored = 1;
+        else fg_warn(ctx, "kernel cache: could not store %s: %s", name, warn);
+      }
+    }
+    snprintf(k->source, sizeof k->source, "compiled with NVRTC %d.%d in %.0f ms%s",
+             fg_nvrtc_version() / 1000, (fg_nvrtc_version() % 1000) / 10, img.compile_ms,
+             stored ? ", stored in the kernel cache" : ", kept in memory only");
+  }
+  fg_kernel_image_free(&img);
+  return st;
+}
+
+static int fg_build_variant(fg_context *ctx, fg_generator *g, const void *arg, fg_kernel_image *img,
+                            char **errlog) {
+  (void)ctx;
+  return fg_generator_build(g, (const fg_variant *)arg, img, errlog);
+}
+#endif
+
+static fg_status fg_load_variant(fg_context *ctx, const void *arg, fg_loaded_kernel *k) {
+  const fg_variant *v = arg;
+  char name[FG_VARIANT_NAME_MAX];
+  fg_variant_name(v, name, sizeof name);
+  fg_status st = FG_OK;
+  char exported_err[1024] = "";
+  const char *desc = NULL;
+  const fg_kernel_image *img = fg_exported_find(ctx, v, &desc);
+  if (img) {
+    st = fg_kernel_load(ctx, img, k);
+    if (st == FG_OK) {
+      snprintf(k->source, sizeof k->source, "the exported table '%s'%s", desc,
+               k->from_ptx ? " (PTX, compiled by the driver)" : "");
+      return FG_OK;
+    }
+    snprintf(exported_err, sizeof exported_err, "%s", fg_context_last_error(ctx));
+  }
+#ifdef FG_WITH_JIT
+  if (fg_policy_allows_cache(ctx)) {
+    int hit = fg_load_from_cache(ctx, name, v->arch, k, &st);
+    if (hit == 1) return FG_OK;
+    if (hit < 0 && !fg_policy_allows_jit(ctx)) return st;
+  }
+  if (fg_policy_allows_jit(ctx)) return fg_load_by_compiling(ctx, name, fg_build_variant, v, k);
+#endif
+  if (exported_err[0]) return fg_fail(ctx, st, "%s", exported_err);
+  char summary[768];
+  fg_exported_summary(ctx, summary, sizeof summary);
+  return fg_fail(ctx, FG_ERROR_KERNEL_MISSING,
+                 "no binary of kernel %s for %s (%s) and the policy '%s' forbids compiling%s; %s",
+                 name, ctx->limits.name, fg_arch_name(ctx->arch), fg_policy_name(ctx->policy),
+                 fg_policy_allows_cache(ctx) ? " (it is not in the kernel cache either)" : "",
+                 summary);
+}
+
+fg_status fg_registry_get(fg_context *ctx, const fg_variant *v, const fg_loaded_kernel **out) {
+  char name[FG_VARIANT_NAME_MAX];
+  if (fg_variant_name(v, name, sizeof name) < 0) {
+    *out = NULL;
+    return fg_fail(ctx, FG_ERROR_INVALID_ARGUMENT, "the variant has a field out of range");
+  }
+  return fg_registry_acquire(ctx, name, fg_load_variant, v, out);
+}
+
+#ifdef FG_WITH_JIT
+typedef struct fg_ref_arg {
+  fg_dtype dtype;
+  int exact;
+  char name[32];
+} fg_ref_arg;
+
+static int fg_build_reference(fg_context *ctx, fg_generator *g, const void *arg,
+                              fg_kernel_image *img, char **errlog) {
+  const fg_ref_arg *a = arg;
+  return fg_generator_build_reference(g, a->dtype, a->exact, ctx->arch, img, errlog);
+}
+
+static fg_status fg_load_reference(fg_context *ctx, const void *arg, fg_loaded_kernel *k) {
+  const fg_ref_arg *a = arg;
+  fg_status st = FG_OK;
+  if (fg_policy_allows_cache(ctx)) {
+    int hit = fg_load_from_cache(ctx, a->name, ctx->arch, k, &st);
+    if (hit == 1) return FG_OK;
+  }
+  return fg_load_by_compiling(ctx, a->name, fg_build_reference, a, k);
+}
+
+fg_status fg_registry_get_reference(fg_context *ctx, fg_dtype dtype, int exact,
+                                    const fg_loaded_kernel **out) {
+  fg_ref_arg a;
+  a.dtype = dtype;
+  a.exact = exact != 0;
+  snprintf(a.name, sizeof a.name, "ref_%s_%s", exact ? "f64" : "lowp", fg_dtype_name(dtype));
+  char key[FG_VARIANT_NAME_MAX + 8];
+  snprintf(key, sizeof key, "%s_%s", a.name, fg_arch_name(ctx->arch));
+  return fg_registry_acquire(ctx, key, fg_load_reference, &a, out);
+}
+#endif
+
+fg_binary_source fg_registry_probe(fg_context *ctx, const fg_variant *v, char *desc, size_t len,
+                                   fg_kernel_meta *meta, int *meta_known) {
+  char name[FG_VARIANT_NAME_MAX];
+  *meta_known = 0;
+  if (fg_variant_name(v, name, sizeof name) < 0) {
+    snprintf(desc, len, "the variant has a field out of range");
+    return FG_BINARY_MISSING;
+  }
+  fg_registry *r = ctx->registry;
+  pthread_mutex_lock(&r->lock);
+  fg_reg_entry *e = fg_reg_find(r, name);
+  if (e && e->state == FG_ENTRY_READY) {
+    snprintf(desc, len, "already loaded in this context, from %s", e->k.source);
+    *meta = e->k.meta;
+    *meta_known = 1;
+    pthread_mutex_unlock(&r->lock);
+    return FG_BINARY_LOADED;
+  }
+  if (e && e->state == FG_ENTRY_FAILED && !e->transient &&
+      !(e->status == FG_ERROR_KERNEL_MISSING && e->exp_gen != atomic_load(&fg_exp_generation))) {
+    snprintf(desc, len, "an earlier load failed (%s): %s", fg_status_string(e->status),
+             e->msg ? e->msg : "");
+    pthread_mutex_unlock(&r->lock);
+    return FG_BINARY_FAILED;
+  }
+  pthread_mutex_unlock(&r->lock);
+
+  const char *tdesc = NULL;
+  const fg_kernel_image *img = fg_exported_find(ctx, v, &tdesc);
+  if (img) {
+    snprintf(desc, len, "the exported table '%s' (%s %s)", tdesc, img->variant,
+             fg_arch_compat(img->arch, ctx->limits.cc_major, ctx->limits.cc_minor) >= 2
+                 ? "cubin"
+                 : "PTX, to be compiled by the driver");
+    *meta = img->meta;
+    *meta_known = 1;
+    return FG_BINARY_EXPORTED;
+  }
+#ifdef FG_WITH_JIT
+  char why[1024] = "";
+  fg_cache *c = fg_policy_allows_cache(ctx) ? fg_context_cache(ctx) : NULL;
+  if (c) {
+    fg_cache_key key;
+    if (fg_context_cache_key(ctx, &key, why, sizeof why) == 0) {
+      key.variant = name;
+      key.arch = v->arch;
+      fg_kernel_image ci;
+      memset(&ci, 0, sizeof ci);
+      char warn[1024] = "";
+      if (fg_cache_get_kernel(c, &key, &ci, warn, sizeof warn) == 1) {
+        snprintf(desc, len, "the kernel cache (%s)", fg_cache_path(c));
+        *meta = ci.meta;
+        *meta_known = 1;
+        fg_kernel_image_free(&ci);
+        return FG_BINARY_CACHED;
+      }
+      if (warn[0]) fg_warn(ctx, "kernel cache: %s", warn);
+    }
+  }
+  if (fg_policy_allows_jit(ctx)) {
+    char err[256];
+    if (fg_nvrtc_load(err, sizeof err) != 0) {
+      snprintf(desc, len, "would be compiled, but NVRTC cannot be loaded: %s", err);
+      return FG_BINARY_MISSING;
+    }
+    snprintf(desc, len, "would be compiled with NVRTC %d.%d on first use (%s)",
+             fg_nvrtc_version() / 1000, (fg_nvrtc_version() % 1000) / 10,
+             c ? "not in the kernel cache yet" : "no kernel cache: kept in memory only");
+    fg_generator *g;
+    char *src = NULL;
+    if (fg_context_generator(ctx, &g) == FG_OK &&
+        fg_generator_render(g, v, &src, meta, err, sizeof err) == 0)
+      *meta_known = 1;
+    free(src);
+    return FG_BINARY_COMPILE;
+  }
+  snprintf(desc, len, "missing: not in an exported table%s, and the policy '%s' forbids compiling",
+           c ? " nor in the kernel cache" : "", fg_policy_name(ctx->policy));
+  if (why[0]) {
+    size_t n = strlen(desc);
+    snprintf(desc + n, len - n, " (cache not consulted: %s)", why);
+  }
+#else
+  snprintf(desc, len,
+           "missing: not in an exported table, and flashgen_runtime cannot compile (policy '%s')",
+           fg_policy_name(ctx->policy));
+#endif
+  return FG_BINARY_MISSING;
+}
