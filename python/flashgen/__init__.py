@@ -1,0 +1,412 @@
+"""flashgen for PyTorch users: FlashAttention forward on CUDA tensors through libflashgen.so.
+
+This file owns the Python binding: pure Python over ctypes (no compiled extension), mirroring
+include/flashgen.h. Importing it needs neither PyTorch nor the library; both are looked for at
+first use.
+
+    import flashgen
+    o = flashgen.attention(q, k, v, causal=True)             # q [B, Hq, Nq, d], k/v [B, Hkv, Nk, d]
+    o, lse = flashgen.attention(q, k, v, return_lse=True)    # lse fp32 [B, Hq, Nq]
+    print(flashgen.explain(q, k, v))                         # which kernel would run, and why
+
+The library is found in this order: $FLASHGEN_LIBRARY (a path to libflashgen.so); a copy next to
+this file; <repo>/build/libflashgen.so (when running from a checkout); ctypes.util.find_library.
+"""
+
+import atexit
+import ctypes
+import ctypes.util
+import enum
+import math
+import os
+import sys
+import threading
+
+__all__ = ["FlashgenError", "Status", "attention", "explain", "version", "status_string",
+           "library_path"]
+
+
+class Status(enum.IntEnum):
+    """fg_status of include/flashgen.h."""
+    OK = 0
+    INVALID_ARGUMENT = 1
+    UNSUPPORTED = 2
+    NO_DRIVER = 3
+    NO_COMPILER = 4
+    COMPILE = 5
+    KERNEL_MISSING = 6
+    CUDA = 7
+    OUT_OF_MEMORY = 8
+    CACHE = 9
+    INTERNAL = 10
+
+
+# fg_dtype
+DTYPE_F16 = 1
+DTYPE_BF16 = 2
+
+# fg_policy
+POLICY_DEFAULT = 0
+POLICY_EXPORTED_ONLY = 1
+POLICY_EXPORTED_AND_CACHE = 2
+POLICY_JIT = 3
+
+
+class FlashgenError(RuntimeError):
+    """A failure reported by libflashgen (status is a Status), or the library could not be loaded
+    (status is None). message is the detailed text (fg_context_last_error)."""
+
+    def __init__(self, status, message):
+        if status is not None:
+            try:
+                status = Status(status)
+            except ValueError:
+                pass
+        self.status = status
+        self.message = message
+        if status is None:
+            text = message
+        else:
+            name = status.name if isinstance(status, Status) else str(status)
+            text = "%s: %s" % (name, message) if message else name
+        super().__init__(text)
+
+
+class fg_context_options(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("device", ctypes.c_int),
+        ("policy", ctypes.c_int),          # fg_policy
+        ("cache_dir", ctypes.c_char_p),
+        ("no_disk_cache", ctypes.c_int),
+        ("quiet", ctypes.c_int),
+    ]
+
+
+class fg_attention_args(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("dtype", ctypes.c_int),           # fg_dtype
+        ("causal", ctypes.c_int),
+        ("batch", ctypes.c_int64),
+        ("heads_q", ctypes.c_int64),
+        ("heads_kv", ctypes.c_int64),
+        ("seqlen_q", ctypes.c_int64),
+        ("seqlen_k", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("q", ctypes.c_void_p),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        ("o", ctypes.c_void_p),
+        ("lse", ctypes.POINTER(ctypes.c_float)),
+        ("q_stride", ctypes.c_int64 * 3),
+        ("k_stride", ctypes.c_int64 * 3),
+        ("v_stride", ctypes.c_int64 * 3),
+        ("o_stride", ctypes.c_int64 * 3),
+        ("scale", ctypes.c_float),
+    ]
+
+
+# ---- loading the library ----
+
+_lib = None
+_lib_path = None
+_load_lock = threading.Lock()
+
+
+def _candidates():
+    """(where, path) pairs in search order; path None means ctypes.util.find_library."""
+    env = os.environ.get("FLASHGEN_LIBRARY")
+    if env:
+        return [("$FLASHGEN_LIBRARY", env)]
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(here))
+    return [("next to the package", os.path.join(here, "libflashgen.so")),
+            ("the build directory", os.path.join(repo, "build", "libflashgen.so")),
+            ("ctypes.util.find_library('flashgen')", None)]
+
+
+_PROTOTYPES = {  # name: (restype, argtypes), as in include/flashgen.h
+    "fg_status_string": (ctypes.c_char_p, [ctypes.c_int]),
+    "fg_version": (ctypes.c_char_p, []),
+    "fg_context_create": (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p),
+                                         ctypes.POINTER(fg_context_options)]),
+    "fg_last_create_error": (ctypes.c_char_p, []),
+    "fg_context_destroy": (None, [ctypes.c_void_p]),
+    "fg_context_last_error": (ctypes.c_char_p, [ctypes.c_void_p]),
+    "fg_attention_forward": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(fg_attention_args),
+                                            ctypes.c_void_p]),
+    "fg_explain": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(fg_attention_args),
+                                  ctypes.c_char_p, ctypes.c_size_t]),
+}
+
+
+_fns = {}
+
+
+def _fn(name):
+    """The C function `name` with its prototype, or FlashgenError if the library lacks it."""
+    f = _fns.get(name)
+    if f is not None:
+        return f
+    lib = _library()
+    try:
+        f = getattr(lib, name)
+    except AttributeError:
+        raise FlashgenError(None, "flashgen: %s has no symbol %s (a library older than this "
+                            "binding?); set FLASHGEN_LIBRARY to a current libflashgen.so"
+                            % (_lib_path, name)) from None
+    f.restype, f.argtypes = _PROTOTYPES[name]
+    _fns[name] = f
+    return f
+
+
+def _library():
+    """The loaded libflashgen, or FlashgenError saying where it looked and what to set."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _load_lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for where, path in _candidates():
+            if path is None:
+                path = ctypes.util.find_library("flashgen")
+                if path is None:
+                    tried.append("%s: not found" % where)
+                    continue
+            elif not os.path.exists(path):
+                tried.append("%s: %s does not exist" % (where, path))
+                continue
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError as e:
+                tried.append("%s: %s: %s" % (where, path, e))
+                continue
+            _lib, _lib_path = lib, path
+            return lib
+        raise FlashgenError(None, "flashgen: cannot load libflashgen.so. Looked in:\n  "
+                            + "\n  ".join(tried)
+                            + "\nBuild it (cmake --build build --target flashgen_shared) or set "
+                            "FLASHGEN_LIBRARY to the path of libflashgen.so.")
+
+
+def _text(b):
+    return b.decode("utf-8", "replace") if b else ""
+
+
+def library_path():
+    """The path of the loaded libflashgen.so (loading it if needed)."""
+    _library()
+    return _lib_path
+
+
+def version():
+    """The version of the C library, "MAJOR.MINOR.PATCH"."""
+    return _text(_fn("fg_version")())
+
+
+def status_string(code):
+    """Static English text for a status code (fg_status_string)."""
+    return _text(_fn("fg_status_string")(int(code)))
+
+
+# ---- one fg_context per CUDA device ----
+
+_contexts = {}
+_contexts_lock = threading.Lock()
+_atexit_registered = False
+
+
+def _destroy_contexts():
+    with _contexts_lock:
+        items = list(_contexts.items())
+        _contexts.clear()
+    torch = sys.modules.get("torch")
+    for device, ctx in items:
+        try:  # kernels still queued use modules the context owns
+            if torch is not None:
+                torch.cuda.synchronize(device)
+        except Exception:
+            pass
+        _fn("fg_context_destroy")(ctx)
+
+
+def _context(device):
+    """The context of CUDA device `device` (an ordinal), created on first use."""
+    global _atexit_registered
+    with _contexts_lock:
+        ctx = _contexts.get(device)
+        if ctx is not None:
+            return ctx
+        opts = fg_context_options()
+        opts.size = ctypes.sizeof(fg_context_options)
+        opts.device = device
+        handle = ctypes.c_void_p()
+        status = _fn("fg_context_create")(ctypes.byref(handle), ctypes.byref(opts))
+        if status != Status.OK:
+            raise FlashgenError(status, _text(_fn("fg_last_create_error")()))
+        if not _atexit_registered:
+            atexit.register(_destroy_contexts)
+            _atexit_registered = True
+        _contexts[device] = handle
+        return handle
+
+
+# ---- argument checks and packing ----
+
+_NAMES = ("q", "k", "v")
+
+
+def _torch_dtype_code(torch, dtype):
+    if dtype == torch.float16:
+        return DTYPE_F16
+    if dtype == torch.bfloat16:
+        return DTYPE_BF16
+    return None
+
+
+def _check(q, k, v, scale):
+    """Validates what the Python side can see; returns the fg_dtype code."""
+    import torch
+    tensors = (q, k, v)
+    for name, t in zip(_NAMES, tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("flashgen: %s must be a torch.Tensor, got %s"
+                            % (name, type(t).__name__))
+        if t.dim() != 4:
+            raise ValueError("flashgen: %s must be 4-D [batch, heads, seqlen, head_dim], got "
+                             "shape %s" % (name, tuple(t.shape)))
+    code = _torch_dtype_code(torch, q.dtype)
+    if code is None:
+        raise TypeError("flashgen: q has dtype %s; flashgen takes torch.float16 or torch.bfloat16"
+                        % q.dtype)
+    for name, t in zip(_NAMES[1:], tensors[1:]):
+        if t.dtype != q.dtype:
+            raise TypeError("flashgen: %s has dtype %s but q has %s; all three must match"
+                            % (name, t.dtype, q.dtype))
+    if k.shape != v.shape:
+        raise ValueError("flashgen: k and v must have the same shape, got %s and %s"
+                         % (tuple(k.shape), tuple(v.shape)))
+    if k.shape[0] != q.shape[0]:
+        raise ValueError("flashgen: q has batch %d but k and v have %d" % (q.shape[0], k.shape[0]))
+    if k.shape[3] != q.shape[3]:
+        raise ValueError("flashgen: q has head_dim %d but k and v have %d"
+                         % (q.shape[3], k.shape[3]))
+    if q.shape[1] > 0 and k.shape[1] == 0:
+        raise ValueError("flashgen: k and v have no heads but q has %d" % q.shape[1])
+    for name, t in zip(_NAMES, tensors):
+        if t.shape[3] > 1 and t.stride(3) != 1:
+            raise ValueError("flashgen: the last dimension of %s must be contiguous (stride 1, got "
+                             "%d); call %s.contiguous() first" % (name, t.stride(3), name))
+    if scale is not None:
+        s = float(scale)
+        if not math.isfinite(s) or s <= 0:
+            raise ValueError("flashgen: scale must be finite and positive, got %r" % (scale,))
+    for name, t in zip(_NAMES, tensors):
+        if t.device.type != "cuda":
+            raise ValueError("flashgen: %s is on %s; flashgen runs on CUDA tensors (move it with "
+                             "%s.cuda())" % (name, t.device, name))
+    for name, t in zip(_NAMES[1:], tensors[1:]):
+        if t.device != q.device:
+            raise ValueError("flashgen: %s is on %s but q is on %s; all three must be on one device"
+                             % (name, t.device, q.device))
+    return code
+
+
+def _strides(t):
+    """Element strides of dims 0..2. A dimension of size 1 is never stepped over, so its stride is
+    replaced by the contiguous one (torch may leave anything there)."""
+    shape = t.shape
+    contiguous = (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3])
+    s = tuple(t.stride(i) if shape[i] > 1 else contiguous[i] for i in range(3))
+    if s == (0, 0, 0):
+        # All zero means "contiguous" to the C API; this tensor is broadcast instead.
+        raise ValueError("flashgen: this tensor is broadcast (all strides 0); call .contiguous()")
+    return s
+
+
+def _pack(code, q, k, v, o, lse, causal, scale):
+    a = fg_attention_args()
+    a.size = ctypes.sizeof(fg_attention_args)
+    a.dtype = code
+    a.causal = 1 if causal else 0
+    a.batch, a.heads_q, a.seqlen_q, a.head_dim = (int(x) for x in q.shape)
+    a.heads_kv, a.seqlen_k = int(k.shape[1]), int(k.shape[2])
+    a.q, a.k, a.v, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
+    if lse is not None:
+        a.lse = ctypes.cast(ctypes.c_void_p(lse.data_ptr()), ctypes.POINTER(ctypes.c_float))
+    for field, t in (("q_stride", q), ("k_stride", k), ("v_stride", v), ("o_stride", o)):
+        getattr(a, field)[:] = _strides(t)
+    a.scale = 0.0 if scale is None else float(scale)
+    return a
+
+
+def _outputs(q, return_lse):
+    import torch
+    o = torch.empty(tuple(q.shape), dtype=q.dtype, device=q.device)
+    lse = None
+    if return_lse:
+        lse = torch.empty(tuple(q.shape[:3]), dtype=torch.float32, device=q.device)
+    return o, lse
+
+
+def attention(q, k, v, causal=False, scale=None, return_lse=False):
+    """Exact attention O = softmax(scale * Q K^T) V on the GPU.
+
+    q: [B, Hq, Nq, d]; k, v: [B, Hkv, Nk, d]; CUDA tensors of one device, all torch.float16 or
+    all torch.bfloat16; any strides for the first three dimensions (so (B, N, H, d) tensors
+    viewed with .transpose(1, 2) work without a copy), the last dimension contiguous. Hq must be
+    a multiple of Hkv (GQA, MQA); d a multiple of 8 from 32 to 256.
+
+    causal: query i sees keys j <= i + Nk - Nq (aligned to the bottom-right corner when Nq != Nk);
+    a row that sees no key gets O = 0 and lse = -inf.
+    scale: the softmax scale; None means 1/sqrt(d).
+
+    Returns O, a new contiguous tensor [B, Hq, Nq, d] of q's dtype, or (O, lse) with lse fp32
+    [B, Hq, Nq] (natural log of the softmax denominator) when return_lse is true. The kernel is
+    enqueued on torch.cuda.current_stream(). Raises TypeError/ValueError for arguments the Python
+    side can check, FlashgenError with the library's message for the rest.
+    """
+    code = _check(q, k, v, scale)
+    o, lse = _outputs(q, return_lse)
+    result = (o, lse) if return_lse else o
+    if o.numel() == 0 and (lse is None or lse.numel() == 0):
+        return result  # nothing to compute
+    if k.shape[2] == 0:
+        # An empty softmax: O = 0 and lse = -inf (the library's documented result).
+        o.zero_()
+        if lse is not None:
+            lse.fill_(-math.inf)
+        return result
+    import torch
+    device = q.get_device()
+    ctx = _context(device)
+    a = _pack(code, q, k, v, o, lse, causal, scale)
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device).cuda_stream
+        status = _fn("fg_attention_forward")(ctx, ctypes.byref(a), ctypes.c_void_p(stream))
+    if status != Status.OK:
+        raise FlashgenError(status, _text(_fn("fg_context_last_error")(ctx)))
+    return result
+
+
+def explain(q, k, v, causal=False, scale=None, return_lse=False):
+    """Which kernel flashgen.attention would run for these tensors, and why (fg_explain).
+    Launches and compiles nothing; allocates an output like attention does."""
+    code = _check(q, k, v, scale)
+    o, lse = _outputs(q, return_lse)
+    if o.numel() == 0 or k.shape[2] == 0:
+        return ("empty problem (shape q %s, k %s): flashgen.attention launches nothing"
+                % (tuple(q.shape), tuple(k.shape)))
+    import torch
+    device = q.get_device()
+    ctx = _context(device)
+    a = _pack(code, q, k, v, o, lse, causal, scale)
+    buf = ctypes.create_string_buffer(1 << 16)
+    with torch.cuda.device(device):
+        status = _fn("fg_explain")(ctx, ctypes.byref(a), buf, len(buf))
+    if status != Status.OK:
+        raise FlashgenError(status, _text(_fn("fg_context_last_error")(ctx)))
+    return _text(buf.value)
