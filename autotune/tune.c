@@ -1,0 +1,1281 @@
+/* tune.c: a tuning run on the live GPU (`flashgen tune`): the candidates of each (d, dtype,
+ * causal) from the device limits; every candidate compiled in parallel into the kernel cache
+ * before anything is timed; each checked against the fp64 reference on fresh random inputs
+ * (correct before fast); the correct ones timed with CUDA events over input sets rotated past
+ * the L2; the records stored in the cache; and the report. */
+#include <stdarg.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fg_autotune.h"
+#include "fg_runtime_internal.h"
+
+#define MAX_CANDS 256     /* candidates of one (d, dtype, causal) */
+#define CHECK_N_MAX 2048  /* the correctness check runs batch 1, 2 heads, min(N, 2048) */
+#define CHECK_HEADS 2
+#define WARMUP_RUNS 3
+#define FIRST_RUNS 3      /* timed runs before the early stop is considered */
+#define TIMED_RUNS 10     /* the median of this many */
+#define SLOWER_FACTOR 3.0 /* stop timing a candidate this much slower than the best so far */
+#define RUN_MIN_MS 0.5    /* a timed run repeats a short kernel to last at least this long */
+#define INNER_MAX 32
+#define TILE_ELEMS (1u << 20) /* random values uploaded repeatedly to fill the timing buffers */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Random inputs and 16-bit floats on the host. */
+
+static uint64_t splitmix64(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static double uniform01(uint64_t *s) { return (double)(splitmix64(s) >> 11) * 0x1.0p-53; }
+
+static uint16_t f32_to_bf16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  x += 0x7FFFu + ((x >> 16) & 1u); /* round to nearest even; inputs are finite */
+  return (uint16_t)(x >> 16);
+}
+
+static float bf16_to_f32(uint16_t h) {
+  uint32_t x = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &x, 4);
+  return f;
+}
+
+static uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const int32_t e = (int32_t)((x >> 23) & 0xFF) - 127 + 15;
+  uint32_t mant = x & 0x7FFFFFu;
+  if (((x >> 23) & 0xFF) == 0xFF) return (uint16_t)(sign | 0x7C00u | (mant ? 0x200u : 0));
+  if (e >= 31) return (uint16_t)(sign | 0x7C00u);
+  if (e <= 0) { /* subnormal half */
+    if (e < -10) return (uint16_t)sign;
+    mant |= 0x800000u;
+    const int shift = 14 - e;
+    uint32_t h = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+  }
+  uint32_t h = sign | ((uint32_t)e << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1FFFu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* a carry rounds into the exponent */
+  return (uint16_t)h;
+}
+
+static float f16_to_f32(uint16_t h) {
+  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  float v;
+  if (e == 0) v = ldexpf((float)m, -24);
+  else if (e == 31) v = m ? NAN : INFINITY;
+  else v = ldexpf((float)(m | 0x400u), (int)e - 25);
+  return (h & 0x8000u) ? -v : v;
+}
+
+static float half_to_f32(fg_dtype t, uint16_t h) {
+  return t == FG_DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+/* Fills x with n nonzero values of dtype t: normal(0, 1) when normal, else uniform(-1, 1). */
+static void random_fill(uint16_t *x, size_t n, fg_dtype t, int normal, uint64_t *s) {
+  for (size_t i = 0; i < n; i++) {
+    for (;;) {
+      double v;
+      if (normal) {
+        double u1 = uniform01(s), u2 = uniform01(s);
+        if (u1 < 1e-300) u1 = 1e-300;
+        v = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+      } else {
+        v = 2.0 * uniform01(s) - 1.0;
+      }
+      uint16_t h = t == FG_DTYPE_BF16 ? f32_to_bf16((float)v) : f32_to_f16((float)v);
+      if ((h & 0x7FFFu) != 0) { /* never zeros */
+        x[i] = h;
+        break;
+      }
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The state of a run. */
+
+/* A kernel to compile: a candidate or a reference kernel. */
+typedef struct tjob {
+  int is_ref;
+  fg_variant v;                 /* is_ref = 0 */
+  fg_dtype ref_dtype;           /* is_ref = 1 */
+  int ref_exact;
+  char name[FG_VARIANT_NAME_MAX];
+  int state;                    /* 0 pending, 1 available, -1 failed */
+  int from_cache;
+  char reason[256];             /* why it failed */
+  int kept;                     /* img holds the image: the cache could not store it */
+  fg_kernel_image img;
+} tjob;
+
+/* The candidates of one (d, dtype, causal). */
+typedef struct ttriple {
+  int d, causal;
+  fg_dtype dtype;
+  fg_variant cands[MAX_CANDS];
+  int job[MAX_CANDS];           /* index into the job list, -1 when not compiled */
+  int n;
+  fg_prune_counts pruned;
+  int seed;                     /* index of the seed-rule candidate, -1 if it does not fit */
+  fg_variant seed_v;
+  int last_winner;              /* index of the winner of the previous bucket, -1 */
+} ttriple;
+
+/* What one problem needs. */
+typedef struct tprob {
+  int tri;                      /* index of its triple, -1 when it has none */
+  int dup_of;                   /* an earlier problem with the same key, or -1 */
+  fg_tune_candidate *rec;       /* the cache's record of this bucket (malloc'd), or NULL */
+  int nrec;
+  char rec_winner[FG_VARIANT_NAME_MAX];
+  unsigned char measure[MAX_CANDS];
+  int n_measure;
+  fg_tune_candidate res[MAX_CANDS]; /* this run's results, by candidate index */
+  unsigned char have_res[MAX_CANDS];
+} tprob;
+
+typedef struct tpool {
+  fg_generator *g;
+  fg_cache *cache;
+  fg_cache_key base;
+  fg_arch arch;
+  tjob *jobs;
+  int n, next, done, failed, cached;
+  int quiet, tty, last_decile;
+  double t0;
+  pthread_mutex_t mu;
+} tpool;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Compiling in parallel. */
+
+/* The first line of an NVRTC log that says "error", else its first non-empty line. */
+static void summarize_log(const char *log, char *out, size_t len) {
+  if (!log || !*log) {
+    snprintf(out, len, "compilation failed (no log)");
+    return;
+  }
+  const char *pick = NULL, *first = NULL;
+  for (const char *l = log; *l;) {
+    const char *e = strchr(l, '\n');
+    size_t ll = e ? (size_t)(e - l) : strlen(l);
+    if (ll > 0 && !first) first = l;
+    if (!pick) {
+      for (size_t i = 0; i + 5 <= ll; i++)
+        if (strncmp(l + i, "error", 5) == 0) {
+          pick = l;
+          break;
+        }
+    }
+    if (!e) break;
+    l = e + 1;
+  }
+  if (!pick) pick = first ? first : log;
+  const char *e = strchr(pick, '\n');
+  int ll = e ? (int)(e - pick) : (int)strlen(pick);
+  snprintf(out, len, "compile error: %.*s", ll, pick);
+}
+
+static void progress(tpool *p) {
+  if (p->quiet || p->n == 0) return;
+  const double el = now_s() - p->t0;
+  const int done = p->done, total = p->n;
+  const double left = done ? el / done * (total - done) : 0.0;
+  if (p->tty) {
+    enum { W = 30 };
+    char bar[W + 1];
+    const int fill = (int)((long long)done * W / total);
+    for (int i = 0; i < W; i++) bar[i] = i < fill ? '#' : '.';
+    bar[W] = '\0';
+    if (done < total)
+      fprintf(stderr, "\r[%s] %d/%d compiled, %d failed, ~%.0f s left   ", bar, done, total,
+              p->failed, left);
+    else
+      fprintf(stderr, "\r[%s] %d/%d compiled, %d failed, %.1f s          \n", bar, done, total,
+              p->failed, el);
+    fflush(stderr);
+  } else {
+    const int decile = (int)((long long)done * 10 / total);
+    if (decile > p->last_decile || done == total) {
+      p->last_decile = decile;
+      fprintf(stderr, "flashgen tune: %d/%d compiled, %d failed, %s%.0f s %s\n", done, total,
+              p->failed, done < total ? "~" : "", done < total ? left : el,
+              done < total ? "left" : "elapsed");
+    }
+  }
+}
+
+static void *compile_worker(void *arg) {
+  tpool *p = arg;
+  for (;;) {
+    pthread_mutex_lock(&p->mu);
+    const int i = p->next++;
+    pthread_mutex_unlock(&p->mu);
+    if (i >= p->n) return NULL;
+    tjob *j = &p->jobs[i];
+    fg_cache_key key = p->base;
+    key.variant = j->name;
+    key.arch = p->arch;
+    char warn[1024] = "";
+    fg_kernel_image img;
+    memset(&img, 0, sizeof img);
+    int hit = p->cache ? fg_cache_get_kernel(p->cache, &key, &img, warn, sizeof warn) : 0;
+    if (hit == 1) {
+      fg_kernel_image_free(&img);
+      j->state = 1;
+      j->from_cache = 1;
+    } else {
+      memset(&img, 0, sizeof img);
+      char *log = NULL;
+      int rc = j->is_ref ? fg_generator_build_reference(p->g, j->ref_dtype, j->ref_exact, p->arch,
+                                                        &img, &log)
+                         : fg_generator_build(p->g, &j->v, &img, &log);
+      if (rc != 0) {
+        summarize_log(log, j->reason, sizeof j->reason);
+        j->state = -1;
+        fg_kernel_image_free(&img);
+      } else {
+        j->state = 1;
+        warn[0] = '\0';
+        key.arch = img.arch;
+        if (p->cache && fg_cache_put_kernel(p->cache, &key, &img, warn, sizeof warn) == 0) {
+          fg_kernel_image_free(&img);
+        } else {
+          j->img = img; /* kept in memory: registered as an exported table after the pool */
+          j->kept = 1;
+        }
+      }
+      free(log);
+    }
+    pthread_mutex_lock(&p->mu);
+    p->done++;
+    if (j->state < 0) p->failed++;
+    if (j->from_cache) p->cached++;
+    progress(p);
+    pthread_mutex_unlock(&p->mu);
+  }
+}
+
+static int online_cpus(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)(n > 256 ? 256 : n) : 1;
+}
+
+/* Compiles every job on `threads` threads (the calling one among them). */
+static void compile_all(tpool *p, int threads) {
+  if (threads > p->n) threads = p->n;
+  if (threads < 1) threads = 1;
+  pthread_t *th = calloc((size_t)threads, sizeof *th);
+  int started = 0;
+  for (int t = 1; t < threads && th; t++) {
+    if (pthread_create(&th[t], NULL, compile_worker, p) != 0) break;
+    started++;
+  }
+  compile_worker(p);
+  for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
+  free(th);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Helpers of the checking and timing stages. */
+
+typedef struct tdev {
+  fg_context *ctx;
+  CUstream stream;
+  CUevent ev[2 * TIMED_RUNS];
+  /* correctness check */
+  CUdeviceptr cq, ck, cv, co, cref;
+  size_t check_elems;
+  uint16_t *hq, *hk, *hv, *ho;
+  double *href, *hlowp;
+  /* timing */
+  CUdeviceptr pool;
+  size_t pool_bytes;
+  fg_dtype pool_dtype;          /* what the pool's values are (0: not filled) */
+  uint64_t rng;
+} tdev;
+
+/* Whether the CUDA context still works after a failure (a sticky error breaks it for good). */
+static int context_alive(fg_context *ctx) { return fg_dev_synchronize(ctx) == FG_OK; }
+
+static fg_status check_buffers(tdev *D, size_t elems) {
+  if (D->check_elems >= elems) return FG_OK;
+  fg_context *ctx = D->ctx;
+  fg_dev_free(ctx, D->cq);
+  fg_dev_free(ctx, D->ck);
+  fg_dev_free(ctx, D->cv);
+  fg_dev_free(ctx, D->co);
+  fg_dev_free(ctx, D->cref);
+  D->cq = D->ck = D->cv = D->co = D->cref = 0;
+  free(D->hq);
+  free(D->hk);
+  free(D->hv);
+  free(D->ho);
+  free(D->href);
+  free(D->hlowp);
+  D->check_elems = 0;
+  D->hq = malloc(elems * 2);
+  D->hk = malloc(elems * 2);
+  D->hv = malloc(elems * 2);
+  D->ho = malloc(elems * 2);
+  D->href = malloc(elems * 8);
+  D->hlowp = malloc(elems * 8);
+  if (!D->hq || !D->hk || !D->hv || !D->ho || !D->href || !D->hlowp)
+    return fg_fail(ctx, FG_ERROR_OUT_OF_MEMORY, "tune: out of host memory for the check buffers");
+  fg_status st;
+  if ((st = fg_dev_alloc(ctx, &D->cq, elems * 2)) || (st = fg_dev_alloc(ctx, &D->ck, elems * 2)) ||
+      (st = fg_dev_alloc(ctx, &D->cv, elems * 2)) || (st = fg_dev_alloc(ctx, &D->co, elems * 2)) ||
+      (st = fg_dev_alloc(ctx, &D->cref, elems * 8)))
+    return st;
+  D->check_elems = elems;
+  return FG_OK;
+}
+
+static void free_dev(tdev *D) {
+  fg_context *ctx = D->ctx;
+  fg_dev_free(ctx, D->cq);
+  fg_dev_free(ctx, D->ck);
+  fg_dev_free(ctx, D->cv);
+  fg_dev_free(ctx, D->co);
+  fg_dev_free(ctx, D->cref);
+  fg_dev_free(ctx, D->pool);
+  free(D->hq);
+  free(D->hk);
+  free(D->hv);
+  free(D->ho);
+  free(D->href);
+  free(D->hlowp);
+  for (int i = 0; i < 2 * TIMED_RUNS; i++) fg_event_destroy(ctx, D->ev[i]);
+  fg_stream_destroy(ctx, D->stream);
+}
+
+/* Runs the reference kernel (exact or naive) on the check inputs; fp64 O into out. */
+static fg_status run_reference(tdev *D, const fg_attention_args *a, int exact, double *out,
+                               char *why, size_t whylen) {
+  fg_context *ctx = D->ctx;
+  const fg_loaded_kernel *ref;
+  fg_status st = fg_registry_get_reference(ctx, a->dtype, exact, &ref);
+  if (st != FG_OK) {
+    snprintf(why, whylen, "the %s reference kernel is unavailable: %s", exact ? "fp64" : "naive",
+             fg_context_last_error(ctx));
+    return st;
+  }
+  fg_attention_args r = *a, norm;
+  r.o = (void *)(uintptr_t)D->cref;
+  char err[512];
+  if ((st = fg_validate_args(&r, FG_VALIDATE_CALL, &norm, err, sizeof err)) != FG_OK) {
+    snprintf(why, whylen, "reference arguments: %s", err);
+    return st;
+  }
+  fg_fwd_params p;
+  fg_params_from_args(&norm, &p);
+  const size_t elems = (size_t)(a->batch * a->heads_q * a->seqlen_q * a->head_dim);
+  if ((st = fg_dev_fill32(ctx, D->cref, 0xFFFFFFFFu, elems * 2)) != FG_OK || /* NaN */
+      (st = fg_dev_synchronize(ctx)) != FG_OK ||
+      (st = fg_kernel_launch(ctx, ref, &p, FG_ELEMS_REFERENCE, D->stream)) != FG_OK ||
+      (st = fg_stream_synchronize(ctx, D->stream)) != FG_OK ||
+      (st = fg_dev_download(ctx, out, D->cref, elems * 8)) != FG_OK) {
+    snprintf(why, whylen, "running the %s reference kernel failed: %s",
+             exact ? "fp64" : "naive", fg_context_last_error(ctx));
+    return st;
+  }
+  return FG_OK;
+}
+
+/* Fills the timing pool with random values of dtype t (repeating a tile of TILE_ELEMS). */
+static fg_status fill_pool(tdev *D, fg_dtype t) {
+  if (D->pool_dtype == t) return FG_OK;
+  uint16_t *tile = malloc(TILE_ELEMS * 2);
+  if (!tile) return fg_fail(D->ctx, FG_ERROR_OUT_OF_MEMORY, "tune: out of host memory");
+  random_fill(tile, TILE_ELEMS, t, 0, &D->rng);
+  fg_status st = FG_OK;
+  for (size_t off = 0; off < D->pool_bytes && st == FG_OK; off += TILE_ELEMS * 2) {
+    size_t n = D->pool_bytes - off < TILE_ELEMS * 2 ? D->pool_bytes - off : TILE_ELEMS * 2;
+    st = fg_dev_upload(D->ctx, D->pool + off, tile, n);
+  }
+  free(tile);
+  if (st == FG_OK) st = fg_dev_synchronize(D->ctx);
+  D->pool_dtype = st == FG_OK ? t : (fg_dtype)0;
+  return st;
+}
+
+/* Makes the timing pool at least bytes large; 0, or -1 when the device has no room. */
+static int ensure_pool(tdev *D, size_t bytes) {
+  if (D->pool_bytes >= bytes) return 0;
+  fg_dev_free(D->ctx, D->pool);
+  D->pool = 0;
+  D->pool_bytes = 0;
+  D->pool_dtype = (fg_dtype)0;
+  if (fg_dev_alloc(D->ctx, &D->pool, bytes) != FG_OK) return -1;
+  D->pool_bytes = bytes;
+  return 0;
+}
+
+/* `runs` timed runs of `inner` launches each, rotating the parameter sets; ms per launch into t. */
+static fg_status run_batch(tdev *D, const fg_loaded_kernel *k, const fg_fwd_params *prm, int sets,
+                           int *rot, int runs, int inner, double *t) {
+  fg_context *ctx = D->ctx;
+  fg_status st;
+  for (int r = 0; r < runs; r++) {
+    if ((st = fg_event_record(ctx, D->ev[2 * r], D->stream)) != FG_OK) return st;
+    for (int i = 0; i < inner; i++) {
+      st = fg_kernel_launch(ctx, k, &prm[*rot % sets], FG_ELEMS_FORWARD, D->stream);
+      ++*rot;
+      if (st != FG_OK) return st;
+    }
+    if ((st = fg_event_record(ctx, D->ev[2 * r + 1], D->stream)) != FG_OK) return st;
+  }
+  for (int r = 0; r < runs; r++) {
+    float ms;
+    if ((st = fg_event_elapsed_ms(ctx, D->ev[2 * r], D->ev[2 * r + 1], &ms)) != FG_OK) return st;
+    t[r] = (double)ms / inner;
+  }
+  return FG_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The report. */
+
+static void row_problem(const fg_tune_row *r, char *buf, size_t len) {
+  snprintf(buf, len, "d=%d %s %s N=%lld", r->problem.d, fg_dtype_name(r->problem.dtype),
+           r->problem.causal ? "causal" : "noncausal", (long long)r->problem.n);
+}
+
+void fg_tune_report_print(const fg_tune_report *rep, FILE *out, int md) {
+  if (!rep || !out) return;
+  if (md) {
+    fprintf(out, "# flashgen tune: %s (%s)\n\n", rep->device, rep->arch);
+    fprintf(out, "| problem | B x H | winner | TFLOP/s | seed rule TFLOP/s | winner / seed | "
+                 "tried | pruned | rejected |\n");
+    fprintf(out, "|---|---|---|---:|---:|---:|---:|---:|---:|\n");
+  } else {
+    fprintf(out, "%-30s %-9s %-56s %8s %8s %7s %5s %6s %8s\n", "PROBLEM", "B x H", "WINNER",
+            "TFLOP/s", "SEED", "RATIO", "TRIED", "PRUNED", "REJECTED");
+  }
+  for (int i = 0; i < rep->n_rows; i++) {
+    const fg_tune_row *r = &rep->rows[i];
+    char prob[96], bh[32], win[FG_VARIANT_NAME_MAX + 64], tf[32], sd[32], ratio[32];
+    row_problem(r, prob, sizeof prob);
+    snprintf(bh, sizeof bh, "%lldx%lld", (long long)r->problem.batch, (long long)r->problem.heads);
+    if (r->winner[0]) {
+      snprintf(win, sizeof win, md ? "`%s`%s" : "%s%s", r->winner, r->measured ? "" : " *");
+      snprintf(tf, sizeof tf, r->winner_tflops >= 1 ? "%.1f" : "%.3g", r->winner_tflops);
+    } else {
+      snprintf(win, sizeof win, "none: %.150s", r->note[0] ? r->note : "no correct candidate");
+      snprintf(tf, sizeof tf, "-");
+    }
+    if (r->seed_tflops > 0)
+      snprintf(sd, sizeof sd, r->seed_tflops >= 1 ? "%.1f" : "%.3g", r->seed_tflops);
+    else snprintf(sd, sizeof sd, "%s", r->seed_variant[0] ? "rejected" : "-");
+    if (r->winner[0] && r->seed_tflops > 0)
+      snprintf(ratio, sizeof ratio, "%.2fx", r->winner_tflops / r->seed_tflops);
+    else snprintf(ratio, sizeof ratio, "-");
+    if (md)
+      fprintf(out, "| %s | %s | %s | %s | %s | %s | %d | %d | %d |\n", prob, bh, win, tf, sd,
+              ratio, r->tried, r->pruned, r->rejected);
+    else
+      fprintf(out, "%-30s %-9s %-56s %8s %8s %7s %5d %6d %8d\n", prob, bh, win, tf, sd, ratio,
+              r->tried, r->pruned, r->rejected);
+  }
+  const char *sep = md ? "\n" : "";
+  int recorded = 0;
+  for (int i = 0; i < rep->n_rows; i++) recorded |= rep->rows[i].winner[0] && !rep->rows[i].measured;
+  if (recorded)
+    fprintf(out, "%s* already tuned: from the record of an earlier run (--retune measures again)\n",
+            sep);
+  /* The seed-rule candidate of each (d, dtype, causal), once. */
+  fprintf(out, "%sseed-rule candidates (Bc = ceil(M/4d), Br = min(ceil(M/4d), d)):%s\n", sep,
+          md ? "\n" : "");
+  for (int i = 0; i < rep->n_rows; i++) {
+    const fg_tune_row *r = &rep->rows[i];
+    int seen = 0;
+    for (int j = 0; j < i && !seen; j++)
+      seen = rep->rows[j].problem.d == r->problem.d && rep->rows[j].problem.dtype == r->problem.dtype &&
+             rep->rows[j].problem.causal == r->problem.causal;
+    if (seen || !r->seed_variant[0]) continue;
+    fprintf(out, "%s d=%d %s %s: %s\n", md ? "-" : " ", r->problem.d, fg_dtype_name(r->problem.dtype),
+            r->problem.causal ? "causal" : "noncausal", r->seed_variant);
+  }
+  fprintf(out, "%skernels: %d (%d from the cache, %d failed to compile) on %d threads in %.1f s; "
+               "checks %.1f s; timing %.1f s; total tune time %.1f s%s\n",
+          sep, rep->kernels, rep->kernels_cached, rep->kernels_failed, rep->jobs, rep->compile_s,
+          rep->check_s, rep->timing_s, rep->total_s, md ? "  " : "");
+  fprintf(out, "records: %s; input seed %llu (--seed to repeat)\n",
+          rep->cache_path[0] ? rep->cache_path : "not stored (no kernel cache)",
+          (unsigned long long)rep->seed);
+}
+
+void fg_tune_report_free(fg_tune_report *rep) {
+  if (!rep) return;
+  free(rep->rows);
+  rep->rows = NULL;
+  rep->n_rows = 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The run. */
+
+typedef struct trun {
+  fg_context *ctx;
+  const fg_tune_options *opt;
+  const fg_tune_problem *problems;
+  int n;
+  fg_tune_report *rep;
+  fg_cache *cache;
+  fg_device_id devid;
+  ttriple *tri;
+  int ntri;
+  tprob *pr;
+  tjob *jobs;
+  int njobs;
+  tdev D;
+  int fatal;                    /* the CUDA context is unusable */
+  int broken_tri, broken_cand;  /* the candidate that made it so */
+} trun;
+
+static int sort_problem_cmp(const fg_tune_problem *a, const fg_tune_problem *b) {
+  if (a->dtype != b->dtype) return a->dtype < b->dtype ? -1 : 1;
+  if (a->d != b->d) return a->d < b->d ? -1 : 1;
+  if (a->causal != b->causal) return a->causal < b->causal ? -1 : 1;
+  if (a->n != b->n) return a->n < b->n ? -1 : 1;
+  return 0;
+}
+
+static void note(const trun *R, const char *fmt, ...) FG_PRINTF(2, 3);
+static void note(const trun *R, const char *fmt, ...) {
+  if (R->opt->quiet) return;
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "flashgen tune: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+}
+
+static int find_job(const trun *R, const char *name) {
+  for (int j = 0; j < R->njobs; j++)
+    if (strcmp(R->jobs[j].name, name) == 0) return j;
+  return -1;
+}
+
+static int add_job(trun *R, const tjob *j) {
+  int k = find_job(R, j->name);
+  if (k >= 0) return k;
+  R->jobs[R->njobs] = *j;
+  return R->njobs++;
+}
+
+static void set_result(tprob *P, const ttriple *T, int c, int ok, double ms, double tflops,
+                       const char *fmt, ...) FG_PRINTF(7, 8);
+static void set_result(tprob *P, const ttriple *T, int c, int ok, double ms, double tflops,
+                       const char *fmt, ...) {
+  fg_tune_candidate *r = &P->res[c];
+  memset(r, 0, sizeof *r);
+  fg_variant_name(&T->cands[c], r->variant, sizeof r->variant);
+  r->ok = ok;
+  r->ms = ms;
+  r->tflops = tflops;
+  if (fmt) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->reason, sizeof r->reason, fmt, ap);
+    va_end(ap);
+  }
+  P->have_res[c] = 1;
+}
+
+/* The correctness check of every candidate to measure for problem pi. Returns FG_OK, or a
+ * failure that stops the whole run (the context is broken). */
+static fg_status check_problem(trun *R, int pi, uint64_t seed) {
+  fg_context *ctx = R->ctx;
+  tprob *P = &R->pr[pi];
+  ttriple *T = &R->tri[P->tri];
+  const fg_tune_problem *pb = &R->problems[pi];
+  tdev *D = &R->D;
+  const int64_t n = pb->n < CHECK_N_MAX ? pb->n : CHECK_N_MAX;
+  const size_t elems = (size_t)(CHECK_HEADS * n * pb->d);
+  fg_status st = check_buffers(D, elems);
+  if (st != FG_OK) return st;
+  uint64_t s = seed;
+  const int normal = (int)(splitmix64(&s) & 1);
+  random_fill(D->hq, elems, pb->dtype, normal, &s);
+  random_fill(D->hk, elems, pb->dtype, normal, &s);
+  random_fill(D->hv, elems, pb->dtype, normal, &s);
+  if ((st = fg_dev_upload(ctx, D->cq, D->hq, elems * 2)) != FG_OK ||
+      (st = fg_dev_upload(ctx, D->ck, D->hk, elems * 2)) != FG_OK ||
+      (st = fg_dev_upload(ctx, D->cv, D->hv, elems * 2)) != FG_OK ||
+      (st = fg_dev_synchronize(ctx)) != FG_OK) /* copies and fills are not on D->stream */
+    return st;
+  fg_attention_args a;
+  memset(&a, 0, sizeof a);
+  a.size = sizeof a;
+  a.dtype = pb->dtype;
+  a.causal = pb->causal;
+  a.batch = 1;
+  a.heads_q = a.heads_kv = CHECK_HEADS;
+  a.seqlen_q = a.seqlen_k = n;
+  a.head_dim = pb->d;
+  a.q = (const void *)(uintptr_t)D->cq;
+  a.k = (const void *)(uintptr_t)D->ck;
+  a.v = (const void *)(uintptr_t)D->cv;
+  a.o = (void *)(uintptr_t)D->co;
+  char why[1024];
+  if (run_reference(D, &a, 1, D->href, why, sizeof why) != FG_OK ||
+      run_reference(D, &a, 0, D->hlowp, why, sizeof why) != FG_OK) {
+    if (!context_alive(ctx)) return fg_fail(ctx, FG_ERROR_CUDA, "%s", why);
+    snprintf(R->rep->rows[pi].note, sizeof R->rep->rows[pi].note, "%.250s", why);
+    for (int c = 0; c < T->n; c++)
+      if (P->measure[c] && !P->have_res[c])
+        set_result(P, T, c, 0, 0, 0, "not checked: %s", why);
+    return FG_OK;
+  }
+  double ref_max = 0, lowp_err = 0;
+  for (size_t i = 0; i < elems; i++) {
+    if (!isfinite(D->href[i]) || !isfinite(D->hlowp[i])) {
+      snprintf(R->rep->rows[pi].note, sizeof R->rep->rows[pi].note,
+               "the reference kernel wrote a non-finite value at %zu", i);
+      for (int c = 0; c < T->n; c++)
+        if (P->measure[c] && !P->have_res[c])
+          set_result(P, T, c, 0, 0, 0, "not checked: the reference is not finite");
+      return FG_OK;
+    }
+    ref_max = fmax(ref_max, fabs(D->href[i]));
+    lowp_err = fmax(lowp_err, fabs(D->hlowp[i] - D->href[i]));
+  }
+  const double eps = pb->dtype == FG_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
+  const double tol = 2 * lowp_err + eps * ref_max;
+  const char *dist = normal ? "normal" : "uniform";
+
+  for (int c = 0; c < T->n; c++) {
+    if (!P->measure[c] || P->have_res[c]) continue; /* compile failures are already set */
+    const fg_variant *v = &T->cands[c];
+    char name[FG_VARIANT_NAME_MAX];
+    fg_variant_name(v, name, sizeof name);
+    if ((st = fg_dev_fill16(ctx, D->co, 0xFFFF, elems)) != FG_OK ||
+        (st = fg_dev_synchronize(ctx)) != FG_OK)
+      return st;
+    st = fg_attention_forward_variant(ctx, &a, D->stream, v);
+    const char *stage = "launch failed";
+    if (st == FG_OK) {
+      stage = "kernel failed";
+      st = fg_stream_synchronize(ctx, D->stream);
+    }
+    if (st != FG_OK) {
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", fg_context_last_error(ctx));
+      set_result(P, T, c, 0, 0, 0, "%s: %s", stage, msg);
+      if (!context_alive(ctx)) {
+        R->fatal = 1;
+        R->broken_tri = P->tri;
+        R->broken_cand = c;
+        return fg_fail(ctx, FG_ERROR_CUDA,
+                       "the CUDA context became unusable while checking %s (%s); tuning cannot "
+                       "continue in this process",
+                       name, msg);
+      }
+      continue;
+    }
+    if ((st = fg_dev_download(ctx, D->ho, D->co, elems * 2)) != FG_OK) return st;
+    double err = 0;
+    size_t bad = 0, first_bad = 0, worst = 0;
+    for (size_t i = 0; i < elems; i++) {
+      const double o = half_to_f32(pb->dtype, D->ho[i]);
+      if (!isfinite(o)) {
+        if (!bad++) first_bad = i;
+        continue;
+      }
+      const double e = fabs(o - D->href[i]);
+      if (e > err) err = e, worst = i;
+    }
+    if (bad) {
+      const size_t row = first_bad / (size_t)pb->d;
+      set_result(P, T, c, 0, 0, 0,
+                 "wrong: %zu of %zu outputs not finite (first: head %zu, row %zu, col %zu) on %s "
+                 "inputs, seed %llu, N=%lld",
+                 bad, elems, row / (size_t)n, row % (size_t)n, first_bad % (size_t)pb->d, dist,
+                 (unsigned long long)seed, (long long)n);
+    } else if (err > tol) {
+      const size_t row = worst / (size_t)pb->d;
+      set_result(P, T, c, 0, 0, 0,
+                 "wrong: max |O-ref| = %.3g > tolerance %.3g (2 x naive error %.3g + eps x "
+                 "max|ref| %.3g) at head %zu, row %zu, col %zu; %s inputs, seed %llu, N=%lld",
+                 err, tol, lowp_err, ref_max, row / (size_t)n, row % (size_t)n,
+                 worst % (size_t)pb->d, dist, (unsigned long long)seed, (long long)n);
+    }
+    /* A correct candidate gets its result in the timing stage. */
+  }
+  return FG_OK;
+}
+
+/* Times every candidate of problem pi that passed the check. */
+static fg_status time_problem(trun *R, int pi) {
+  fg_context *ctx = R->ctx;
+  tprob *P = &R->pr[pi];
+  ttriple *T = &R->tri[P->tri];
+  const fg_tune_problem *pb = &R->problems[pi];
+  tdev *D = &R->D;
+  fg_status st;
+  int any = 0;
+  for (int c = 0; c < T->n; c++) any |= P->measure[c] && !P->have_res[c];
+  if (!any) return FG_OK; /* every candidate was rejected before */
+  const size_t tensor = (size_t)(pb->batch * pb->heads * pb->n * pb->d) * 2;
+  const size_t set_bytes = 4 * tensor;
+  int sets = fg_tune_rotation_sets(set_bytes, (size_t)fg_context_limits(ctx)->l2_bytes);
+  while (ensure_pool(D, (size_t)sets * set_bytes) != 0) {
+    if (sets == 1) {
+      char msg[256];
+      snprintf(msg, sizeof msg, "no device memory for the timing inputs (%.1f MiB)",
+               set_bytes / 1048576.0);
+      snprintf(R->rep->rows[pi].note, sizeof R->rep->rows[pi].note, "%s", msg);
+      for (int c = 0; c < T->n; c++)
+        if (P->measure[c] && !P->have_res[c]) set_result(P, T, c, 0, 0, 0, "not timed: %s", msg);
+      return context_alive(ctx) ? FG_OK : fg_fail(ctx, FG_ERROR_CUDA, "%s", msg);
+    }
+    sets /= 2;
+  }
+  if ((st = fill_pool(D, pb->dtype)) != FG_OK) return st;
+  fg_fwd_params prm[8];
+  for (int s = 0; s < sets; s++) {
+    fg_attention_args a, norm;
+    memset(&a, 0, sizeof a);
+    a.size = sizeof a;
+    a.dtype = pb->dtype;
+    a.causal = pb->causal;
+    a.batch = pb->batch;
+    a.heads_q = a.heads_kv = pb->heads;
+    a.seqlen_q = a.seqlen_k = pb->n;
+    a.head_dim = pb->d;
+    const CUdeviceptr base = D->pool + (CUdeviceptr)s * set_bytes;
+    a.q = (const void *)(uintptr_t)base;
+    a.k = (const void *)(uintptr_t)(base + tensor);
+    a.v = (const void *)(uintptr_t)(base + 2 * tensor);
+    a.o = (void *)(uintptr_t)(base + 3 * tensor);
+    char err[512];
+    if ((st = fg_validate_args(&a, FG_VALIDATE_CALL, &norm, err, sizeof err)) != FG_OK)
+      return fg_fail(ctx, st, "tune: problem %lldx%lldx%lldx%d: %s", (long long)pb->batch,
+                     (long long)pb->heads, (long long)pb->n, pb->d, err);
+    fg_params_from_args(&norm, &prm[s]);
+  }
+
+  /* The previous bucket's winner first, then the seed: a good early best stops slow ones. */
+  int order[MAX_CANDS], no = 0;
+  if (T->last_winner >= 0) order[no++] = T->last_winner;
+  if (T->seed >= 0 && T->seed != T->last_winner) order[no++] = T->seed;
+  for (int c = 0; c < T->n; c++)
+    if (c != T->last_winner && c != T->seed) order[no++] = c;
+
+  double best = 0;
+  int rot = 0;
+  for (int oi = 0; oi < no; oi++) {
+    const int c = order[oi];
+    if (!P->measure[c] || P->have_res[c]) continue;
+    const fg_variant *v = &T->cands[c];
+    char name[FG_VARIANT_NAME_MAX];
+    fg_variant_name(v, name, sizeof name);
+    const fg_loaded_kernel *k;
+    double w[WARMUP_RUNS], t[TIMED_RUNS];
+    st = fg_registry_get(ctx, v, &k);
+    if (st == FG_OK) st = run_batch(D, k, prm, sets, &rot, WARMUP_RUNS, 1, w);
+    if (st == FG_OK) {
+      double wmin = w[0];
+      for (int i = 1; i < WARMUP_RUNS; i++) wmin = fmin(wmin, w[i]);
+      if (best > 0 && wmin > SLOWER_FACTOR * best) {
+        set_result(P, T, c, 1, wmin, fg_tune_tflops(pb, wmin),
+                   "slower: timing stopped after warm-up at %.1fx the best so far",
+                   wmin / best);
+        continue;
+      }
+      int inner = 1;
+      if (wmin > 0 && wmin < RUN_MIN_MS) {
+        inner = (int)ceil(RUN_MIN_MS / wmin);
+        if (inner > INNER_MAX) inner = INNER_MAX;
+      }
+      st = run_batch(D, k, prm, sets, &rot, FIRST_RUNS, inner, t);
+      if (st == FG_OK) {
+        const double m = fg_tune_median(t, FIRST_RUNS);
+        if (best > 0 && m > SLOWER_FACTOR * best) {
+          set_result(P, T, c, 1, m, fg_tune_tflops(pb, m),
+                     "slower: timing stopped after %d runs at %.1fx the best so far", FIRST_RUNS,
+                     m / best);
+          continue;
+        }
+        st = run_batch(D, k, prm, sets, &rot, TIMED_RUNS - FIRST_RUNS, inner, t + FIRST_RUNS);
+      }
+      if (st == FG_OK) {
+        const double m = fg_tune_median(t, TIMED_RUNS);
+        set_result(P, T, c, 1, m, fg_tune_tflops(pb, m), NULL);
+        if (best == 0 || m < best) best = m;
+        continue;
+      }
+    }
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", fg_context_last_error(ctx));
+    set_result(P, T, c, 0, 0, 0, "failed while timing at full size: %s", msg);
+    if (!context_alive(ctx)) {
+      R->fatal = 1;
+      R->broken_tri = P->tri;
+      R->broken_cand = c;
+      return fg_fail(ctx, FG_ERROR_CUDA,
+                     "the CUDA context became unusable while timing %s (%s); tuning cannot "
+                     "continue in this process",
+                     name, msg);
+    }
+  }
+  return FG_OK;
+}
+
+/* Stores problem pi's record and fills its report row from the record merged with this run. */
+static void finish_problem(trun *R, int pi) {
+  tprob *P = &R->pr[pi];
+  ttriple *T = &R->tri[P->tri];
+  fg_tune_row *row = &R->rep->rows[pi];
+  fg_tune_candidate cands[MAX_CANDS];
+  int nc = 0, win = -1;
+  for (int c = 0; c < T->n; c++) {
+    if (!P->have_res[c]) continue;
+    cands[nc++] = P->res[c];
+    if (P->res[c].ok && !P->res[c].reason[0] && (win < 0 || P->res[c].ms < P->res[win].ms))
+      win = c;
+  }
+  row->measured = nc;
+  const char *keep = NULL; /* the recorded winner, when this run did not measure it */
+  if (win < 0 && P->rec_winner[0]) {
+    keep = P->rec_winner;
+    for (int c = 0; c < T->n; c++)
+      if (P->have_res[c] && strcmp(P->res[c].variant, P->rec_winner) == 0) keep = NULL;
+    if (keep) {
+      snprintf(row->winner, sizeof row->winner, "%s", keep);
+      for (int k = 0; k < P->nrec; k++)
+        if (strcmp(P->rec[k].variant, keep) == 0) {
+          row->winner_ms = P->rec[k].ms;
+          row->winner_tflops = P->rec[k].tflops;
+        }
+    }
+  }
+  if (win >= 0) {
+    fg_variant_name(&T->cands[win], row->winner, sizeof row->winner);
+    row->winner_ms = P->res[win].ms;
+    row->winner_tflops = P->res[win].tflops;
+    T->last_winner = win;
+  }
+  if (nc > 0 && R->cache) {
+    char warn[1024] = "";
+    if (fg_cache_put_tuning(R->cache, &R->devid, row->key, cands, nc,
+                            win >= 0 || keep ? row->winner : NULL, warn, sizeof warn) == 0)
+      row->stored = 1;
+    else
+      note(R, "could not store the record of %s: %s", row->key, warn[0] ? warn : "cache not writable");
+  }
+  /* The merged view: this run's results over the record's. */
+  int tried = 0, rejected = 0;
+  for (int c = 0; c < T->n; c++) {
+    const fg_tune_candidate *r = P->have_res[c] ? &P->res[c] : NULL;
+    char name[FG_VARIANT_NAME_MAX];
+    fg_variant_name(&T->cands[c], name, sizeof name);
+    for (int k = 0; !r && k < P->nrec; k++)
+      if (strcmp(P->rec[k].variant, name) == 0) r = &P->rec[k];
+    if (!r) continue;
+    tried++;
+    if (!r->ok) rejected++;
+    if (c == T->seed) row->seed_tflops = r->ok ? r->tflops : 0;
+  }
+  row->tried = tried;
+  row->rejected = rejected;
+  if (!row->winner[0] && !row->note[0])
+    snprintf(row->note, sizeof row->note, "every candidate was rejected");
+}
+
+/* Fills the row of a problem that needs no measuring from its record. */
+static void row_from_record(trun *R, int pi) {
+  tprob *P = &R->pr[pi];
+  ttriple *T = &R->tri[P->tri];
+  fg_tune_row *row = &R->rep->rows[pi];
+  int rejected = 0;
+  for (int k = 0; k < P->nrec; k++) {
+    if (!P->rec[k].ok) rejected++;
+    if (strcmp(P->rec[k].variant, P->rec_winner) == 0) {
+      row->winner_ms = P->rec[k].ms;
+      row->winner_tflops = P->rec[k].tflops;
+    }
+    if (strcmp(P->rec[k].variant, row->seed_variant) == 0)
+      row->seed_tflops = P->rec[k].ok ? P->rec[k].tflops : 0;
+  }
+  snprintf(row->winner, sizeof row->winner, "%s", P->rec_winner);
+  row->tried = P->nrec;
+  row->rejected = rejected;
+  row->stored = 1;
+  for (int c = 0; c < T->n; c++) {
+    char name[FG_VARIANT_NAME_MAX];
+    fg_variant_name(&T->cands[c], name, sizeof name);
+    if (strcmp(name, P->rec_winner) == 0) T->last_winner = c;
+  }
+  if (!row->winner[0]) snprintf(row->note, sizeof row->note, "recorded without a winner (--retune)");
+}
+
+fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
+                      const fg_tune_options *opt_in, fg_tune_report *rep) {
+  const double t_start = now_s();
+  fg_tune_options opt0;
+  memset(&opt0, 0, sizeof opt0);
+  const fg_tune_options *opt = opt_in ? opt_in : &opt0;
+  memset(rep, 0, sizeof *rep);
+  if (!ctx || n < 0 || (n > 0 && !problems)) return FG_ERROR_INVALID_ARGUMENT;
+  rep->rows = calloc((size_t)(n ? n : 1), sizeof *rep->rows);
+  if (!rep->rows) return fg_fail(ctx, FG_ERROR_OUT_OF_MEMORY, "tune: out of memory");
+  rep->n_rows = n;
+  const fg_rt_limits *L = fg_context_limits(ctx);
+  const fg_arch arch = fg_context_arch(ctx);
+  snprintf(rep->device, sizeof rep->device, "%.200s, %d SMs, cc %d.%d", L->name, L->sm_count,
+           L->cc_major, L->cc_minor);
+  snprintf(rep->arch, sizeof rep->arch, "%s", fg_arch_name(arch));
+  rep->seed = opt->seed ? opt->seed : ((uint64_t)time(NULL) * 1000003u) ^ (uint64_t)getpid();
+  for (int i = 0; i < n; i++) {
+    rep->rows[i].problem = problems[i];
+    fg_problem_key(FG_PASS_FWD, problems[i].d, problems[i].dtype, problems[i].causal,
+                   fg_seqlen_bucket(problems[i].n), rep->rows[i].key, sizeof rep->rows[i].key);
+    snprintf(rep->rows[i].note, sizeof rep->rows[i].note, "not reached");
+  }
+
+  char err[2048];
+  if (!fg_policy_allows_jit(ctx))
+    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                   "tuning compiles every candidate, but the context's policy '%s' forbids "
+                   "compiling; use the JIT policy",
+                   fg_policy_name(fg_context_policy(ctx)));
+  if (fg_nvrtc_load(err, sizeof err) != 0)
+    return fg_fail(ctx, FG_ERROR_NO_COMPILER,
+                   "tuning compiles every candidate with NVRTC, which could not be loaded: %s",
+                   err);
+  fg_generator *g;
+  fg_status st = fg_context_generator(ctx, &g);
+  if (st != FG_OK) return st;
+
+  trun R;
+  memset(&R, 0, sizeof R);
+  R.ctx = ctx;
+  R.opt = opt;
+  R.problems = problems;
+  R.n = n;
+  R.rep = rep;
+  R.D.ctx = ctx;
+  R.broken_tri = R.broken_cand = -1;
+  R.D.rng = rep->seed ^ 0x5DEECE66Dull;
+  fg_device_limits lim;
+  fg_context_device_limits(ctx, &lim);
+  fg_context_device_id(ctx, &R.devid);
+  R.cache = fg_context_cache(ctx); /* warns once itself when it cannot be used */
+  if (R.cache) snprintf(rep->cache_path, sizeof rep->cache_path, "%s", fg_cache_path(R.cache));
+  fg_cache_key base;
+  if (fg_context_cache_key(ctx, &base, err, sizeof err) != 0)
+    return fg_fail(ctx, FG_ERROR_INTERNAL, "tune: %s", err);
+
+  R.tri = calloc((size_t)(n ? n : 1), sizeof *R.tri);
+  R.pr = calloc((size_t)(n ? n : 1), sizeof *R.pr);
+  int *order = calloc((size_t)(n ? n : 1), sizeof *order);
+  if (!R.tri || !R.pr || !order) {
+    free(R.tri);
+    free(R.pr);
+    free(order);
+    return fg_fail(ctx, FG_ERROR_OUT_OF_MEMORY, "tune: out of memory");
+  }
+
+  /* Processing order: grouped by (dtype, d, causal), N ascending. */
+  for (int i = 0; i < n; i++) { /* a stable insertion sort: n is small */
+    int j = i;
+    while (j > 0 && sort_problem_cmp(&problems[order[j - 1]], &problems[i]) > 0) {
+      order[j] = order[j - 1];
+      j--;
+    }
+    order[j] = i;
+  }
+
+  /* Triples and their candidates; duplicates of a bucket; what each problem must measure. */
+  int total_measure = 0;
+  for (int oi = 0; oi < n; oi++) {
+    const int pi = order[oi];
+    const fg_tune_problem *pb = &problems[pi];
+    tprob *P = &R.pr[pi];
+    fg_tune_row *row = &rep->rows[pi];
+    P->dup_of = -1;
+    for (int oj = 0; oj < oi && P->dup_of < 0; oj++)
+      if (strcmp(rep->rows[order[oj]].key, row->key) == 0) P->dup_of = order[oj];
+    int t = 0;
+    while (t < R.ntri && !(R.tri[t].d == pb->d && R.tri[t].dtype == pb->dtype &&
+                           R.tri[t].causal == pb->causal))
+      t++;
+    if (t == R.ntri) {
+      ttriple *T = &R.tri[R.ntri++];
+      T->d = pb->d;
+      T->dtype = pb->dtype;
+      T->causal = pb->causal;
+      T->n = fg_candidates(g, pb->d, pb->dtype, pb->causal, arch, &lim, T->cands, MAX_CANDS,
+                           &T->pruned);
+      T->seed_v = fg_seed_rule_variant(g, pb->d, pb->dtype, pb->causal, arch, &lim);
+      T->seed = -1;
+      T->last_winner = -1;
+      for (int c = 0; c < T->n; c++) {
+        T->job[c] = -1;
+        if (T->seed < 0 && memcmp(&T->cands[c], &T->seed_v, sizeof T->seed_v) == 0) T->seed = c;
+      }
+    }
+    P->tri = t;
+    ttriple *T = &R.tri[t];
+    row->pruned = T->pruned.smem + T->pruned.regs + T->pruned.threads + T->pruned.rules;
+    fg_variant_name(&T->seed_v, row->seed_variant, sizeof row->seed_variant);
+    if (P->dup_of >= 0) {
+      snprintf(row->note, sizeof row->note, "same bucket as an earlier problem");
+      continue;
+    }
+    if (T->n == 0) {
+      snprintf(row->note, sizeof row->note,
+               "no candidate fits %.120s (%d pruned: %d shared memory, %d registers, %d threads, "
+               "%d rules)",
+               L->name, row->pruned, T->pruned.smem, T->pruned.regs, T->pruned.threads,
+               T->pruned.rules);
+      continue;
+    }
+    if (R.cache && !opt->retune &&
+        fg_cache_get_tuning(R.cache, &R.devid, row->key, &P->rec, &P->nrec, P->rec_winner,
+                            sizeof P->rec_winner) != 1) {
+      free(P->rec);
+      P->rec = NULL;
+      P->nrec = 0;
+      P->rec_winner[0] = '\0';
+    }
+    /* Measure what the record lacks (everything without a record or with --retune), and then
+     * the recorded winner again, so that the comparison is of one run. */
+    int any_new = 0, winner_cand = -1;
+    for (int c = 0; c < T->n; c++) {
+      char name[FG_VARIANT_NAME_MAX];
+      fg_variant_name(&T->cands[c], name, sizeof name);
+      int recorded = 0;
+      for (int k = 0; k < P->nrec && !recorded; k++) recorded = strcmp(P->rec[k].variant, name) == 0;
+      P->measure[c] = (unsigned char)!recorded;
+      any_new |= !recorded;
+      if (strcmp(name, P->rec_winner) == 0) winner_cand = c;
+    }
+    if (any_new && winner_cand >= 0) P->measure[winner_cand] = 1;
+    for (int c = 0; c < T->n; c++) P->n_measure += P->measure[c];
+    total_measure += P->n_measure;
+  }
+
+  /* Every kernel to compile: the candidates measured, and the reference kernels. */
+  int max_jobs = 4;
+  for (int t = 0; t < R.ntri; t++) max_jobs += R.tri[t].n;
+  R.jobs = calloc((size_t)max_jobs, sizeof *R.jobs);
+  if (!R.jobs) {
+    st = fg_fail(ctx, FG_ERROR_OUT_OF_MEMORY, "tune: out of memory");
+    goto done;
+  }
+  int need_ref[3] = {0, 0, 0};
+  for (int pi = 0; pi < n; pi++) {
+    tprob *P = &R.pr[pi];
+    if (P->dup_of >= 0 || P->n_measure == 0) continue;
+    ttriple *T = &R.tri[P->tri];
+    need_ref[T->dtype] = 1;
+    for (int c = 0; c < T->n; c++) {
+      if (!P->measure[c] || T->job[c] >= 0) continue;
+      tjob j;
+      memset(&j, 0, sizeof j);
+      j.v = T->cands[c];
+      fg_variant_name(&j.v, j.name, sizeof j.name);
+      T->job[c] = add_job(&R, &j);
+    }
+  }
+  if (R.cache) /* without a cache the registry compiles the reference kernels itself */
+    for (int dt = FG_DTYPE_F16; dt <= FG_DTYPE_BF16; dt++)
+      for (int exact = 0; exact <= 1 && need_ref[dt]; exact++) {
+        tjob j;
+        memset(&j, 0, sizeof j);
+        j.is_ref = 1;
+        j.ref_dtype = (fg_dtype)dt;
+        j.ref_exact = exact;
+        snprintf(j.name, sizeof j.name, "ref_%s_%s", exact ? "f64" : "lowp",
+                 fg_dtype_name((fg_dtype)dt));
+        add_job(&R, &j);
+      }
+
+  for (int t = 0; t < R.ntri; t++) {
+    const ttriple *T = &R.tri[t];
+    note(&R, "d=%d %s %s on %s: %d candidates fit; pruned %d by shared memory, %d by registers, "
+             "%d by threads, %d by rules",
+         T->d, fg_dtype_name(T->dtype), T->causal ? "causal" : "noncausal", L->name, T->n,
+         T->pruned.smem, T->pruned.regs, T->pruned.threads, T->pruned.rules);
+  }
+  if (!R.cache)
+    note(&R, "warning: no kernel cache: the tuning results will not be remembered");
+
+  /* Compile everything before timing anything. */
+  const double t_compile = now_s();
+  tpool pool;
+  memset(&pool, 0, sizeof pool);
+  pool.g = g;
+  pool.cache = R.cache;
+  pool.base = base;
+  pool.arch = arch;
+  pool.jobs = R.jobs;
+  pool.n = R.njobs;
+  pool.quiet = opt->quiet;
+  pool.tty = isatty(2);
+  pool.t0 = t_compile;
+  pthread_mutex_init(&pool.mu, NULL);
+  rep->jobs = opt->jobs > 0 ? opt->jobs : online_cpus();
+  if (rep->jobs > R.njobs) rep->jobs = R.njobs;
+  if (R.njobs > 0) {
+    note(&R, "compiling %d kernels on %d threads", R.njobs, rep->jobs);
+    compile_all(&pool, rep->jobs);
+  }
+  pthread_mutex_destroy(&pool.mu);
+  rep->kernels = R.njobs;
+  rep->kernels_cached = pool.cached;
+  rep->kernels_failed = pool.failed;
+  rep->compile_s = now_s() - t_compile;
+  for (int j = 0; j < R.njobs; j++)
+    if (R.jobs[j].state < 0) note(&R, "%s: %s", R.jobs[j].name, R.jobs[j].reason);
+
+  /* Images the cache could not store: an exported table, so the registry does not compile them
+   * again one by one. It stays registered for the life of the process. */
+  {
+    int kept = 0;
+    for (int j = 0; j < R.njobs; j++) kept += R.jobs[j].kept && !R.jobs[j].is_ref;
+    if (kept) {
+      fg_kernel_image *imgs = calloc((size_t)kept, sizeof *imgs);
+      fg_exported_table *tab = calloc(1, sizeof *tab);
+      if (imgs && tab) {
+        int k = 0;
+        for (int j = 0; j < R.njobs; j++)
+          if (R.jobs[j].kept && !R.jobs[j].is_ref) {
+            imgs[k++] = R.jobs[j].img;
+            R.jobs[j].kept = 0;
+          }
+        tab->description = "flashgen tune: kernels compiled in this run (kept in memory)";
+        tab->kernels = imgs;
+        tab->n_kernels = (size_t)kept;
+        if (fg_register_exported(tab, err, sizeof err) != FG_OK)
+          note(&R, "warning: keeping the compiled kernels in memory failed (%s); they are "
+                   "compiled again when checked", err);
+        else
+          note(&R, "%d kernels could not be stored in the kernel cache and are kept in memory",
+               kept);
+      } else {
+        free(imgs);
+        free(tab);
+      }
+    }
+  }
+
+  /* Compile failures are rejections. */
+  for (int pi = 0; pi < n; pi++) {
+    tprob *P = &R.pr[pi];
+    if (P->dup_of >= 0) continue;
+    ttriple *T = &R.tri[P->tri];
+    for (int c = 0; c < T->n; c++)
+      if (P->measure[c] && T->job[c] >= 0 && R.jobs[T->job[c]].state < 0)
+        set_result(P, T, c, 0, 0, 0, "%s", R.jobs[T->job[c]].reason);
+  }
+
+  /* Check, then time, one problem at a time. */
+  if (total_measure > 0) {
+    if ((st = fg_stream_create(ctx, &R.D.stream)) != FG_OK) goto done;
+    for (int i = 0; i < 2 * TIMED_RUNS; i++)
+      if ((st = fg_event_create(ctx, &R.D.ev[i])) != FG_OK) goto done;
+  }
+  int done_count = 0, todo = 0;
+  for (int pi = 0; pi < n; pi++) todo += R.pr[pi].dup_of < 0 && R.pr[pi].n_measure > 0;
+  for (int oi = 0; oi < n; oi++) {
+    const int pi = order[oi];
+    tprob *P = &R.pr[pi];
+    fg_tune_row *row = &rep->rows[pi];
+    if (P->dup_of >= 0 || R.tri[P->tri].n == 0) continue;
+    row->note[0] = '\0';
+    if (P->n_measure == 0) {
+      row_from_record(&R, pi);
+      continue;
+    }
+    const double t0 = now_s();
+    uint64_t seed = rep->seed + 0x9E3779B97F4A7C15ull * (uint64_t)(pi + 1);
+    seed = splitmix64(&seed);
+    st = check_problem(&R, pi, seed);
+    const double t1 = now_s();
+    rep->check_s += t1 - t0;
+    if (st == FG_OK) st = time_problem(&R, pi);
+    rep->timing_s += now_s() - t1;
+    finish_problem(&R, pi);
+    done_count++;
+    if (st != FG_OK) goto done;
+    char pname[96];
+    row_problem(row, pname, sizeof pname);
+    if (row->winner[0])
+      note(&R, "[%d/%d] %s: %s %.1f TFLOP/s (seed rule %.1f), %d measured, %d rejected, %.1f s",
+           done_count, todo, pname, row->winner, row->winner_tflops, row->seed_tflops,
+           row->measured, row->rejected, now_s() - t0);
+    else
+      note(&R, "[%d/%d] %s: no correct candidate (%s)", done_count, todo, pname, row->note);
+  }
+  st = FG_OK;
+
+done:
+  /* A broken context: the candidate that broke it is recorded as rejected for every problem of
+   * its triple not measured yet, so that the next run (which skips what is recorded) goes on. */
+  if (st != FG_OK && R.fatal && R.cache && R.broken_tri >= 0) {
+    ttriple *T = &R.tri[R.broken_tri];
+    fg_tune_candidate bc;
+    memset(&bc, 0, sizeof bc);
+    fg_variant_name(&T->cands[R.broken_cand], bc.variant, sizeof bc.variant);
+    snprintf(bc.reason, sizeof bc.reason, "broke the CUDA context: %.200s",
+             fg_context_last_error(ctx));
+    for (int pi = 0; pi < n; pi++) {
+      tprob *P = &R.pr[pi];
+      if (P->dup_of >= 0 || P->tri != R.broken_tri || rep->rows[pi].measured || !P->n_measure)
+        continue;
+      char warn[1024] = "";
+      const char *w = P->rec_winner[0] && strcmp(P->rec_winner, bc.variant) ? P->rec_winner : NULL;
+      if (fg_cache_put_tuning(R.cache, &R.devid, rep->rows[pi].key, &bc, 1, w, warn,
+                              sizeof warn) != 0)
+        note(&R, "could not store the record of %s: %s", rep->rows[pi].key, warn);
+    }
+  }
+  for (int pi = 0; pi < n; pi++) {
+    tprob *P = &R.pr[pi];
+    if (P->dup_of >= 0) {
+      fg_tune_row keep = rep->rows[pi];
+      rep->rows[pi] = rep->rows[P->dup_of];
+      rep->rows[pi].problem = keep.problem;
+    }
+  }
+  if (R.cache) fg_dispatch_forget(ctx);
+  if (R.D.stream || R.D.pool || R.D.check_elems) free_dev(&R.D);
+  for (int j = 0; j < R.njobs; j++)
+    if (R.jobs[j].kept) fg_kernel_image_free(&R.jobs[j].img);
+  for (int pi = 0; pi < n; pi++) free(R.pr[pi].rec);
+  free(R.jobs);
+  free(R.tri);
+  free(R.pr);
+  free(order);
+  rep->total_s = now_s() - t_start;
+  return st;
+}

@@ -1,0 +1,241 @@
+/* libcuda.c: a fake CUDA driver for testing `flashgen tune` end to end on a machine without a
+ * GPU (tests/test_autotune.c builds it with `cc -shared` and points FLASHGEN_CUDA_LIBRARY at it).
+ * One device with H100 limits; device memory is host memory; modules keep only their entry
+ * names; a launch computes attention on the CPU from the fg_fwd_params block, as the kernel
+ * named by its entry would: the references (fg_ref_f64_* exact, fg_ref_lowp_* rounded) write
+ * fp64, the forward variants write f16/bf16. Planted faults, so rejection is tested too:
+ * kv_outer variants leave the last output unwritten (NaN), br128_bc128 variants are wrong by
+ * 0.25; variants with w8 spin 5x longer (early stop). Events are host timestamps. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../templates/fg_params.h"
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+
+#define API __attribute__((visibility("default")))
+
+typedef struct fake_fn {
+  char name[160];
+} fake_fn;
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+API CUresult cuInit(unsigned int f) { (void)f; return 0; }
+API CUresult cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+API CUresult cuDeviceGetCount(int *n) { *n = 1; return 0; }
+API CUresult cuDeviceGet(int *d, int o) { *d = 0; return o == 0 ? 0 : 101; }
+API CUresult cuDeviceGetName(char *name, int len, int d) {
+  (void)d;
+  strncpy(name, "Fake H100 (flashgen test driver)", (size_t)len);
+  name[len - 1] = 0;
+  return 0;
+}
+API CUresult cuDeviceGetAttribute(int *v, int a, int d) {
+  (void)d;
+  switch (a) {
+  case 1: *v = 1024; break;
+  case 5: *v = 2147483647; break;
+  case 6: *v = 65535; break;
+  case 16: *v = 132; break;
+  case 38: *v = 50 << 20; break;
+  case 41: *v = 1; break;
+  case 75: *v = 9; break;
+  case 76: *v = 0; break;
+  case 81: *v = 233472; break;
+  case 82: *v = 65536; break;
+  case 97: *v = 232448; break;
+  case 115: *v = 0; break;
+  default: *v = 0; break;
+  }
+  return 0;
+}
+API CUresult cuDeviceTotalMem_v2(size_t *b, int d) { (void)d; *b = (size_t)80 << 30; return 0; }
+static int fake_ctx;
+API CUresult cuDevicePrimaryCtxRetain(void **c, int d) { (void)d; *c = &fake_ctx; return 0; }
+API CUresult cuDevicePrimaryCtxRelease_v2(int d) { (void)d; return 0; }
+API CUresult cuCtxPushCurrent_v2(void *c) { (void)c; return 0; }
+API CUresult cuCtxPopCurrent_v2(void **c) { if (c) *c = &fake_ctx; return 0; }
+API CUresult cuCtxSynchronize(void) { return 0; }
+API CUresult cuModuleLoadDataEx(void **m, const void *img, unsigned n, int *o, void **v) {
+  (void)img; (void)n; (void)o; (void)v;
+  *m = malloc(1);
+  return 0;
+}
+API CUresult cuModuleGetFunction(void **fn, void *m, const char *name) {
+  (void)m;
+  fake_fn *f = calloc(1, sizeof *f);
+  strncpy(f->name, name, sizeof f->name - 1);
+  *fn = f;
+  return 0;
+}
+API CUresult cuModuleUnload(void *m) { free(m); return 0; }
+API CUresult cuFuncSetAttribute(void *f, int a, int v) { (void)f; (void)a; (void)v; return 0; }
+API CUresult cuFuncGetAttribute(int *v, int a, void *f) {
+  (void)f;
+  *v = a == 0 ? 1024 : a == 4 ? 128 : a == 8 ? 232448 : 0;
+  return 0;
+}
+API CUresult cuPointerGetAttribute(void *data, int a, CUdeviceptr p) {
+  (void)p;
+  if (a == 2) *(unsigned *)data = 2; /* device memory */
+  else if (a == 8) *(unsigned *)data = 0;
+  else if (a == 9) *(int *)data = 0;
+  else return 1;
+  return 0;
+}
+API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t b) {
+  void *m = aligned_alloc(256, (b + 255) / 256 * 256);
+  if (!m) return 2;
+  *p = (CUdeviceptr)(uintptr_t)m;
+  return 0;
+}
+API CUresult cuMemFree_v2(CUdeviceptr p) { free((void *)(uintptr_t)p); return 0; }
+API CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = *t = (size_t)80 << 30; return 0; }
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t b) {
+  memcpy((void *)(uintptr_t)d, s, b);
+  return 0;
+}
+API CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t b) {
+  memcpy(d, (const void *)(uintptr_t)s, b);
+  return 0;
+}
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t b, void *st) {
+  (void)st;
+  return cuMemcpyHtoD_v2(d, s, b);
+}
+API CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t b, void *st) {
+  (void)st;
+  return cuMemcpyDtoH_v2(d, s, b);
+}
+API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
+  memset((void *)(uintptr_t)d, v, n);
+  return 0;
+}
+API CUresult cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) {
+  unsigned short *p = (unsigned short *)(uintptr_t)d;
+  for (size_t i = 0; i < n; i++) p[i] = v;
+  return 0;
+}
+API CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) {
+  unsigned int *p = (unsigned int *)(uintptr_t)d;
+  for (size_t i = 0; i < n; i++) p[i] = v;
+  return 0;
+}
+API CUresult cuStreamCreate(void **s, unsigned f) { (void)f; *s = malloc(1); return 0; }
+API CUresult cuStreamDestroy_v2(void *s) { free(s); return 0; }
+API CUresult cuStreamSynchronize(void *s) { (void)s; return 0; }
+API CUresult cuEventCreate(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(double)); return 0; }
+API CUresult cuEventRecord(void *e, void *s) { (void)s; *(double *)e = now_ms(); return 0; }
+API CUresult cuEventSynchronize(void *e) { (void)e; return 0; }
+API CUresult cuEventElapsedTime(float *ms, void *a, void *b) {
+  double d = *(double *)b - *(double *)a;
+  *ms = (float)(d < 1e-3 ? 1e-3 : d);
+  return 0;
+}
+API CUresult cuEventDestroy_v2(void *e) { free(e); return 0; }
+API CUresult cuGetErrorName(CUresult r, const char **n) { (void)r; *n = "FAKE_CUDA_ERROR"; return 0; }
+API CUresult cuGetErrorString(CUresult r, const char **t) { (void)r; *t = "fake driver error"; return 0; }
+
+static double to_double(int bf16, uint16_t h) {
+  if (bf16) {
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+  }
+  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  double v = e == 0 ? ldexp(m, -24) : e == 31 ? NAN : ldexp(m | 0x400u, (int)e - 25);
+  return (h & 0x8000u) ? -v : v;
+}
+
+static uint16_t from_double(int bf16, double v) {
+  float f = (float)v;
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  if (bf16) return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+  /* f16 for |v| in the normal range (outputs of attention on inputs in [-6, 6]) */
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const int e = (int)((x >> 23) & 0xFF) - 127 + 15;
+  if (e <= 0) return (uint16_t)sign;
+  uint32_t h = sign | ((uint32_t)e << 10) | ((x & 0x7FFFFFu) >> 13);
+  const uint32_t rem = x & 0x1FFFu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+  return (uint16_t)h;
+}
+
+API CUresult cuLaunchKernel(void *fnp, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                            unsigned by, unsigned bz, unsigned smem, void *st, void **params,
+                            void **extra) {
+  (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)st; (void)extra;
+  const fake_fn *f = fnp;
+  const fg_fwd_params *p = params[0];
+  const double t0 = now_ms();
+  const int is_ref = strncmp(f->name, "fg_ref_", 7) == 0;
+  const int exact = strncmp(f->name, "fg_ref_f64_", 11) == 0;
+  const int bf16 = strstr(f->name, "bf16") != NULL;
+  const int hole = strstr(f->name, "kvouter") != NULL;
+  const double bias = strstr(f->name, "br128_bc128") ? 0.25 : 0.0;
+  const long long d = p->head_dim, nq = p->seqlen_q, nk = p->seqlen_k;
+  double *s = malloc(sizeof *s * (size_t)(nk ? nk : 1));
+  double *kd = malloc(sizeof *kd * (size_t)(nk * d + 1)), *vd = malloc(sizeof *vd * (size_t)(nk * d + 1));
+  double *qd = malloc(sizeof *qd * (size_t)d);
+  for (long long b = 0; b < p->batch; b++)
+    for (long long h = 0; h < p->heads_q; h++) {
+      const long long hk = h / p->hq_per_hkv;
+      const uint16_t *q = (const uint16_t *)(uintptr_t)p->q + b * p->q_sb + h * p->q_sh;
+      const uint16_t *k = (const uint16_t *)(uintptr_t)p->k + b * p->k_sb + hk * p->k_sh;
+      const uint16_t *v = (const uint16_t *)(uintptr_t)p->v + b * p->v_sb + hk * p->v_sh;
+      for (long long j = 0; j < nk; j++)
+        for (long long c = 0; c < d; c++) {
+          kd[j * d + c] = to_double(bf16, k[j * p->k_sn + c]);
+          vd[j * d + c] = to_double(bf16, v[j * p->v_sn + c]);
+        }
+      for (long long i = 0; i < nq; i++) {
+        long long n = nk;
+        if ((is_ref && p->causal) || (!is_ref && strstr(f->name, "_causal_")))
+          n = i + nk - nq + 1 < nk ? i + nk - nq + 1 : nk;
+        for (long long c = 0; c < d; c++) qd[c] = to_double(bf16, q[i * p->q_sn + c]);
+        double mx = -INFINITY, sum = 0;
+        for (long long j = 0; j < n; j++) {
+          double acc = 0;
+          for (long long c = 0; c < d; c++) acc += qd[c] * kd[j * d + c];
+          s[j] = acc * p->scale;
+          if (s[j] > mx) mx = s[j];
+        }
+        for (long long j = 0; j < n; j++) sum += (s[j] = exp(s[j] - mx));
+        for (long long c = 0; c < d; c++) {
+          double o = 0;
+          for (long long j = 0; j < n; j++) o += s[j] * vd[j * d + c];
+          o = n > 0 ? o / sum : 0;
+          if (is_ref) {
+            if (!exact) o = to_double(bf16, from_double(bf16, o));
+            ((double *)(uintptr_t)p->o)[((b * p->heads_q + h) * nq + i) * d + c] = o;
+          } else {
+            if (hole && b == p->batch - 1 && h == p->heads_q - 1 && i == nq - 1 && c == d - 1)
+              continue;
+            uint16_t *out = (uint16_t *)(uintptr_t)p->o + b * p->o_sb + h * p->o_sh + i * p->o_sn;
+            out[c] = from_double(bf16, o + bias);
+          }
+        }
+      }
+    }
+  free(kd);
+  free(vd);
+  free(qd);
+  free(s);
+  if (strstr(f->name, "_w8_")) { /* slower variants */
+    const double spent = now_ms() - t0, until = now_ms() + 4 * spent;
+    while (now_ms() < until) {
+    }
+  }
+  return 0;
+}

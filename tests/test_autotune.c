@@ -1,0 +1,579 @@
+/* test_autotune.c: the parts of tuning that need no GPU: the problem syntax and problem files,
+ * the default set, the TFLOP/s formula, the median, the L2 rotation count, the candidates on
+ * H100 / A100 / RTX 4090 limits; and the `flashgen tune` and `flashgen cache` commands (run
+ * from $FLASHGEN_CLI): usage errors, no GPU, each cache action. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fg_autotune.h"
+#include "fg_cache.h"
+
+/* ---- problems ---------------------------------------------------------------------------- */
+
+static fg_tune_problem parse_ok(const char *s) {
+  fg_tune_problem p;
+  char err[512] = "";
+  cr_assert_eq(fg_tune_problem_parse(s, &p, err, sizeof err), 0, "'%s' rejected: %s", s, err);
+  return p;
+}
+
+static void parse_bad(const char *s, const char *expect) {
+  fg_tune_problem p;
+  char err[512] = "";
+  cr_assert_eq(fg_tune_problem_parse(s, &p, err, sizeof err), -1, "'%s' accepted", s);
+  cr_assert(strstr(err, expect), "'%s': message '%s' lacks '%s'", s, err, expect);
+}
+
+Test(problems, parses_full_syntax) {
+  fg_tune_problem p = parse_ok("d=128,dtype=bf16,causal=1,n=4096");
+  cr_assert_eq(p.d, 128);
+  cr_assert_eq(p.dtype, FG_DTYPE_BF16);
+  cr_assert_eq(p.causal, 1);
+  cr_assert_eq(p.n, 4096);
+  cr_assert_eq(p.batch, 4, "B*N = 16384: batch %lld", (long long)p.batch);
+  cr_assert_eq(p.heads, 16, "hidden 2048: heads %lld", (long long)p.heads);
+}
+
+Test(problems, defaults_and_suffixes) {
+  fg_tune_problem p = parse_ok("d=64,n=16k");
+  cr_assert_eq(p.dtype, FG_DTYPE_BF16);
+  cr_assert_eq(p.causal, 0);
+  cr_assert_eq(p.n, 16384);
+  cr_assert_eq(p.batch, 1);
+  cr_assert_eq(p.heads, 32);
+  p = parse_ok(" d = 96 , dtype=f16, causal=yes , n=1000,batch=3,heads=7 ");
+  cr_assert_eq(p.d, 96);
+  cr_assert_eq(p.dtype, FG_DTYPE_F16);
+  cr_assert_eq(p.causal, 1);
+  cr_assert_eq(p.n, 1000);
+  cr_assert_eq(p.batch, 3);
+  cr_assert_eq(p.heads, 7);
+  p = parse_ok("d=128,n=32768,causal=false,pass=fwd");
+  cr_assert_eq(p.batch, 1, "more than 16384 tokens per sequence still has one sequence");
+  cr_assert_eq(p.causal, 0);
+}
+
+Test(problems, rejects_bad_input_with_messages) {
+  parse_bad("", "empty problem");
+  parse_bad("d=128", "n= missing");
+  parse_bad("n=4096", "d= missing");
+  parse_bad("d=12,n=4k", "multiple of 8 from 32 to 256");
+  parse_bad("d=264,n=4k", "multiple of 8 from 32 to 256");
+  parse_bad("d=128,n=4k,dtype=fp32", "dtype=fp32: expected f16 or bf16");
+  parse_bad("d=128,n=4k,foo=1", "unknown key 'foo'");
+  parse_bad("d=128,n=0", "n=0: sequence length");
+  parse_bad("d=128,n=-5", "sequence length");
+  parse_bad("d=128,n=4x", "n=4x");
+  parse_bad("d=128,n=4k,causal=2", "causal=2: expected 0 or 1");
+  parse_bad("d=128,d=64,n=1", "d given twice");
+  parse_bad("d128,n=4", "'d128' is not key=value");
+  parse_bad("d=128,n=4k,pass=bwd", "only fwd");
+  parse_bad("d=128,n=4k,batch=0", "batch=0");
+  parse_bad("d=256,n=1048576,batch=65536,heads=65536", "at most 2^31");
+}
+
+Test(problems, format_round_trips) {
+  fg_tune_problem p = parse_ok("d=128,dtype=f16,causal=1,n=2048,batch=8,heads=16"), q;
+  char buf[256], err[256];
+  fg_tune_problem_format(&p, buf, sizeof buf);
+  cr_assert_str_eq(buf, "d=128,dtype=f16,causal=1,n=2048,batch=8,heads=16");
+  cr_assert_eq(fg_tune_problem_parse(buf, &q, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(memcmp(&p, &q, sizeof p), 0);
+}
+
+static char *write_tmp(const char *text) {
+  static char path[64];
+  strcpy(path, "/tmp/fg_test_problems_XXXXXX");
+  int fd = mkstemp(path);
+  cr_assert(fd >= 0);
+  FILE *f = fdopen(fd, "w");
+  fputs(text, f);
+  fclose(f);
+  return path;
+}
+
+Test(problems, reads_files) {
+  fg_tune_problem p[8];
+  char err[512] = "";
+  char *path = write_tmp("# the problems\n\nd=64,n=512   # short\n  d=128,dtype=f16,causal=1,n=8k\n");
+  int n = fg_tune_problems_read(path, p, 8, err, sizeof err);
+  cr_assert_eq(n, 2, "read %d: %s", n, err);
+  cr_assert_eq(p[0].d, 64);
+  cr_assert_eq(p[0].n, 512);
+  cr_assert_eq(p[1].n, 8192);
+  cr_assert_eq(p[1].dtype, FG_DTYPE_F16);
+  unlink(path);
+
+  path = write_tmp("d=64,n=512\n# fine\nd=64,n=512,dtype=f32\n");
+  cr_assert_eq(fg_tune_problems_read(path, p, 8, err, sizeof err), -1);
+  char expect[128];
+  snprintf(expect, sizeof expect, "%s:3: ", path);
+  cr_assert(strstr(err, expect) && strstr(err, "expected f16 or bf16"), "message: %s", err);
+  unlink(path);
+
+  path = write_tmp("# nothing\n\n");
+  cr_assert_eq(fg_tune_problems_read(path, p, 8, err, sizeof err), -1);
+  cr_assert(strstr(err, "no problems"), "message: %s", err);
+  unlink(path);
+
+  cr_assert_eq(fg_tune_problems_read("/nonexistent/problems.txt", p, 8, err, sizeof err), -1);
+  cr_assert(strstr(err, "/nonexistent/problems.txt: cannot open"), "message: %s", err);
+}
+
+Test(problems, default_set) {
+  fg_tune_problem p[64];
+  int n = fg_tune_default_problems(0, p, 64);
+  cr_assert_eq(n, 48);
+  int count[2][2][2] = {{{0}}}; /* [d == 128][bf16][causal] */
+  for (int i = 0; i < n; i++) {
+    cr_assert(p[i].d == 64 || p[i].d == 128);
+    cr_assert(p[i].dtype == FG_DTYPE_F16 || p[i].dtype == FG_DTYPE_BF16);
+    cr_assert_eq(p[i].batch * p[i].n, FG_TUNE_TOKENS, "problem %d: B*N", i);
+    cr_assert_eq(p[i].heads * p[i].d, FG_TUNE_HIDDEN, "problem %d: H*d", i);
+    cr_assert(p[i].n >= 512 && p[i].n <= 16384 && (p[i].n & (p[i].n - 1)) == 0);
+    count[p[i].d == 128][p[i].dtype == FG_DTYPE_BF16][p[i].causal]++;
+    for (int j = 0; j < i; j++)
+      cr_assert(memcmp(&p[i], &p[j], sizeof p[i]) != 0, "problems %d and %d are the same", i, j);
+  }
+  for (int a = 0; a < 2; a++)
+    for (int b = 0; b < 2; b++)
+      for (int c = 0; c < 2; c++) cr_assert_eq(count[a][b][c], 6, "6 sequence lengths each");
+
+  n = fg_tune_default_problems(1, p, 64);
+  cr_assert_eq(n, 8);
+  for (int i = 0; i < n; i++) {
+    cr_assert_eq(p[i].dtype, FG_DTYPE_BF16);
+    cr_assert(p[i].n == 1024 || p[i].n == 4096);
+  }
+  cr_assert_eq(fg_tune_default_problems(0, p, 5), 5, "the cap is respected");
+}
+
+/* ---- arithmetic -------------------------------------------------------------------------- */
+
+Test(arith, tflops_formula) {
+  fg_tune_problem p = {128, FG_DTYPE_BF16, 0, 4, 16, 4096};
+  const double flops = 4.0 * 4 * 16 * 4096.0 * 4096.0 * 128;
+  cr_assert_float_eq(fg_tune_flops(&p), flops, 1);
+  cr_assert_float_eq(fg_tune_tflops(&p, 1.0), flops / 1e9, 1e-9, "1 ms");
+  cr_assert_float_eq(fg_tune_tflops(&p, 2.0), flops / 2e9, 1e-9);
+  p.causal = 1;
+  cr_assert_float_eq(fg_tune_flops(&p), flops / 2, 1, "causal halves the count");
+  cr_assert_float_eq(fg_tune_tflops(&p, 1.0), flops / 2e9, 1e-9);
+  cr_assert_eq(fg_tune_tflops(&p, 0), 0.0);
+}
+
+Test(arith, median) {
+  double odd[] = {5, 1, 4, 2, 3};
+  cr_assert_eq(fg_tune_median(odd, 5), 3.0);
+  cr_assert_eq(odd[0], 5.0, "the input is not reordered");
+  double even[] = {10, 1, 3, 7};
+  cr_assert_eq(fg_tune_median(even, 4), 5.0);
+  double one[] = {2.5};
+  cr_assert_eq(fg_tune_median(one, 1), 2.5);
+  cr_assert(isnan(fg_tune_median(one, 0)));
+  double many[101];
+  for (int i = 0; i < 101; i++) many[i] = (double)((i * 37) % 101); /* a permutation of 0..100 */
+  cr_assert_eq(fg_tune_median(many, 101), 50.0);
+}
+
+Test(arith, rotation_sets) {
+  const size_t l2 = 50u << 20, mib = 1u << 20;
+  cr_assert_eq(fg_tune_rotation_sets(256 * mib, l2), 1, "one set already exceeds 2 x L2");
+  cr_assert_eq(fg_tune_rotation_sets(30 * mib, l2), 4, "4 x 30 MiB > 100 MiB > 3 x 30 MiB");
+  cr_assert_eq(fg_tune_rotation_sets(50 * mib, l2), 3, "exactly 2 x L2 is not more than it");
+  cr_assert_eq(fg_tune_rotation_sets(1 * mib, l2), 8, "at most 8 sets");
+  cr_assert_eq(fg_tune_rotation_sets(0, l2), 1);
+  for (size_t b = 1 * mib; b < 300 * mib; b += 7 * mib) {
+    int s = fg_tune_rotation_sets(b, l2);
+    cr_assert(s >= 1 && s <= 8);
+    if (s < 8) cr_assert(s * b > 2 * l2 && (s == 1 || (s - 1) * b <= 2 * l2), "b=%zu s=%d", b, s);
+  }
+}
+
+/* ---- candidates -------------------------------------------------------------------------- */
+
+static fg_generator *gen(void) {
+  fg_generator *g;
+  char err[2048];
+  cr_assert_eq(fg_generator_create(&g, err, sizeof err), 0, "%s", err);
+  return g;
+}
+
+static int total_pruned(const fg_prune_counts *p) { return p->smem + p->regs + p->threads + p->rules; }
+
+/* n + pruned for a device, and the checks that need no grid knowledge. */
+static int check_device(fg_generator *g, const fg_device_limits *lim, fg_arch arch, int d,
+                        fg_dtype dt, int causal, fg_prune_counts *pc_out) {
+  fg_variant v[256];
+  fg_prune_counts pc = {-1, -1, -1, -1};
+  int n = fg_candidates(g, d, dt, causal, arch, lim, v, 256, &pc);
+  cr_assert_gt(n, 0, "%s d=%d: no candidates", lim->name, d);
+  cr_assert_lt(n, 256, "the cap was reached: counts would be inconsistent");
+  cr_assert(pc.smem >= 0 && pc.regs >= 0 && pc.threads >= 0 && pc.rules >= 0);
+  fg_variant seed = fg_seed_rule_variant(g, d, dt, causal, arch, lim);
+  cr_assert_eq(memcmp(&v[0], &seed, sizeof seed), 0, "%s d=%d: the seed-rule candidate is first",
+               lim->name, d);
+  char why[256];
+  for (int i = 0; i < n; i++) {
+    char name[FG_VARIANT_NAME_MAX], err[256];
+    fg_variant_name(&v[i], name, sizeof name);
+    cr_assert_eq(fg_variant_fits(g, &v[i], lim, why, sizeof why), 1, "%s on %s: %s", name,
+                 lim->name, why);
+    cr_assert_eq(fg_variant_check(&v[i], err, sizeof err), 0, "%s: %s", name, err);
+    cr_assert_eq(v[i].d, d);
+    cr_assert_eq(v[i].dtype, dt);
+    cr_assert_eq(v[i].causal, causal);
+    cr_assert_eq(v[i].arch, arch);
+    for (int j = 0; j < i; j++)
+      cr_assert(memcmp(&v[i], &v[j], sizeof v[i]) != 0, "%s listed twice", name);
+  }
+  /* Fewer candidates with a smaller cap tells nothing about pruning: the count is the cap. */
+  fg_variant few[2];
+  fg_prune_counts pc2;
+  cr_assert_eq(fg_candidates(g, d, dt, causal, arch, lim, few, 2, &pc2), 2);
+  *pc_out = pc;
+  return n;
+}
+
+Test(candidates, h100_a100_4090, .timeout = 120) {
+  fg_generator *g = gen();
+  /* Limits no variant exceeds: only the rules prune. The grid is the same on every device, so
+   * candidates + pruned is the same everywhere, give or take the seed-rule candidate (added
+   * when it is not one of the grid's points). */
+  fg_device_limits big = fg_limits_h100;
+  big.name = "unlimited";
+  big.smem_optin_per_block = big.smem_per_sm = 1 << 30;
+  big.regs_per_sm = 1 << 30;
+  big.max_threads_per_block = 1 << 20;
+  const struct {
+    const fg_device_limits *lim;
+    fg_arch arch;
+  } devs[] = {{&fg_limits_h100, FG_ARCH_SM90A}, {&fg_limits_a100, FG_ARCH_SM80},
+              {&fg_limits_rtx4090, FG_ARCH_SM89}};
+  for (int d = 64; d <= 128; d += 64)
+    for (int causal = 0; causal <= 1; causal++) {
+      fg_prune_counts pb;
+      int nb = check_device(g, &big, FG_ARCH_SM90A, d, FG_DTYPE_BF16, causal, &pb);
+      /* What still prunes there does not depend on the device: the rules, and the per-thread
+       * register cap (255, counted under registers). */
+      cr_assert_eq(pb.smem + pb.threads, 0, "unlimited device: shared memory or threads prune");
+      const int total = nb + total_pruned(&pb);
+      int smem[3];
+      for (int i = 0; i < 3; i++) {
+        fg_prune_counts pc;
+        int n = check_device(g, devs[i].lim, devs[i].arch, d, FG_DTYPE_BF16, causal, &pc);
+        const int sum = n + total_pruned(&pc);
+        cr_assert(sum >= total - 1 && sum <= total + 1,
+                  "%s d=%d causal=%d: %d candidates + %d pruned != %d enumerated (+-1 seed)",
+                  devs[i].lim->name, d, causal, n, total_pruned(&pc), total);
+        cr_assert_eq(pc.rules, pb.rules, "%s: the rules do not depend on the device",
+                     devs[i].lim->name);
+        cr_assert_leq(pc.regs, pb.regs + pc.smem, "%s: registers prune only what the unlimited "
+                      "device loses to them, unless shared memory pruned it first",
+                      devs[i].lim->name);
+        cr_assert_geq(pc.regs + pc.smem, pb.regs, "%s: the per-thread register cap prunes "
+                      "everywhere", devs[i].lim->name);
+        smem[i] = pc.smem;
+        printf("%s d=%d %s: %d candidates, pruned %d smem %d regs %d threads %d rules\n",
+               devs[i].lim->name, d, causal ? "causal" : "noncausal", n, pc.smem, pc.regs,
+               pc.threads, pc.rules);
+      }
+      cr_assert(smem[0] <= smem[1] && smem[1] <= smem[2],
+                "less shared memory prunes more: H100 %d, A100 %d, 4090 %d", smem[0], smem[1],
+                smem[2]);
+    }
+  /* d = 128 on the 4090's 99 KB must lose something to shared memory. */
+  fg_variant v[256];
+  fg_prune_counts pc;
+  fg_candidates(g, 128, FG_DTYPE_F16, 0, FG_ARCH_SM89, &fg_limits_rtx4090, v, 256, &pc);
+  cr_assert_gt(pc.smem, 0, "RTX 4090 d=128: nothing pruned by shared memory");
+  fg_generator_destroy(g);
+}
+
+/* ---- the commands ------------------------------------------------------------------------ */
+
+static char out_text[65536], err_text[65536];
+
+static void slurp(const char *path, char *buf, size_t len) {
+  buf[0] = '\0';
+  FILE *f = fopen(path, "r");
+  if (!f) return;
+  size_t n = fread(buf, 1, len - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+}
+
+/* Runs `$FLASHGEN_CLI args` with env assignments in front; returns the exit status. */
+static int run_cli(const char *env, const char *args) {
+  const char *cli = getenv("FLASHGEN_CLI");
+  if (!cli || !*cli) cr_skip_test("FLASHGEN_CLI is not set (run through ctest)");
+  char cmd[4096], o[] = "/tmp/fg_test_out_XXXXXX", e[] = "/tmp/fg_test_err_XXXXXX";
+  int fo = mkstemp(o), fe = mkstemp(e);
+  cr_assert(fo >= 0 && fe >= 0);
+  close(fo);
+  close(fe);
+  snprintf(cmd, sizeof cmd, "%s '%s' %s >%s 2>%s", env ? env : "", cli, args, o, e);
+  int st = system(cmd);
+  slurp(o, out_text, sizeof out_text);
+  slurp(e, err_text, sizeof err_text);
+  unlink(o);
+  unlink(e);
+  cr_assert(WIFEXITED(st), "'%s' did not exit", cmd);
+  return WEXITSTATUS(st);
+}
+
+#define NO_GPU "FLASHGEN_CUDA_LIBRARY=/nonexistent/libcuda.so.1"
+
+Test(cli, tune_help_and_usage_errors) {
+  cr_assert_eq(run_cli(NULL, "tune --help"), 0);
+  cr_assert(strstr(out_text, "usage: flashgen tune") && strstr(out_text, "PROBLEM"), "%s", out_text);
+  cr_assert_eq(run_cli(NO_GPU, "tune d=12,n=4k"), 2);
+  cr_assert(strstr(err_text, "d=12: head dimension must be a multiple of 8"), "%s", err_text);
+  cr_assert_eq(run_cli(NO_GPU, "tune --frobnicate"), 2);
+  cr_assert(strstr(err_text, "unknown option '--frobnicate'"), "%s", err_text);
+  cr_assert_eq(run_cli(NO_GPU, "tune -j 0"), 2);
+  cr_assert(strstr(err_text, "-j needs an integer from 1"), "%s", err_text);
+  cr_assert_eq(run_cli(NO_GPU, "tune --quick d=64,n=1k"), 2);
+  cr_assert(strstr(err_text, "--quick"), "%s", err_text);
+  cr_assert_eq(run_cli(NO_GPU, "tune --problems /nonexistent/p.txt"), 2);
+  cr_assert(strstr(err_text, "/nonexistent/p.txt: cannot open"), "%s", err_text);
+}
+
+Test(cli, tune_without_gpu_fails_clearly) {
+  cr_assert_eq(run_cli(NO_GPU, "tune --quick"), 1, "stdout: %s\nstderr: %s", out_text, err_text);
+  cr_assert(strstr(err_text, "tuning needs a CUDA GPU"), "%s", err_text);
+  cr_assert(strstr(err_text, "/nonexistent/libcuda.so.1"), "the message says what was tried: %s",
+            err_text);
+  cr_assert_eq(run_cli(NO_GPU, "tune -j4 -q d=128,dtype=bf16,causal=1,n=4096"), 1);
+  cr_assert(strstr(err_text, "tuning needs a CUDA GPU"), "%s", err_text);
+}
+
+static char cache_dir[64];
+
+static void make_cache_dir(void) {
+  strcpy(cache_dir, "/tmp/fg_test_cache_XXXXXX");
+  cr_assert(mkdtemp(cache_dir));
+}
+
+static void remove_cache_dir(void) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache_dir);
+  cr_assert_eq(system(cmd), 0);
+}
+
+/* Stores one kernel and one tuning record with the library. */
+static void fill_cache(void) {
+  char warn[1024] = "", dbdir[128];
+  snprintf(dbdir, sizeof dbdir, "%s/c", cache_dir);
+  fg_cache *c = fg_cache_open(dbdir, warn, sizeof warn);
+  cr_assert(c, "%s", warn);
+  static unsigned char cubin[2048];
+  static char ptx[1024];
+  for (size_t i = 0; i < sizeof cubin; i++) cubin[i] = (unsigned char)(i * 7);
+  memset(ptx, 'p', sizeof ptx - 1);
+  fg_kernel_image img;
+  memset(&img, 0, sizeof img);
+  snprintf(img.variant, sizeof img.variant, "fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm90a");
+  img.arch = FG_ARCH_SM90A;
+  img.cubin = cubin;
+  img.cubin_size = sizeof cubin;
+  img.ptx = ptx;
+  img.ptx_size = sizeof ptx - 1;
+  snprintf(img.meta.entry, sizeof img.meta.entry, "fg_fwd");
+  img.meta.threads = 128;
+  img.meta.smem_bytes = 1024;
+  img.meta.grid = FG_GRID_Q_TILES;
+  img.meta.br = 128;
+  img.meta.regs = img.meta.spill_load_bytes = img.meta.spill_store_bytes = img.meta.stack_bytes = -1;
+  fg_cache_key key = {img.variant, FG_ARCH_SM90A, 13000, 0x1234, "0.1.0"};
+  cr_assert_eq(fg_cache_put_kernel(c, &key, &img, warn, sizeof warn), 0, "%s", warn);
+  fg_device_id dev = {"NVIDIA H100 80GB HBM3", 9, 0, 132, 13000};
+  fg_tune_candidate cand[2];
+  memset(cand, 0, sizeof cand);
+  snprintf(cand[0].variant, sizeof cand[0].variant, "%s", img.variant);
+  cand[0].ok = 1;
+  cand[0].ms = 1.5;
+  cand[0].tflops = 300;
+  snprintf(cand[1].variant, sizeof cand[1].variant,
+           "fwd_d128_br64_bc64_bf16_causal_kvouter_w4_s1_sm90a");
+  snprintf(cand[1].reason, sizeof cand[1].reason, "wrong");
+  cr_assert_eq(fg_cache_put_tuning(c, &dev, "fwd_d128_bf16_causal_nk4096", cand, 2, img.variant,
+                                   warn, sizeof warn),
+               0, "%s", warn);
+  fg_cache_close(c);
+}
+
+Test(cli, cache_actions, .init = make_cache_dir, .fini = remove_cache_dir) {
+  char args[512];
+  cr_assert_eq(run_cli(NULL, "cache --help"), 0);
+  cr_assert(strstr(out_text, "usage: flashgen cache") && strstr(out_text, "verify"));
+  cr_assert_eq(run_cli(NULL, "cache"), 2);
+  cr_assert_eq(run_cli(NULL, "cache frobnicate"), 2);
+  cr_assert(strstr(err_text, "unknown action 'frobnicate'"), "%s", err_text);
+  cr_assert_eq(run_cli(NULL, "cache ls stats"), 2);
+  cr_assert_eq(run_cli(NULL, "cache --dir"), 2);
+
+  snprintf(args, sizeof args, "cache --dir '%s/c' ls", cache_dir);
+  cr_assert_eq(run_cli(NULL, args), 0, "%s", err_text);
+  cr_assert(strstr(out_text, "0 kernels in"), "%s", out_text);
+
+  fill_cache();
+  cr_assert_eq(run_cli(NULL, args), 0, "%s", err_text);
+  cr_assert(strstr(out_text, "fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm90a") &&
+                strstr(out_text, "1 kernel in"),
+            "%s", out_text);
+
+  char env[256];
+  snprintf(env, sizeof env, "FLASHGEN_CACHE_DIR='%s/c'", cache_dir);
+  cr_assert_eq(run_cli(env, "cache stats"), 0, "FLASHGEN_CACHE_DIR is the default: %s", err_text);
+  cr_assert(strstr(out_text, "1 entries") && strstr(out_text, "1 buckets"), "%s", out_text);
+
+  cr_assert_eq(run_cli(env, "cache tuning"), 0, "%s", err_text);
+  cr_assert(strstr(out_text, "fwd_d128_bf16_causal_nk4096") && strstr(out_text, "300.0") &&
+                strstr(out_text, "1 tuning record"),
+            "%s", out_text);
+
+  cr_assert_eq(run_cli(env, "cache verify"), 0, "%s%s", out_text, err_text);
+  cr_assert(strstr(out_text, "all 1 entries ok"), "%s", out_text);
+
+  /* Flip a byte of the cubin behind the library's back: verify reports it and exits 1. */
+  char db[256];
+  snprintf(db, sizeof db, "%s/c/cache.sqlite", cache_dir);
+  sqlite3 *h = NULL;
+  if (access(db, F_OK) != 0) { /* the file name is the cache library's business: find it */
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "ls '%s/c' | grep -v -- '-wal$' | grep -v -- '-shm$' | grep -v lock | head -1",
+             cache_dir);
+    FILE *p = popen(cmd, "r");
+    char name[128] = "";
+    cr_assert(p && fgets(name, sizeof name, p));
+    pclose(p);
+    name[strcspn(name, "\n")] = '\0';
+    snprintf(db, sizeof db, "%s/c/%s", cache_dir, name);
+  }
+  cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK, "%s", db);
+  char *msg = NULL;
+  int rc = sqlite3_exec(h, "UPDATE kernels SET cubin = zeroblob(length(cubin))", NULL, NULL, &msg);
+  cr_assert_eq(rc, SQLITE_OK, "%s", msg ? msg : "");
+  sqlite3_close(h);
+  cr_assert_eq(run_cli(env, "cache verify"), 1, "%s", out_text);
+  cr_assert(strstr(out_text, "BAD") && strstr(out_text, "fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm90a"),
+            "%s", out_text);
+
+  cr_assert_eq(run_cli(env, "cache clear"), 0, "%s", err_text);
+  cr_assert(strstr(out_text, "removed 1 kernel") && strstr(out_text, "1 tuning record"), "%s",
+            out_text);
+  cr_assert_eq(run_cli(env, "cache ls"), 0);
+  cr_assert(strstr(out_text, "0 kernels in"), "%s", out_text);
+  cr_assert_eq(run_cli(env, "cache verify"), 0);
+}
+
+Test(cli, cache_unusable_dir_fails) {
+  cr_assert_eq(run_cli(NULL, "cache --dir /proc/flashgen-cannot-exist ls"), 1);
+  cr_assert(strstr(err_text, "cannot use the cache in /proc/flashgen-cannot-exist"), "%s",
+            err_text);
+}
+
+/* ---- a whole tuning run on the fake driver (tests/fake_cuda/libcuda.c) ------------------- */
+
+static char fake_lib[128];
+
+/* Builds the fake driver with the C compiler; skips the test when that or NVRTC is missing. */
+static void build_fake_driver(void) {
+  const char *src_dir = getenv("FLASHGEN_TEST_SOURCE_DIR");
+  if (!src_dir) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
+  char err[1024];
+  if (fg_nvrtc_load(err, sizeof err) != 0) cr_skip_test("no NVRTC: %s", err);
+  const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
+  snprintf(fake_lib, sizeof fake_lib, "%s/libcuda_fake.so", cache_dir);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "%s -std=c11 -D_POSIX_C_SOURCE=200809L -O2 -shared -fPIC -o '%s' "
+           "'%s/tests/fake_cuda/libcuda.c' -lm",
+           cc, fake_lib, src_dir);
+  if (system(cmd) != 0) cr_skip_test("cannot build the fake driver with '%s'", cc);
+}
+
+Test(tune_fake_gpu, tunes_records_and_skips_what_is_recorded, .init = make_cache_dir,
+     .fini = remove_cache_dir, .timeout = 600) {
+  build_fake_driver();
+  char env[512], args[512];
+  snprintf(env, sizeof env, "FLASHGEN_CUDA_LIBRARY='%s' FLASHGEN_CACHE_DIR='%s/c'", fake_lib,
+           cache_dir);
+  snprintf(args, sizeof args,
+           "tune -j 4 --seed 42 --report '%s/report.md' d=64,n=128,batch=1,heads=1,causal=1 "
+           "d=64,n=600,batch=1,heads=1,causal=1 d=64,n=100,batch=1,heads=1,causal=1",
+           cache_dir);
+  cr_assert_eq(run_cli(env, args), 0, "stdout:\n%s\nstderr:\n%s", out_text, err_text);
+  cr_assert(strstr(err_text, "candidates fit; pruned"), "pruning reported: %s", err_text);
+  cr_assert(strstr(err_text, "compiled, 0 failed"), "progress reported: %s", err_text);
+  cr_assert(strstr(out_text, "d=64 bf16 causal N=128") && strstr(out_text, "d=64 bf16 causal N=600"),
+            "%s", out_text);
+  cr_assert(strstr(out_text, "total tune time"), "%s", out_text);
+  cr_assert_null(strstr(out_text, " *"), "nothing was recorded before: %s", out_text);
+
+  /* The records: planted faults rejected with their reason, slow ones stopped early, the
+   * winner correct. */
+  char dbdir[128], warn[512] = "";
+  snprintf(dbdir, sizeof dbdir, "%s/c", cache_dir);
+  fg_cache *c = fg_cache_open(dbdir, warn, sizeof warn);
+  cr_assert(c, "%s", warn);
+  fg_device_id dev;
+  memset(&dev, 0, sizeof dev);
+  snprintf(dev.name, sizeof dev.name, "Fake H100 (flashgen test driver)");
+  dev.cc_major = 9;
+  dev.sm_count = 132;
+  dev.driver_version = 13000;
+  const char *buckets[] = {"fwd_d64_bf16_causal_nk512", "fwd_d64_bf16_causal_nk1024"};
+  for (int b = 0; b < 2; b++) {
+    fg_tune_candidate *cands = NULL;
+    int n = 0;
+    char winner[FG_VARIANT_NAME_MAX];
+    cr_assert_eq(fg_cache_get_tuning(c, &dev, buckets[b], &cands, &n, winner, sizeof winner), 1,
+                 "no record of %s", buckets[b]);
+    cr_assert_gt(n, 4);
+    cr_assert(winner[0] && strstr(winner, "qouter") && !strstr(winner, "br128_bc128") &&
+                  !strstr(winner, "_w8_"),
+              "%s: winner %s", buckets[b], winner);
+    int kv = 0, wrong = 0, slower = 0;
+    for (int i = 0; i < n; i++) {
+      const fg_tune_candidate *k = &cands[i];
+      if (strstr(k->variant, "kvouter")) {
+        kv++;
+        cr_assert(!k->ok && strstr(k->reason, "not finite"), "%s: %s", k->variant, k->reason);
+      } else if (strstr(k->variant, "br128_bc128")) {
+        wrong++;
+        cr_assert(!k->ok && strstr(k->reason, "max |O-ref|") && strstr(k->reason, "seed"), "%s: %s",
+                  k->variant, k->reason);
+      } else {
+        cr_assert(k->ok && k->ms > 0 && k->tflops > 0, "%s: %s", k->variant, k->reason);
+        if (strstr(k->variant, "_w8_")) slower += strstr(k->reason, "slower") != NULL;
+      }
+      if (strcmp(k->variant, winner) == 0) cr_assert(k->ok && !k->reason[0]);
+    }
+    cr_assert_gt(kv + wrong, 0, "the planted faults are among the candidates");
+    cr_assert_gt(slower, 0, "%s: the 5x slower variants were stopped early", buckets[b]);
+    free(cands);
+  }
+  fg_cache_close(c);
+
+  char path[256];
+  snprintf(path, sizeof path, "%s/report.md", cache_dir);
+  static char md[65536];
+  slurp(path, md, sizeof md);
+  cr_assert(strstr(md, "| problem |") && strstr(md, "| d=64 bf16 causal N=600 | 1x1 | `fwd_d64_"),
+            "%s", md);
+
+  /* A second run finds everything recorded: nothing compiled, nothing measured. */
+  cr_assert_eq(run_cli(env, "tune -q d=64,n=128,batch=1,heads=1,causal=1"), 0, "%s", err_text);
+  cr_assert(strstr(out_text, "_sm90a *") && strstr(out_text, "kernels: 0 "), "%s", out_text);
+  cr_assert_eq(err_text[0], '\0', "--quiet: %s", err_text);
+
+  cr_assert_eq(run_cli(env, "cache verify"), 0, "%s", out_text);
+}
