@@ -1,0 +1,96 @@
+/* flashgen_export.h: the layout of an exported kernel table, what `flashgen export` writes and
+ * fg_register_export (flashgen.h) reads. A stable ABI: plain C structs that only grow by
+ * appending fields; a table records the sizes it was written with, so a newer runtime reads an
+ * older table, and an older runtime reads the fields it knows of a newer one.
+ *
+ * An application does not fill these structs itself. It runs
+ *
+ *     flashgen export --default --arch sm_80,sm_90a --prefix myapp -o gen/
+ *
+ * compiles gen/myapp_kernels.c with its sources, links flashgen_runtime (no Lua, NVRTC or
+ * SQLite) and registers the table once, before or after creating contexts:
+ *
+ *     #include "myapp_kernels.h"
+ *     char err[512];
+ *     if (fg_register_export(myapp_flashgen_export(), err, sizeof err) != FG_OK) { ... }
+ *
+ * Every pointer in a table, and everything it points to, must stay valid for the life of the
+ * process (the generated file holds them in static storage). */
+#ifndef FLASHGEN_EXPORT_H
+#define FLASHGEN_EXPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flashgen.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The layout version written into every table. Bumped only if a field changes meaning, which
+ * the rule above forbids; appending fields does not bump it (the sizes tell). */
+#define FG_EXPORT_ABI_VERSION 1
+
+/* How a kernel's grid is formed from the problem (the values of the runtime's fg_grid_kind). */
+#define FG_EXPORT_GRID_Q_TILES 1 /* (ceil(seqlen_q / br), batch * heads_q): one block per Q block */
+#define FG_EXPORT_GRID_HEADS 2   /* (batch * heads_q): one block per head (Algorithm 1) */
+#define FG_EXPORT_GRID_ROWS 3    /* (seqlen_q, batch * heads_q): one block per query row */
+
+/* One compiled kernel: the binary for one arch and its launch contract. */
+typedef struct fg_export_kernel {
+  const char *variant;          /* canonical variant name, e.g.
+                                   "fwd_d128_br128_bc64_bf16_causal_qouter_w8_s2_sm80" */
+  const char *arch;             /* the arch it was compiled for, "sm_80" ... "sm_90a" (the
+                                   arch in the variant name) */
+  const unsigned char *cubin;   /* ELF for exactly arch; may be NULL when ptx is set */
+  size_t cubin_size;
+  const char *ptx;              /* NUL-terminated PTX, so a newer GPU can JIT it; may be NULL */
+  size_t ptx_size;              /* bytes without the NUL */
+  /* The launch contract. */
+  const char *entry;            /* kernel symbol (extern "C") */
+  int threads;                  /* threads per block */
+  int smem_bytes;               /* dynamic shared memory per block */
+  int grid;                     /* FG_EXPORT_GRID_* */
+  int br;                       /* rows per Q block (FG_EXPORT_GRID_Q_TILES) */
+  int workspace_floats_per_row; /* fp32 workspace per (batch, head, query row); 0 = none */
+  /* Resource usage ptxas reported at export time (-1 when unknown); informational. */
+  int regs, spill_store_bytes, spill_load_bytes, stack_bytes;
+} fg_export_kernel;
+
+/* A tuned choice: for problems of this key, run this variant. The key is the runtime's problem
+ * key, "fwd_d<d>_<dtype>_<causal|noncausal>_nk<bucket>" (bucket: seqlen_k rounded up to a power
+ * of two in 512..16384); a problem with no choice of its own takes the nearest bucket of the
+ * same (d, dtype, causal), else the built-in rule, else any exported kernel of the same
+ * (d, dtype, causal) (see fg_register_export). The arch in the variant name says which GPUs
+ * the choice is for. */
+typedef struct fg_export_choice {
+  const char *bucket;  /* e.g. "fwd_d128_bf16_causal_nk4096" */
+  const char *variant; /* canonical variant name; must be one of the table's kernels */
+  const char *device;  /* the GPU it was measured on, e.g. "NVIDIA H100 80GB HBM3 (cc 9.0,
+                          132 SMs)"; informational */
+} fg_export_choice;
+
+/* A whole export. */
+struct fg_export {
+  uint32_t abi_version;          /* FG_EXPORT_ABI_VERSION */
+  uint32_t size;                 /* sizeof(struct fg_export) as written */
+  uint32_t kernel_size;          /* sizeof(fg_export_kernel) as written: the stride of kernels */
+  uint32_t choice_size;          /* sizeof(fg_export_choice) as written: the stride of choices */
+  const char *description;       /* one line: producer, version, template hash, NVRTC, tuning
+                                    source; appears in fg_explain and in error messages */
+  const char *flashgen_version;  /* of the flashgen that wrote it, e.g. "0.1.0" */
+  const char *template_hash;     /* 16 hex digits */
+  int nvrtc_version;             /* major*1000 + minor*10 */
+  const char *tuned_on;          /* the GPU(s) the choices were measured on, or
+                                    "none: built-in rule" */
+  const fg_export_kernel *kernels; /* sorted by variant name */
+  size_t n_kernels;
+  const fg_export_choice *choices; /* sorted by bucket, then variant */
+  size_t n_choices;
+};
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHGEN_EXPORT_H */

@@ -1,0 +1,396 @@
+/* test_export.c: exported tables without a GPU: fg_register_export's checks and messages, the
+ * documented FG_ERROR_KERNEL_MISSING for a table built for another arch (on the fake driver,
+ * tests/fake_cuda), and `flashgen export`: identical bytes twice, the tuned choices from the
+ * cache, and clear failures for empty or bad variant lists and unknown arches. The install +
+ * example + link checks are in tests/export/run_export_tests.sh. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fg_runtime_internal.h"
+#include "flashgen_export.h"
+
+static char tmp_dir[64];
+
+static void make_tmp(void) {
+  snprintf(tmp_dir, sizeof tmp_dir, "/tmp/fg_export_test_XXXXXX");
+  cr_assert_not_null(mkdtemp(tmp_dir));
+}
+
+static void remove_tmp(void) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp_dir);
+}
+
+/* ---- fg_register_export ------------------------------------------------------------------ */
+static const unsigned char fake_cubin[16] = {0x7f, 'E', 'L', 'F'};
+
+#define D128 "fwd_d128_br128_bc64_bf16_noncausal_qouter_w8_s2_"
+
+static fg_export_kernel kernel_sm80(void) {
+  fg_export_kernel k;
+  memset(&k, 0, sizeof k);
+  k.variant = D128 "sm80";
+  k.arch = "sm_80";
+  k.cubin = fake_cubin;
+  k.cubin_size = sizeof fake_cubin;
+  k.entry = "fg_" D128 "sm80";
+  k.threads = 256;
+  k.smem_bytes = 104448;
+  k.grid = FG_EXPORT_GRID_Q_TILES;
+  k.br = 128;
+  k.regs = k.spill_load_bytes = k.spill_store_bytes = k.stack_bytes = -1;
+  return k;
+}
+
+static fg_export table_of(const fg_export_kernel *k, size_t n, const fg_export_choice *c,
+                          size_t nc) {
+  fg_export e;
+  memset(&e, 0, sizeof e);
+  e.abi_version = FG_EXPORT_ABI_VERSION;
+  e.size = sizeof e;
+  e.kernel_size = sizeof *k;
+  e.choice_size = sizeof(fg_export_choice);
+  e.description = "test table";
+  e.kernels = k;
+  e.n_kernels = n;
+  e.choices = c;
+  e.n_choices = nc;
+  return e;
+}
+
+Test(register_export, accepts_a_table_and_a_second_registration_is_a_noop) {
+  static fg_export_kernel k[1];
+  k[0] = kernel_sm80();
+  static fg_export e;
+  e = table_of(k, 1, NULL, 0);
+  char err[512] = "x";
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_OK, "%s", err);
+  cr_assert_str_empty(err);
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_OK, "%s", err);
+}
+
+Test(register_export, null_and_unknown_layout) {
+  char err[512];
+  cr_assert_eq(fg_register_export(NULL, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "NULL"), "%s", err);
+  fg_export e = table_of(NULL, 0, NULL, 0);
+  e.abi_version = 99;
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "layout version 99") && strstr(err, "export again"), "%s", err);
+  cr_assert_eq(fg_register_export(&e, NULL, 0), FG_ERROR_INVALID_ARGUMENT, "err may be NULL");
+}
+
+Test(register_export, malformed_kernels_are_named) {
+  char err[512];
+  fg_export_kernel k = kernel_sm80();
+  fg_export e = table_of(&k, 1, NULL, 0);
+
+  k.variant = "fwd_d128_nonsense";
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "test table") && strstr(err, "kernel 0") && strstr(err, "does not parse"),
+            "%s", err);
+  k = kernel_sm80();
+  k.arch = "sm_75";
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "unknown arch 'sm_75'"), "%s", err);
+  k = kernel_sm80();
+  k.arch = "sm_90a";
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "compiled for sm_90a but its name says sm_80"), "%s", err);
+  k = kernel_sm80();
+  k.cubin = NULL;
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "neither cubin nor PTX"), "%s", err);
+  k = kernel_sm80();
+  k.entry = "";
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "no entry point"), "%s", err);
+  k = kernel_sm80();
+  k.grid = 7;
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "malformed launch contract"), "%s", err);
+}
+
+Test(register_export, choices_must_name_a_kernel_of_the_table) {
+  char err[512];
+  fg_export_kernel k = kernel_sm80();
+  fg_export_choice c = {"fwd_d128_bf16_noncausal_nk4096", D128 "sm90a", "a GPU"};
+  fg_export e = table_of(&k, 1, &c, 1);
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "not one of the table's kernels") && strstr(err, D128 "sm90a"), "%s", err);
+  c.variant = "garbage";
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "does not parse"), "%s", err);
+}
+
+Test(register_export, a_newer_table_with_appended_fields_reads) {
+  /* A producer whose kernel struct has grown by one field: the runtime strides by the recorded
+   * size and ignores what it does not know. */
+  typedef struct newer_kernel {
+    fg_export_kernel k;
+    long long appended;
+  } newer_kernel;
+  static newer_kernel nk[2];
+  nk[0].k = kernel_sm80();
+  nk[1].k = kernel_sm80();
+  nk[1].k.variant = D128 "sm90a";
+  nk[1].k.arch = "sm_90a";
+  nk[1].k.entry = "fg_" D128 "sm90a";
+  nk[0].appended = nk[1].appended = -1;
+  static fg_export e;
+  e = table_of(&nk[0].k, 2, NULL, 0);
+  e.kernel_size = sizeof(newer_kernel);
+  char err[512];
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_OK, "%s", err);
+}
+
+/* ---- the documented error, on the fake driver ----------------------------------------------- */
+static char fake_lib[160];
+
+static void use_fake_driver(void) {
+  const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
+  if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
+  const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
+  snprintf(fake_lib, sizeof fake_lib, "%s/libcuda_fake.so", tmp_dir);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "%s -std=c11 -D_POSIX_C_SOURCE=200809L -O1 -shared -fPIC -o '%s' "
+           "'%s/tests/fake_cuda/libcuda.c' -lm",
+           cc, fake_lib, src);
+  if (system(cmd) != 0) cr_skip_test("cannot build the fake driver with '%s'", cc);
+  setenv("FLASHGEN_CUDA_LIBRARY", fake_lib, 1);
+}
+
+Test(exported_only, a_table_for_another_arch_gives_the_documented_error, .init = make_tmp,
+     .fini = remove_tmp) {
+  use_fake_driver();
+  /* An sm_80 cubin without PTX cannot run on the fake H100 (compute capability 9.0). */
+  static fg_export_kernel k[1];
+  k[0] = kernel_sm80();
+  static fg_export e;
+  e = table_of(k, 1, NULL, 0);
+  e.description = "app: sm_80 only";
+  char err[512];
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_OK, "%s", err);
+
+  fg_context_options o;
+  memset(&o, 0, sizeof o);
+  o.size = sizeof o;
+  o.policy = FG_POLICY_EXPORTED_ONLY;
+  o.quiet = 1;
+  fg_context *ctx;
+  cr_assert_eq(fg_context_create(&ctx, &o), FG_OK, "%s", fg_last_create_error());
+  void *buf = NULL, *obuf = NULL;
+  cr_assert_eq(fg_dev_alloc(ctx, (CUdeviceptr *)&buf, 64 * 128 * 2), FG_OK);
+  cr_assert_eq(fg_dev_alloc(ctx, (CUdeviceptr *)&obuf, 64 * 128 * 2), FG_OK);
+  fg_attention_args a;
+  memset(&a, 0, sizeof a);
+  a.dtype = FG_DTYPE_BF16;
+  a.batch = a.heads_q = a.heads_kv = 1;
+  a.seqlen_q = a.seqlen_k = 64;
+  a.head_dim = 128;
+  a.q = a.k = a.v = buf;
+  a.o = obuf;
+  fg_status s = fg_attention_forward(ctx, &a, NULL);
+  const char *msg = fg_context_last_error(ctx);
+  cr_assert_eq(s, FG_ERROR_KERNEL_MISSING, "%s: %s", fg_status_string(s), msg);
+  /* The problem, the GPU and its arch, the policy, and what the export contains. */
+  cr_assert(strstr(msg, "fwd_d128_bf16_noncausal_nk512"), "%s", msg);
+  cr_assert(strstr(msg, "head_dim 128"), "%s", msg);
+  cr_assert(strstr(msg, "Fake H100") && strstr(msg, "sm_90a"), "%s", msg);
+  cr_assert(strstr(msg, "exported-only"), "%s", msg);
+  cr_assert(strstr(msg, "holds 1 kernel, none of which runs on"), "%s", msg);
+  cr_assert(strstr(msg, "export for sm_90a"), "%s", msg);
+
+  fg_dev_free(ctx, (CUdeviceptr)buf);
+  fg_dev_free(ctx, (CUdeviceptr)obuf);
+  fg_context_destroy(ctx);
+}
+
+Test(exported_only, fg_arch_compat_is_what_the_message_relies_on) {
+  cr_assert_eq(fg_arch_compat(FG_ARCH_SM80, 9, 0), 1, "sm_80 on an H100: PTX only");
+  cr_assert_eq(fg_arch_compat(FG_ARCH_SM90A, 8, 0), 0, "sm_90a on an A100: nothing");
+  cr_assert_eq(fg_arch_compat(FG_ARCH_SM90A, 9, 0), 3);
+  cr_assert_eq(fg_arch_compat(FG_ARCH_SM80, 8, 6), 2, "sm_80 cubins run on 8.6");
+}
+
+/* ---- flashgen export -------------------------------------------------------------------- */
+static char out_text[1 << 16], err_text[1 << 16];
+
+static void slurp(const char *path, char *buf, size_t len) {
+  buf[0] = 0;
+  FILE *f = fopen(path, "rb");
+  if (!f) return;
+  size_t n = fread(buf, 1, len - 1, f);
+  buf[n] = 0;
+  fclose(f);
+}
+
+/* Runs the flashgen command with args (a shell fragment); returns its exit status. */
+static int run_cli(const char *env, const char *args) {
+  const char *cli = getenv("FLASHGEN_CLI");
+  if (!cli) cr_skip_test("FLASHGEN_CLI is not set (run through ctest)");
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "cd '%s' && %s '%s' %s >'%s/out.txt' 2>'%s/err.txt'", tmp_dir,
+           env ? env : "", cli, args, tmp_dir, tmp_dir);
+  int rc = system(cmd);
+  char p[128];
+  snprintf(p, sizeof p, "%s/out.txt", tmp_dir);
+  slurp(p, out_text, sizeof out_text);
+  snprintf(p, sizeof p, "%s/err.txt", tmp_dir);
+  slurp(p, err_text, sizeof err_text);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void write_text(const char *name, const char *text) {
+  char p[128];
+  snprintf(p, sizeof p, "%s/%s", tmp_dir, name);
+  FILE *f = fopen(p, "w");
+  cr_assert_not_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static void need_nvrtc(void) {
+  char err[1024];
+  if (fg_nvrtc_load(err, sizeof err) != 0) cr_skip_test("no NVRTC: %s", err);
+}
+
+Test(export_cli, empty_list_fails_clearly, .init = make_tmp, .fini = remove_tmp) {
+  write_text("empty.txt", "# nothing here\n\n   # still nothing\n");
+  cr_assert_eq(run_cli(NULL, "export --arch sm_80 --variants empty.txt -o out"), 2, "%s", err_text);
+  cr_assert(strstr(err_text, "empty.txt names no variant (3 lines"), "%s", err_text);
+  char p[128];
+  snprintf(p, sizeof p, "%s/out", tmp_dir);
+  cr_assert_neq(access(p, F_OK), 0, "nothing is written");
+}
+
+Test(export_cli, unknown_variant_names_its_line, .init = make_tmp, .fini = remove_tmp) {
+  write_text("bad.txt", "# ok\nfwd_d64_br64_bc64_f16_noncausal_qouter_w4_s2_sm80\n"
+                        "fwd_d64_br64_bc64_f33_noncausal_qouter_w4_s2_sm80  # typo\n");
+  cr_assert_eq(run_cli(NULL, "export --arch sm_80 --variants bad.txt -o out"), 2, "%s", err_text);
+  cr_assert(strstr(err_text, "bad.txt:3: 'fwd_d64_br64_bc64_f33_noncausal_qouter_w4_s2_sm80' is "
+                             "not a variant"),
+            "%s", err_text);
+  char p[128];
+  snprintf(p, sizeof p, "%s/out/exported_kernels.c", tmp_dir);
+  cr_assert_neq(access(p, F_OK), 0, "nothing is written");
+}
+
+Test(export_cli, a_variant_that_does_not_fit_names_its_line, .init = make_tmp, .fini = remove_tmp) {
+  write_text("big.txt", "fwd_d256_br256_bc256_bf16_noncausal_qouter_w8_s3_sm80\n");
+  cr_assert_eq(run_cli(NULL, "export --arch sm_80 --variants big.txt -o out"), 2, "%s", err_text);
+  cr_assert(strstr(err_text, "big.txt:1:") && strstr(err_text, "does not fit"), "%s", err_text);
+}
+
+Test(export_cli, missing_list_and_bad_usage, .init = make_tmp, .fini = remove_tmp) {
+  cr_assert_eq(run_cli(NULL, "export --arch sm_80 --variants nope.txt -o out"), 2);
+  cr_assert(strstr(err_text, "cannot read the variant list nope.txt"), "%s", err_text);
+  cr_assert_eq(run_cli(NULL, "export --arch sm_80,sm_75 --default -o out"), 2);
+  cr_assert(strstr(err_text, "unknown arch 'sm_75'"), "%s", err_text);
+  cr_assert_eq(run_cli(NULL, "export --default -o out"), 2);
+  cr_assert(strstr(err_text, "--arch is required"), "%s", err_text);
+  cr_assert_eq(run_cli(NULL, "export --arch sm_80"), 2);
+  cr_assert(strstr(err_text, "-o DIR is required"), "%s", err_text);
+  cr_assert_eq(run_cli(NULL, "export --arch sm_80 --prefix 9lives -o out"), 2);
+  cr_assert(strstr(err_text, "not a C identifier"), "%s", err_text);
+  cr_assert_eq(run_cli(NULL, "export --arch sm_80 --default --variants x -o out"), 2);
+  cr_assert_eq(run_cli(NULL, "export --help"), 0);
+  cr_assert(strstr(out_text, "usage: flashgen export"), "%s", out_text);
+}
+
+Test(export_cli, twice_gives_identical_bytes, .init = make_tmp, .fini = remove_tmp,
+     .timeout = 300) {
+  need_nvrtc();
+  write_text("v.txt", "fwd_d64_br64_bc64_f16_noncausal_qouter_w4_s2_sm80\n");
+  cr_assert_eq(run_cli(NULL, "export -q --arch sm_90a,sm_80 --variants v.txt --prefix t -o a"), 0,
+               "%s", err_text);
+  cr_assert(strstr(out_text, "2 kernels for sm_80,sm_90a"), "%s", out_text);
+  cr_assert_eq(run_cli(NULL, "export -q -j1 --arch sm_80,sm_90a --variants v.txt --prefix t -o b"),
+               0, "%s", err_text);
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "cd '%s' && cmp a/t_kernels.c b/t_kernels.c && cmp a/t_kernels.h b/t_kernels.h",
+           tmp_dir);
+  cr_assert_eq(system(cmd), 0, "two exports differ");
+  char p[128];
+  static char head[1 << 16];
+  snprintf(p, sizeof p, "%s/a/t_kernels.c", tmp_dir);
+  slurp(p, head, sizeof head);
+  cr_assert(strstr(head, "Do not edit"), "banner");
+  cr_assert(strstr(head, "Produced by flashgen " FG_VERSION_STRING), "%.600s", head);
+  cr_assert(strstr(head, "Template hash: "), "%.600s", head);
+  cr_assert(strstr(head, "NVRTC: "), "%.600s", head);
+  cr_assert(strstr(head, "Tuning from: none: built-in rule"), "%.600s", head);
+  cr_assert(strstr(head, "static const unsigned char t_fwd_d64_br64_bc64_f16_noncausal_qouter_w4_s2_sm80_cubin["),
+            "%.900s", head);
+  /* It compiles cleanly as C11. */
+  const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
+  if (src) {
+    const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && %s -std=c11 -Wall -Wextra -Werror -pedantic -Wmissing-prototypes "
+             "-Wstrict-prototypes -Wshadow -I'%s/include' -c a/t_kernels.c -o t.o",
+             tmp_dir, cc, src);
+    cr_assert_eq(system(cmd), 0, "the exported C does not compile: %s", cmd);
+  }
+}
+
+Test(export_cli, tuned_choices_come_from_the_cache, .init = make_tmp, .fini = remove_tmp,
+     .timeout = 300) {
+  need_nvrtc();
+  /* Two GPUs' records in a cache: an H100 (sm_90a winners) and an A100 (sm_80 winners). */
+  char dir[128], warn[512] = "";
+  snprintf(dir, sizeof dir, "%s/cache", tmp_dir);
+  fg_cache *c = fg_cache_open(dir, warn, sizeof warn);
+  cr_assert_not_null(c, "%s", warn);
+  fg_device_id h100 = {"NVIDIA H100 80GB HBM3", 9, 0, 132, 12080};
+  fg_device_id a100 = {"NVIDIA A100-SXM4-80GB", 8, 0, 108, 12080};
+  fg_tune_candidate cand;
+  memset(&cand, 0, sizeof cand);
+  cand.ok = 1;
+  cand.ms = 1;
+  cand.tflops = 100;
+  snprintf(cand.variant, sizeof cand.variant, "fwd_d64_br64_bc64_f16_noncausal_qouter_w4_s2_sm90a");
+  cr_assert_eq(fg_cache_put_tuning(c, &h100, "fwd_d64_f16_noncausal_nk4096", &cand, 1, cand.variant,
+                                   warn, sizeof warn), 0, "%s", warn);
+  snprintf(cand.variant, sizeof cand.variant, "fwd_d64_br64_bc32_f16_noncausal_qouter_w4_s2_sm80");
+  cr_assert_eq(fg_cache_put_tuning(c, &a100, "fwd_d64_f16_noncausal_nk1024", &cand, 1, cand.variant,
+                                   warn, sizeof warn), 0, "%s", warn);
+  fg_cache_close(c);
+  write_text("v.txt", "fwd_d64_br64_bc64_f16_noncausal_qouter_w4_s2_sm80\n");
+  char args[512];
+  snprintf(args, sizeof args,
+           "export -q --tuned --all-devices --cache-dir '%s' --arch sm_80,sm_90a --variants v.txt "
+           "--prefix tt -o out", dir);
+  cr_assert_eq(run_cli(NULL, args), 0, "%s", err_text);
+  cr_assert(strstr(out_text, "3 kernels") && strstr(out_text, "2 tuned choices"), "%s", out_text);
+  static char text[1 << 16];
+  char p[160];
+  snprintf(p, sizeof p, "%s/out/tt_kernels.h", tmp_dir);
+  slurp(p, text, sizeof text);
+  cr_assert(strstr(text, "Tuning from: NVIDIA A100-SXM4-80GB (cc 8.0, 108 SMs); NVIDIA H100 80GB "
+                         "HBM3 (cc 9.0, 132 SMs)"), "%s", text);
+  snprintf(p, sizeof p, "%s/out/tt_kernels.c", tmp_dir);
+  FILE *f = fopen(p, "rb");
+  cr_assert_not_null(f);
+  fseek(f, -4096, SEEK_END);
+  size_t n = fread(text, 1, 4095, f);
+  text[n] = 0;
+  fclose(f);
+  cr_assert(strstr(text, "{.bucket = \"fwd_d64_f16_noncausal_nk1024\", .variant = "
+                         "\"fwd_d64_br64_bc32_f16_noncausal_qouter_w4_s2_sm80\""), "%s", text);
+  cr_assert(strstr(text, "{.bucket = \"fwd_d64_f16_noncausal_nk4096\", .variant = "
+                         "\"fwd_d64_br64_bc64_f16_noncausal_qouter_w4_s2_sm90a\""), "%s", text);
+  cr_assert(strstr(text, ".device = \"NVIDIA H100 80GB HBM3 (cc 9.0, 132 SMs)\""), "%s", text);
+
+  /* An empty cache: a clear failure. */
+  snprintf(args, sizeof args, "export -q --tuned --all-devices --cache-dir '%s/empty' --arch sm_80 "
+           "--variants v.txt -o out2", tmp_dir);
+  cr_assert_eq(run_cli(NULL, args), 1, "%s", err_text);
+  cr_assert(strstr(err_text, "has no tuning record") && strstr(err_text, "flashgen tune"), "%s",
+            err_text);
+}
