@@ -143,6 +143,7 @@ typedef struct ttriple {
   int seed;                     /* index of the seed-rule candidate, -1 if it does not fit */
   fg_variant seed_v;
   int last_winner;              /* index of the winner of the previous bucket, -1 */
+  double last_ratio[MAX_CANDS]; /* time / the winner's time at the previous bucket; 0: unknown */
 } ttriple;
 
 /* What one problem needs. */
@@ -796,10 +797,25 @@ static fg_status time_problem(trun *R, int pi) {
     const fg_variant *v = &T->cands[c];
     char name[FG_VARIANT_NAME_MAX];
     fg_variant_name(v, name, sizeof name);
+    /* Lost by more than SLOWER_FACTOR at the previous (smaller) bucket of the same (d, dtype,
+     * causal): it will not win here, and at large N one run can cost a second (kv_outer runs one
+     * block per head). Not timed, not recorded for this bucket; --retune does not change this. */
+    if (c != T->seed && T->last_ratio[c] > SLOWER_FACTOR) {
+      P->measure[c] = 0;
+      continue;
+    }
     const fg_loaded_kernel *k;
     double w[WARMUP_RUNS], t[TIMED_RUNS];
     st = fg_registry_get(ctx, v, &k);
-    if (st == FG_OK) st = run_batch(D, k, prm, sets, &rot, WARMUP_RUNS, 1, w);
+    /* One run first: a candidate already far behind (kv_outer at large N runs one block per
+     * head and can take 100x the best) stops before the rest of its warm-up. */
+    if (st == FG_OK) st = run_batch(D, k, prm, sets, &rot, 1, 1, w);
+    if (st == FG_OK && best > 0 && w[0] > SLOWER_FACTOR * best) {
+      set_result(P, T, c, 1, w[0], fg_tune_tflops(pb, w[0]),
+                 "slower: timing stopped after one run at %.1fx the best so far", w[0] / best);
+      continue;
+    }
+    if (st == FG_OK) st = run_batch(D, k, prm, sets, &rot, WARMUP_RUNS - 1, 1, w + 1);
     if (st == FG_OK) {
       double wmin = w[0];
       for (int i = 1; i < WARMUP_RUNS; i++) wmin = fmin(wmin, w[i]);
@@ -881,6 +897,9 @@ static void finish_problem(trun *R, int pi) {
     row->winner_ms = P->res[win].ms;
     row->winner_tflops = P->res[win].tflops;
     T->last_winner = win;
+    for (int c = 0; c < T->n; c++)
+      if (P->have_res[c] && P->res[c].ok && P->res[c].ms > 0 && P->res[win].ms > 0)
+        T->last_ratio[c] = P->res[c].ms / P->res[win].ms;
   }
   if (nc > 0 && R->cache) {
     char warn[1024] = "";

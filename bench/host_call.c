@@ -60,9 +60,40 @@ int main(int argc, char **argv) {
   }
   fg_dev_synchronize(ctx);
   qsort(t, (size_t)calls, sizeof(double), cmp);
-  printf("context create: %.1f ms\nfirst call (load or compile + launch, synchronised): %.2f ms\n"
-         "host time per call, kernel loaded: median %.2f us, p10 %.2f us, p90 %.2f us over %d calls\n",
-         t_ctx / 1e3, t_first / 1e3, t[calls / 2], t[calls / 10], t[calls * 9 / 10], calls);
+  printf("context create: %.1f ms\nfirst call (load or compile + launch, synchronised): %.2f ms\n",
+         t_ctx / 1e3, t_first / 1e3);
+
+  /* Where the time goes: the same call's parts, each timed alone. */
+  fg_attention_args norm;
+  char err[512];
+  fg_validate_args(&a, FG_VALIDATE_CALL, &norm, err, sizeof err);
+  const fg_dispatch *dsp;
+  const fg_loaded_kernel *kern;
+  fg_dispatch_choose(ctx, &norm, 1, &dsp, &kern);
+  fg_fwd_params prm;
+  fg_params_from_args(&norm, &prm);
+  double *u = malloc(sizeof(double) * (size_t)calls);
+  const char *part[4] = {"validate_args", "validate_pointers", "dispatch", "kernel_launch"};
+  for (int which = 0; which < 4; which++) {
+    for (int i = 0; i < calls; i++) {
+      double s = now_us();
+      if (which == 0) fg_validate_args(&a, FG_VALIDATE_CALL, &norm, err, sizeof err);
+      else if (which == 1) {
+        fg_ctx_push(ctx);
+        fg_validate_pointers(ctx, &norm, err, sizeof err);
+        fg_ctx_pop(ctx);
+      } else if (which == 2) fg_dispatch_choose(ctx, &norm, 1, &dsp, &kern);
+      else fg_kernel_launch(ctx, kern, &prm, FG_ELEMS_FORWARD, NULL);
+      u[i] = now_us() - s;
+      if (which == 3 && i % 256 == 255) fg_dev_synchronize(ctx);
+    }
+    fg_dev_synchronize(ctx);
+    qsort(u, (size_t)calls, sizeof(double), cmp);
+    printf("  part %-18s median %.2f us\n", part[which], u[calls / 2]);
+  }
+  free(u);
+  printf("host time per call, kernel loaded: median %.2f us, p10 %.2f us, p90 %.2f us over %d calls\n",
+         t[calls / 2], t[calls / 10], t[calls * 9 / 10], calls);
   free(t);
   fg_dev_free(ctx, q); fg_dev_free(ctx, k); fg_dev_free(ctx, v); fg_dev_free(ctx, o);
   fg_context_destroy(ctx);

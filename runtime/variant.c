@@ -24,7 +24,9 @@ int fg_arch_parse(const char *s, fg_arch *out) {
 }
 
 fg_arch fg_arch_for_cc(int major, int minor) {
-  if (major >= 9) return FG_ARCH_SM90A; /* sm_90a cubins only load on 9.0; newer majors use PTX */
+  if (major == 9) return FG_ARCH_SM90A;
+  /* sm_90a code runs on 9.0 only; newer GPUs (10.x, 12.x) JIT the PTX of plain sm_90. */
+  if (major > 9) return FG_ARCH_SM90;
   if (major == 8 && minor >= 9) return FG_ARCH_SM89;
   if (major == 8 && minor >= 6) return FG_ARCH_SM86;
   return FG_ARCH_SM80;

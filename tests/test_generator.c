@@ -276,3 +276,14 @@ Test(nvrtc, compile_error_carries_log_and_variant) {
   cr_assert(strstr(log, "--gpu-architecture=sm_80") != NULL, "the options must be included: %s", log);
   free(log);
 }
+
+Test(variant, arch_for_compute_capability) {
+  cr_assert_eq(fg_arch_for_cc(8, 0), FG_ARCH_SM80);
+  cr_assert_eq(fg_arch_for_cc(8, 6), FG_ARCH_SM86);
+  cr_assert_eq(fg_arch_for_cc(8, 7), FG_ARCH_SM86);
+  cr_assert_eq(fg_arch_for_cc(8, 9), FG_ARCH_SM89);
+  cr_assert_eq(fg_arch_for_cc(9, 0), FG_ARCH_SM90A);
+  /* sm_90a code does not run past 9.0: newer GPUs get plain sm_90, whose PTX they can JIT. */
+  cr_assert_eq(fg_arch_for_cc(10, 0), FG_ARCH_SM90);
+  cr_assert_eq(fg_arch_for_cc(12, 0), FG_ARCH_SM90);
+}
