@@ -1,9 +1,10 @@
 /* host_call.c: host time of one fg_attention_forward call once its kernel is loaded (the
  * dispatcher, validation and launch; not the kernel): the median over 10^4 calls on a small
  * problem, and the time of the first call in this process (cubin from the cache or compiled).
- * Run on a machine with a GPU: build/fg_bench_host [calls]. */
+ * Run on a machine with a GPU: build/fg_bench_host [calls] [breakdown]. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "fg_runtime_internal.h"
@@ -42,6 +43,22 @@ int main(int argc, char **argv) {
   a.dtype = FG_DTYPE_F16;
   a.batch = B; a.heads_q = H; a.heads_kv = H; a.seqlen_q = N; a.seqlen_k = N; a.head_dim = d;
   a.q = (void *)q; a.k = (void *)k; a.v = (void *)v; a.o = (void *)o;
+  if (argc > 2 && strcmp(argv[2], "breakdown") == 0) {
+    /* The lazy work of a first call, each part timed alone before the call does it. */
+    char err[2048];
+    double s = now_us();
+    fg_nvrtc_load(err, sizeof err);
+    double t_nvrtc = now_us() - s;
+    fg_generator *g;
+    s = now_us();
+    fg_context_generator(ctx, &g);
+    double t_gen = now_us() - s;
+    s = now_us();
+    fg_context_cache(ctx);
+    double t_cache = now_us() - s;
+    printf("first-call parts: NVRTC dlopen %.2f ms, generator (Lua + template hash) %.2f ms, "
+           "cache open %.2f ms\n", t_nvrtc / 1e3, t_gen / 1e3, t_cache / 1e3);
+  }
   double t1 = now_us();
   if (fg_attention_forward(ctx, &a, NULL) != FG_OK || fg_dev_synchronize(ctx) != FG_OK) {
     fprintf(stderr, "fg_bench_host: %s\n", fg_context_last_error(ctx));

@@ -69,6 +69,9 @@ int fg_generator_render_reference(fg_generator *g, fg_dtype dtype, int exact, ch
 /* Loads NVRTC once per process: $FLASHGEN_NVRTC_LIBRARY, else libnvrtc.so.13, then .12 (also
  * under /usr/local/cuda/lib64). Returns 0, or -1 with where it looked in err. Thread-safe. */
 int fg_nvrtc_load(char *err, size_t errlen);
+/* Starts fg_nvrtc_load on a detached thread (once per process) and returns at once; a later
+ * fg_nvrtc_load waits for it. Used where the load can overlap other slow work. */
+void fg_nvrtc_preload(void);
 /* Version of the loaded NVRTC as major*1000 + minor*10 (13000 for 13.0), or 0 if not loaded. */
 int fg_nvrtc_version(void);
 /* The path NVRTC was loaded from, or "" */

@@ -95,6 +95,24 @@ int fg_nvrtc_load(char *err, size_t errlen) {
   return 0;
 }
 
+static void *preload_thread(void *arg) {
+  (void)arg;
+  pthread_once(&nv_once, nv_load);
+  return NULL;
+}
+
+static pthread_once_t preload_once = PTHREAD_ONCE_INIT;
+static void preload_start(void) {
+  pthread_t th;
+  pthread_attr_t at;
+  pthread_attr_init(&at);
+  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+  if (pthread_create(&th, &at, preload_thread, NULL) != 0) { /* no thread: load on first use */ }
+  pthread_attr_destroy(&at);
+}
+
+void fg_nvrtc_preload(void) { pthread_once(&preload_once, preload_start); }
+
 int fg_nvrtc_version(void) { return nv.lib ? nv.version : 0; }
 const char *fg_nvrtc_path(void) { return nv.lib ? nv.path : ""; }
 

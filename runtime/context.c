@@ -290,6 +290,11 @@ FG_API fg_status fg_context_create(fg_context **out, const fg_context_options *o
 
   char err[2048];
   if (fg_cuda_load(err, sizeof err) != 0) return fg_create_fail(FG_ERROR_NO_DRIVER, "%s", err);
+#ifdef FG_WITH_JIT
+  /* The first cache lookup needs NVRTC's version (a cache-key input), and loading NVRTC takes
+   * ~7 ms; cuInit and the primary context below take far longer, so load it meanwhile. */
+  if (policy != FG_POLICY_EXPORTED_ONLY) fg_nvrtc_preload();
+#endif
   CUresult r = fg_cu.cuInit(0);
   if (r != FG_CUDA_SUCCESS) {
     char d[512];
@@ -484,15 +489,34 @@ int fg_context_cache_key(fg_context *ctx, fg_cache_key *key, char *why, size_t w
 
 /* ------------------------------------------------------------------------------------------ */
 /* Device helpers. Each makes the context current for its driver call. */
+/* Whether each level of this thread's fg_ctx_push nesting really pushed: when the context is
+ * already current (the usual case under PyTorch or the runtime API) nothing is pushed, which
+ * saves two driver calls per fg_attention_forward. */
+#define FG_PUSH_DEPTH 32
+static _Thread_local unsigned char push_did[FG_PUSH_DEPTH];
+static _Thread_local int push_depth;
+
 fg_status fg_ctx_push(fg_context *ctx) {
-  CUresult r = fg_cu.cuCtxPushCurrent(ctx->cu);
-  return r == FG_CUDA_SUCCESS ? FG_OK : fg_fail_cuda(ctx, "cuCtxPushCurrent", r);
+  CUcontext cur = NULL;
+  int did = 1;
+  if (fg_cu.cuCtxGetCurrent(&cur) == FG_CUDA_SUCCESS && cur == ctx->cu) did = 0;
+  if (did) {
+    CUresult r = fg_cu.cuCtxPushCurrent(ctx->cu);
+    if (r != FG_CUDA_SUCCESS) return fg_fail_cuda(ctx, "cuCtxPushCurrent", r);
+  }
+  if (push_depth < FG_PUSH_DEPTH) push_did[push_depth] = (unsigned char)did;
+  push_depth++;
+  return FG_OK;
 }
 
 void fg_ctx_pop(fg_context *ctx) {
   (void)ctx;
-  CUcontext prev;
-  fg_cu.cuCtxPopCurrent(&prev);
+  if (push_depth <= 0) return;
+  push_depth--;
+  if (push_depth >= FG_PUSH_DEPTH || push_did[push_depth]) {
+    CUcontext prev;
+    fg_cu.cuCtxPopCurrent(&prev);
+  }
 }
 
 /* Runs one driver call with the context pushed: `FG_DRIVER(ctx, "name", call)`. */

@@ -36,6 +36,7 @@ static const fg_cuda_sym fg_cuda_syms[] = {
            "cuDevicePrimaryCtxRelease"),
     FG_SYM(cuCtxPushCurrent, 1, "cuCtxPushCurrent_v2"),
     FG_SYM(cuCtxPopCurrent, 1, "cuCtxPopCurrent_v2"),
+    FG_SYM(cuCtxGetCurrent, 1, "cuCtxGetCurrent"),
     FG_SYM(cuCtxSynchronize, 1, "cuCtxSynchronize"),
     FG_SYM(cuModuleLoadDataEx, 1, "cuModuleLoadDataEx"),
     FG_SYM(cuModuleGetFunction, 1, "cuModuleGetFunction"),

@@ -95,6 +95,7 @@ typedef struct fg_cuda_api {
   CUresult (*cuDevicePrimaryCtxRelease)(CUdevice dev);
   CUresult (*cuCtxPushCurrent)(CUcontext ctx);
   CUresult (*cuCtxPopCurrent)(CUcontext *ctx);
+  CUresult (*cuCtxGetCurrent)(CUcontext *ctx);
   CUresult (*cuCtxSynchronize)(void);
   CUresult (*cuModuleLoadDataEx)(CUmodule *mod, const void *image, unsigned int n, int *options,
                                  void **values);

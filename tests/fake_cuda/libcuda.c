@@ -64,6 +64,7 @@ API CUresult cuDevicePrimaryCtxRetain(void **c, int d) { (void)d; *c = &fake_ctx
 API CUresult cuDevicePrimaryCtxRelease_v2(int d) { (void)d; return 0; }
 API CUresult cuCtxPushCurrent_v2(void *c) { (void)c; return 0; }
 API CUresult cuCtxPopCurrent_v2(void **c) { if (c) *c = &fake_ctx; return 0; }
+API CUresult cuCtxGetCurrent(void **c) { *c = NULL; return 0; } /* never current: always push */
 API CUresult cuCtxSynchronize(void) { return 0; }
 API CUresult cuModuleLoadDataEx(void **m, const void *img, unsigned n, int *o, void **v) {
   (void)img; (void)n; (void)o; (void)v;
