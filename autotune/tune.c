@@ -132,6 +132,17 @@ typedef struct tjob {
   fg_kernel_image img;
 } tjob;
 
+/* A candidate that spills registers to local memory is not timed: the fit rule's register
+ * estimate should have pruned it, and a spilling kernel is never the one to ship. */
+static void reject_spills(tjob *j, const fg_kernel_meta *m) {
+  if (m->spill_store_bytes > 0 || m->spill_load_bytes > 0) {
+    snprintf(j->reason, sizeof j->reason,
+             "spills registers to local memory (%d B stored, %d B loaded, %d registers)",
+             m->spill_store_bytes, m->spill_load_bytes, m->regs);
+    j->state = -1;
+  }
+}
+
 /* The candidates of one (d, dtype, causal). */
 typedef struct ttriple {
   int d, causal;
@@ -246,9 +257,10 @@ static void *compile_worker(void *arg) {
     memset(&img, 0, sizeof img);
     int hit = p->cache ? fg_cache_get_kernel(p->cache, &key, &img, warn, sizeof warn) : 0;
     if (hit == 1) {
-      fg_kernel_image_free(&img);
       j->state = 1;
       j->from_cache = 1;
+      if (!j->is_ref) reject_spills(j, &img.meta);
+      fg_kernel_image_free(&img);
     } else {
       memset(&img, 0, sizeof img);
       char *log = NULL;
@@ -261,6 +273,7 @@ static void *compile_worker(void *arg) {
         fg_kernel_image_free(&img);
       } else {
         j->state = 1;
+        if (!j->is_ref) reject_spills(j, &img.meta);
         warn[0] = '\0';
         key.arch = img.arch;
         if (p->cache && fg_cache_put_kernel(p->cache, &key, &img, warn, sizeof warn) == 0) {
@@ -521,7 +534,7 @@ void fg_tune_report_print(const fg_tune_report *rep, FILE *out, int md) {
     fprintf(out, "%s d=%d %s %s: %s\n", md ? "-" : " ", r->problem.d, fg_dtype_name(r->problem.dtype),
             r->problem.causal ? "causal" : "noncausal", r->seed_variant);
   }
-  fprintf(out, "%skernels: %d (%d from the cache, %d failed to compile) on %d threads in %.1f s; "
+  fprintf(out, "%skernels: %d (%d from the cache, %d failed to compile or spilled) on %d threads in %.1f s; "
                "checks %.1f s; timing %.1f s; total tune time %.1f s%s\n",
           sep, rep->kernels, rep->kernels_cached, rep->kernels_failed, rep->jobs, rep->compile_s,
           rep->check_s, rep->timing_s, rep->total_s, md ? "  " : "");

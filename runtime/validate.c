@@ -211,6 +211,11 @@ fg_status fg_validate_args(const fg_attention_args *in, fg_validate_mode mode,
     return fg_bad(FG_ERROR_UNSUPPORTED, err, errlen,
                   "args->heads_q = %" PRId64 " is more than %d (the CUDA grid's y limit)",
                   a.heads_q, FG_GRID_Y_LIMIT);
+  if (a.seqlen_k > INT32_MAX)
+    return fg_bad(FG_ERROR_UNSUPPORTED, err, errlen,
+                  "args->seqlen_k = %" PRId64 " is more than %d (the kernels count key blocks in "
+                  "32 bits)",
+                  a.seqlen_k, INT32_MAX);
   if (a.seqlen_q > INT32_MAX)
     return fg_bad(FG_ERROR_UNSUPPORTED, err, errlen,
                   "args->seqlen_q = %" PRId64 " is more than %d (the CUDA grid's x limit)",

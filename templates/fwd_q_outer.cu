@@ -18,13 +18,13 @@ constexpr bool Q_IN_REGS = {{ q_in_regs }};
 constexpr int MT = BR / (16 * WARPS); // 16-row m-tiles per warp
 constexpr int KSTEPS = DP / 16, NT_S = BC / 8, NT_O = DP / 8, CHUNKS = D / 8;
 static_assert(BR % (16 * WARPS) == 0 && BC % 16 == 0 && DP % 16 == 0, "tile shape");
+constexpr unsigned STAGE_BYTES = BC * ROW * 2;                 // one K (or V) stage in shared memory
+constexpr unsigned K_OFF = BR * ROW * 2, V_OFF = K_OFF + STAGES * STAGE_BYTES;  // after sQ
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __grid_constant__ fg_fwd_params p) {
   extern __shared__ __align__(128) u16 smem[];
-  u16 *sQ = smem;
-  u16 *sK = sQ + BR * ROW;
-  u16 *sV = sK + STAGES * BC * ROW;
+  u16 *sQ = smem;  // then STAGES K blocks at K_OFF and STAGES V blocks at V_OFF
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const i64 bh = blockIdx.y, b = bh / p.heads_q, h = bh % p.heads_q, hk = h / p.hq_per_hkv;
@@ -36,19 +36,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 
   zero_pad_columns<BR + 2 * STAGES * BC, D, DP, ROW, THREADS>(smem, tid);
 
-  i64 n_blocks = (Nk + BC - 1) / BC;
+  i64 nb64 = (Nk + BC - 1) / BC;
   if constexpr (CAUSAL) {
     const i64 last_key = q0 + BR - 1 + diag;  // the last key this block's last row sees
-    n_blocks = last_key < 0 ? 0 : (last_key / BC + 1 < n_blocks ? last_key / BC + 1 : n_blocks);
+    nb64 = last_key < 0 ? 0 : (last_key / BC + 1 < nb64 ? last_key / BC + 1 : nb64);
   }
+  const int n_blocks = (int)nb64;  // seqlen_k < 2^31 (validated), so the block count fits
 
   load_tile<BR, CHUNKS, ROW, THREADS>(smem_addr(sQ), gQ, p.q_sn, Nq - q0, tid);
   cp_async_commit();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < n_blocks) {
-      load_tile<BC, CHUNKS, ROW, THREADS>(smem_addr(sK + s * BC * ROW), gK + s * BC * p.k_sn, p.k_sn, Nk - s * BC, tid);
-      load_tile<BC, CHUNKS, ROW, THREADS>(smem_addr(sV + s * BC * ROW), gV + s * BC * p.v_sn, p.v_sn, Nk - s * BC, tid);
+      load_tile<BC, CHUNKS, ROW, THREADS>(smem_addr(smem) + K_OFF + s * STAGE_BYTES, gK + s * BC * p.k_sn, p.k_sn, Nk - s * BC, tid);
+      load_tile<BC, CHUNKS, ROW, THREADS>(smem_addr(smem) + V_OFF + s * STAGE_BYTES, gV + s * BC * p.v_sn, p.v_sn, Nk - s * BC, tid);
     }
     cp_async_commit();
   }
@@ -56,6 +57,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const int wrow = warp * MT * 16;                          // this warp's first row in the block
   const int a_row = lane % 8 + ((lane / 8) % 2) * 8, a_col = (lane / 16) * 8;  // ldmatrix A / V^T
   const int k_row = lane % 8 + (lane / 16) * 8, k_col = ((lane / 8) % 2) * 8;  // ldmatrix K
+  // This lane's ldmatrix addresses as 32-bit shared addresses; every fragment is one of these
+  // plus a compile-time offset (and the stage's offset), so no 64-bit pointer stays live.
+  const u32 sbase = smem_addr(smem);
+  const u32 q_lane = sbase + (u32)(((wrow + a_row) * ROW + a_col) * 2);
+  const u32 k_lane = sbase + (u32)(((BR + k_row) * ROW + k_col) * 2);
+  const u32 v_lane = sbase + (u32)(((BR + STAGES * BC + a_row) * ROW + a_col) * 2);
 
   float o[MT][NT_O][4];
   float m[MT][2], l[MT][2];
@@ -75,31 +82,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int ks = 0; ks < KSTEPS; ++ks)
-        ldsm_x4(smem_addr(sQ + (wrow + mt * 16 + a_row) * ROW + ks * 16 + a_col), qf[mt][ks][0], qf[mt][ks][1], qf[mt][ks][2], qf[mt][ks][3]);
+        ldsm_x4(q_lane + (u32)((mt * 16 * ROW + ks * 16) * 2), qf[mt][ks][0], qf[mt][ks][1], qf[mt][ks][2], qf[mt][ks][3]);
   }
   const float sl2 = (float)p.scale_log2;
 
-  for (i64 j = 0; j < n_blocks; ++j) {
+  for (int j = 0; j < n_blocks; ++j) {
     if constexpr (STAGES == 1) {
-      load_tile<BC, CHUNKS, ROW, THREADS>(smem_addr(sK), gK + j * BC * p.k_sn, p.k_sn, Nk - j * BC, tid);
-      load_tile<BC, CHUNKS, ROW, THREADS>(smem_addr(sV), gV + j * BC * p.v_sn, p.v_sn, Nk - j * BC, tid);
+      load_tile<BC, CHUNKS, ROW, THREADS>(sbase + K_OFF, gK + (i64)j * BC * p.k_sn, p.k_sn, Nk - (i64)j * BC, tid);
+      load_tile<BC, CHUNKS, ROW, THREADS>(sbase + V_OFF, gV + (i64)j * BC * p.v_sn, p.v_sn, Nk - (i64)j * BC, tid);
       cp_async_commit();
       cp_async_wait<0>();
       __syncthreads();
     } else {
       cp_async_wait<(STAGES > 1 ? STAGES - 2 : 0)>();
       __syncthreads();  // block j has landed, and every warp is done with block j-1's buffer
-      const i64 jn = j + STAGES - 1;
+      const int jn = j + STAGES - 1;
       if (jn < n_blocks) {
-        const int nb = (int)(jn % STAGES);
-        load_tile<BC, CHUNKS, ROW, THREADS>(smem_addr(sK + nb * BC * ROW), gK + jn * BC * p.k_sn, p.k_sn, Nk - jn * BC, tid);
-        load_tile<BC, CHUNKS, ROW, THREADS>(smem_addr(sV + nb * BC * ROW), gV + jn * BC * p.v_sn, p.v_sn, Nk - jn * BC, tid);
+        const u32 nb = (u32)(jn % STAGES);
+        load_tile<BC, CHUNKS, ROW, THREADS>(sbase + K_OFF + nb * STAGE_BYTES, gK + (i64)jn * BC * p.k_sn, p.k_sn, Nk - (i64)jn * BC, tid);
+        load_tile<BC, CHUNKS, ROW, THREADS>(sbase + V_OFF + nb * STAGE_BYTES, gV + (i64)jn * BC * p.v_sn, p.v_sn, Nk - (i64)jn * BC, tid);
       }
       cp_async_commit();
     }
-    const int buf = STAGES == 1 ? 0 : (int)(j % STAGES);
-    const u16 *cK = sK + buf * BC * ROW;
-    const u16 *cV = sV + buf * BC * ROW;
+    const u32 stage_off = STAGES == 1 ? 0u : (u32)(j % STAGES) * STAGE_BYTES;
+    const u32 cK = k_lane + stage_off, cV = v_lane + stage_off;
 
     // S = Q K^T. With Q in registers the k-loop must unroll fully (constant indices); from shared
     // memory it unrolls by two, so ptxas cannot hoist every K fragment of the block at once.
@@ -120,13 +126,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
         if constexpr (Q_IN_REGS) {
           a[mt][0] = qf[mt][ks][0]; a[mt][1] = qf[mt][ks][1]; a[mt][2] = qf[mt][ks][2]; a[mt][3] = qf[mt][ks][3];
         } else {
-          ldsm_x4(smem_addr(sQ + (wrow + mt * 16 + a_row) * ROW + ks * 16 + a_col), a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
+          ldsm_x4(q_lane + (u32)((mt * 16 * ROW + ks * 16) * 2), a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
         }
       }
 #pragma unroll
       for (int np = 0; np < NT_S / 2; ++np) {
         u32 b0, b1, b2, b3;
-        ldsm_x4(smem_addr(cK + (np * 16 + k_row) * ROW + ks * 16 + k_col), b0, b1, b2, b3);
+        ldsm_x4(cK + (u32)((np * 16 * ROW + ks * 16) * 2), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma16816<BF16>(s[mt][2 * np], a[mt], b0, b1);
@@ -138,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     // Mask keys past the end and, when causal, above the diagonal (only blocks that need it).
     // Block-relative 32-bit offsets: key c of this block is visible to row r of the Q block iff
     // c < kv_left and (not causal or c <= r + diag_off).
-    const i64 kv_left64 = Nk - j * BC, diag_off64 = q0 + diag - j * BC;
+    const i64 kv_left64 = Nk - (i64)j * BC, diag_off64 = q0 + diag - (i64)j * BC;
     const bool need_mask = kv_left64 < BC || (CAUSAL && diag_off64 < BC - 1);
     if (need_mask) {
       const int kv_left = (int)(kv_left64 < BC ? kv_left64 : BC);
@@ -202,7 +208,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 #pragma unroll
       for (int np = 0; np < NT_O / 2; ++np) {
         u32 b0, b1, b2, b3;
-        ldsm_x4_t(smem_addr(cV + (kk * 16 + a_row) * ROW + np * 16 + a_col), b0, b1, b2, b3);
+        ldsm_x4_t(cV + (u32)((kk * 16 * ROW + np * 16) * 2), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma16816<BF16>(o[mt][2 * np], pa[mt][kk], b0, b1);

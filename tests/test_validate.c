@@ -317,6 +317,10 @@ Test(validate, sixty_four_bit_sizes) {
   const int64_t s[3] = {INT64_C(1) << 62, 8, 8};
   cr_assert_eq(fg_tensor_extent(4, 1, 1, 8, s), -1);
   cr_assert_eq(fg_tensor_extent(0, 1, 1, 8, s), 0);
+  /* key blocks are counted in 32 bits */
+  a = valid_args();
+  a.seqlen_k = (INT64_C(1) << 31);
+  EXPECT_ERR(a, FG_ERROR_UNSUPPORTED, "args->seqlen_k = 2147483648 is more than 2147483647");
 }
 
 Test(validate, params_block) {
