@@ -338,6 +338,10 @@ fg_status fg_kernel_load(fg_context *ctx, const fg_kernel_image *img, fg_loaded_
                      fg_cuda_describe(d, sizeof d, "cuFuncSetAttribute", r));
     }
   }
+  /* Prefer the largest shared-memory carveout: the kernels are shared-memory tiled, and a
+   * carveout sized for one block keeps a second from sharing the SM. A hint; failure is harmless. */
+  if (m->smem_bytes > 0)
+    (void)fg_cu.cuFuncSetAttribute(fn, FG_CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100);
   /* What the compiled function really needs: static shared memory and registers. */
   int static_smem = 0, max_threads = 0, regs = 0;
   if (fg_cu.cuFuncGetAttribute(&static_smem, FG_CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn) ==

@@ -28,7 +28,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const i64 bh = blockIdx.y, b = bh / p.heads_q, h = bh % p.heads_q, hk = h / p.hq_per_hkv;
-  const i64 q0 = (i64)blockIdx.x * BR, Nq = p.seqlen_q, Nk = p.seqlen_k;
+  // Causal: the last Q blocks see the most keys; launch them first so the short ones fill the tail.
+  const i64 q_tile = CAUSAL ? (i64)(gridDim.x - 1 - blockIdx.x) : (i64)blockIdx.x;
+  const i64 q0 = q_tile * BR, Nq = p.seqlen_q, Nk = p.seqlen_k;
   const i64 diag = Nk - Nq;  // key j is visible to query i iff j <= i + diag (causal)
   const u16 *gQ = (const u16 *)p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_sn;
   const u16 *gK = (const u16 *)p.k + b * p.k_sb + hk * p.k_sh;
@@ -42,6 +44,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     nb64 = last_key < 0 ? 0 : (last_key / BC + 1 < nb64 ? last_key / BC + 1 : nb64);
   }
   const int n_blocks = (int)nb64;  // seqlen_k < 2^31 (validated), so the block count fits
+  // 32-bit copies for the mask: Nk < 2^31 and q0 + Nk - Nq lies in (-2^31, 2^31).
+  const int nk32 = (int)Nk, qdiag32 = (int)(q0 + diag);
 
   load_tile<BR, CHUNKS, ROW, THREADS>(smem_addr(sQ), gQ, p.q_sn, Nq - q0, tid);
   cp_async_commit();
@@ -143,22 +147,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 
     // Mask keys past the end and, when causal, above the diagonal (only blocks that need it).
     // Block-relative 32-bit offsets: key c of this block is visible to row r of the Q block iff
-    // c < kv_left and (not causal or c <= r + diag_off).
-    const i64 kv_left64 = Nk - (i64)j * BC, diag_off64 = q0 + diag - (i64)j * BC;
-    const bool need_mask = kv_left64 < BC || (CAUSAL && diag_off64 < BC - 1);
+    // c < kv_left and (not causal or c <= r + diag_off0).
+    const int kv_left = nk32 - j * BC, diag_off0 = qdiag32 - j * BC;
+    const bool need_mask = kv_left < BC || (CAUSAL && diag_off0 < BC - 1);
     if (need_mask) {
-      const int kv_left = (int)(kv_left64 < BC ? kv_left64 : BC);
-      const int diag_off = (int)(diag_off64 < -BR ? -BR : (diag_off64 > BC ? BC : diag_off64));
+      // One limit per row: the last visible key of the block, minus this lane's column 2t.
+      const int kv_last = (kv_left < BC ? kv_left : BC) - 1 - 2 * t;
+      const int diag_off = diag_off0 - 2 * t;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < NT_S; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = wrow + mt * 16 + g + (e >= 2 ? 8 : 0);
-            const int c = nt * 8 + 2 * t + (e & 1);
-            if (c >= kv_left || (CAUSAL && c > r + diag_off)) s[mt][nt][e] = FG_NEG_INF;
+        for (int hh = 0; hh < 2; ++hh) {
+          int lim = kv_last;
+          if constexpr (CAUSAL) {
+            const int dl = wrow + mt * 16 + g + hh * 8 + diag_off;
+            lim = dl < lim ? dl : lim;
           }
+#pragma unroll
+          for (int nt = 0; nt < NT_S; ++nt) {
+            if (nt * 8 > lim) s[mt][nt][2 * hh] = FG_NEG_INF;
+            if (nt * 8 + 1 > lim) s[mt][nt][2 * hh + 1] = FG_NEG_INF;
+          }
+        }
     }
 
     // Online softmax: new row max, rescale the running sum and O, P = exp2(S*scale_log2 - m*scale_log2).

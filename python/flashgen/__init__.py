@@ -107,6 +107,9 @@ class fg_attention_args(ctypes.Structure):
     ]
 
 
+_ARGS_SIZE = ctypes.sizeof(fg_attention_args)
+
+
 # ---- loading the library ----
 
 _lib = None
@@ -236,6 +239,9 @@ def _destroy_contexts():
 def _context(device):
     """The context of CUDA device `device` (an ordinal), created on first use."""
     global _atexit_registered
+    ctx = _contexts.get(device)  # the common case, without the lock (dict reads are atomic)
+    if ctx is not None:
+        return ctx
     with _contexts_lock:
         ctx = _contexts.get(device)
         if ctx is not None:
@@ -268,50 +274,57 @@ def _torch_dtype_code(torch, dtype):
 
 
 def _check(q, k, v, scale):
-    """Validates what the Python side can see; returns the fg_dtype code."""
+    """Validates what the Python side can see; returns the fg_dtype code. Ordered so that a good
+    call costs few attribute lookups (this runs on every call)."""
     import torch
-    tensors = (q, k, v)
-    for name, t in zip(_NAMES, tensors):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError("flashgen: %s must be a torch.Tensor, got %s"
-                            % (name, type(t).__name__))
-        if t.dim() != 4:
+    Tensor = torch.Tensor
+    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)):
+        for name, t in zip(_NAMES, (q, k, v)):
+            if not isinstance(t, Tensor):
+                raise TypeError("flashgen: %s must be a torch.Tensor, got %s"
+                                % (name, type(t).__name__))
+    qs, ks, vs = q.shape, k.shape, v.shape
+    for name, sh in zip(_NAMES, (qs, ks, vs)):
+        if len(sh) != 4:
             raise ValueError("flashgen: %s must be 4-D [batch, heads, seqlen, head_dim], got "
-                             "shape %s" % (name, tuple(t.shape)))
-    code = _torch_dtype_code(torch, q.dtype)
+                             "shape %s" % (name, tuple(sh)))
+    dtype = q.dtype
+    code = _torch_dtype_code(torch, dtype)
     if code is None:
         raise TypeError("flashgen: q has dtype %s; flashgen takes torch.float16 or torch.bfloat16"
-                        % q.dtype)
-    for name, t in zip(_NAMES[1:], tensors[1:]):
-        if t.dtype != q.dtype:
-            raise TypeError("flashgen: %s has dtype %s but q has %s; all three must match"
-                            % (name, t.dtype, q.dtype))
-    if k.shape != v.shape:
+                        % dtype)
+    if k.dtype != dtype or v.dtype != dtype:
+        name, t = ("k", k) if k.dtype != dtype else ("v", v)
+        raise TypeError("flashgen: %s has dtype %s but q has %s; all three must match"
+                        % (name, t.dtype, dtype))
+    if ks != vs:
         raise ValueError("flashgen: k and v must have the same shape, got %s and %s"
-                         % (tuple(k.shape), tuple(v.shape)))
-    if k.shape[0] != q.shape[0]:
-        raise ValueError("flashgen: q has batch %d but k and v have %d" % (q.shape[0], k.shape[0]))
-    if k.shape[3] != q.shape[3]:
-        raise ValueError("flashgen: q has head_dim %d but k and v have %d"
-                         % (q.shape[3], k.shape[3]))
-    if q.shape[1] > 0 and k.shape[1] == 0:
-        raise ValueError("flashgen: k and v have no heads but q has %d" % q.shape[1])
-    for name, t in zip(_NAMES, tensors):
-        if t.shape[3] > 1 and t.stride(3) != 1:
-            raise ValueError("flashgen: the last dimension of %s must be contiguous (stride 1, got "
-                             "%d); call %s.contiguous() first" % (name, t.stride(3), name))
+                         % (tuple(ks), tuple(vs)))
+    if ks[0] != qs[0]:
+        raise ValueError("flashgen: q has batch %d but k and v have %d" % (qs[0], ks[0]))
+    if ks[3] != qs[3]:
+        raise ValueError("flashgen: q has head_dim %d but k and v have %d" % (qs[3], ks[3]))
+    if qs[1] > 0 and ks[1] == 0:
+        raise ValueError("flashgen: k and v have no heads but q has %d" % qs[1])
+    if qs[3] > 1:
+        for name, t in zip(_NAMES, (q, k, v)):
+            if t.stride(3) != 1:
+                raise ValueError("flashgen: the last dimension of %s must be contiguous (stride 1, "
+                                 "got %d); call %s.contiguous() first" % (name, t.stride(3), name))
     if scale is not None:
         s = float(scale)
         if not math.isfinite(s) or s <= 0:
             raise ValueError("flashgen: scale must be finite and positive, got %r" % (scale,))
-    for name, t in zip(_NAMES, tensors):
-        if t.device.type != "cuda":
-            raise ValueError("flashgen: %s is on %s; flashgen runs on CUDA tensors (move it with "
-                             "%s.cuda())" % (name, t.device, name))
-    for name, t in zip(_NAMES[1:], tensors[1:]):
-        if t.device != q.device:
-            raise ValueError("flashgen: %s is on %s but q is on %s; all three must be on one device"
-                             % (name, t.device, q.device))
+    if not (q.is_cuda and k.is_cuda and v.is_cuda):
+        for name, t in zip(_NAMES, (q, k, v)):
+            if not t.is_cuda:
+                raise ValueError("flashgen: %s is on %s; flashgen runs on CUDA tensors (move it "
+                                 "with %s.cuda())" % (name, t.device, name))
+    dev = q.get_device()
+    if k.get_device() != dev or v.get_device() != dev:
+        name, t = ("k", k) if k.get_device() != dev else ("v", v)
+        raise ValueError("flashgen: %s is on %s but q is on %s; all three must be on one device"
+                         % (name, t.device, q.device))
     return code
 
 
@@ -328,19 +341,14 @@ def _strides(t):
 
 
 def _pack(code, q, k, v, o, lse, causal, scale):
-    a = fg_attention_args()
-    a.size = ctypes.sizeof(fg_attention_args)
-    a.dtype = code
-    a.causal = 1 if causal else 0
-    a.batch, a.heads_q, a.seqlen_q, a.head_dim = (int(x) for x in q.shape)
-    a.heads_kv, a.seqlen_k = int(k.shape[1]), int(k.shape[2])
-    a.q, a.k, a.v, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
-    if lse is not None:
-        a.lse = ctypes.cast(ctypes.c_void_p(lse.data_ptr()), ctypes.POINTER(ctypes.c_float))
-    for field, t in (("q_stride", q), ("k_stride", k), ("v_stride", v), ("o_stride", o)):
-        getattr(a, field)[:] = _strides(t)
-    a.scale = 0.0 if scale is None else float(scale)
-    return a
+    qs, ks = q.shape, k.shape
+    return fg_attention_args(
+        size=_ARGS_SIZE, dtype=code, causal=1 if causal else 0,
+        batch=qs[0], heads_q=qs[1], heads_kv=ks[1], seqlen_q=qs[2], seqlen_k=ks[2],
+        head_dim=qs[3], q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
+        lse=None if lse is None else ctypes.cast(lse.data_ptr(), ctypes.POINTER(ctypes.c_float)),
+        q_stride=_strides(q), k_stride=_strides(k), v_stride=_strides(v), o_stride=_strides(o),
+        scale=0.0 if scale is None else float(scale))
 
 
 def _outputs(q, return_lse):
@@ -384,9 +392,9 @@ def attention(q, k, v, causal=False, scale=None, return_lse=False):
     device = q.get_device()
     ctx = _context(device)
     a = _pack(code, q, k, v, o, lse, causal, scale)
-    with torch.cuda.device(device):
-        stream = torch.cuda.current_stream(device).cuda_stream
-        status = _fn("fg_attention_forward")(ctx, ctypes.byref(a), ctypes.c_void_p(stream))
+    # The context makes its own CUDA context current; no device switch is needed here.
+    stream = torch.cuda.current_stream(device).cuda_stream
+    status = _fn("fg_attention_forward")(ctx, ctypes.byref(a), ctypes.c_void_p(stream))
     if status != Status.OK:
         raise FlashgenError(status, _text(_fn("fg_context_last_error")(ctx)))
     return result
