@@ -108,6 +108,25 @@ int main(int argc, char **argv) {
     qsort(u, (size_t)calls, sizeof(double), cmp);
     printf("  part %-18s median %.2f us\n", part[which], u[calls / 2]);
   }
+  /* The floor: cuLaunchKernel alone, same kernel and arguments, context already current. */
+  fg_ctx_push(ctx);
+  {
+    uint64_t g[3];
+    fg_launch_grid(&kern->meta, &prm, g);
+    void *kp[] = {&prm};
+    for (int i = 0; i < calls; i++) {
+      double s = now_us();
+      fg_cu.cuLaunchKernel(kern->fn, (unsigned)g[0], (unsigned)g[1], (unsigned)g[2],
+                           (unsigned)kern->meta.threads, 1, 1, (unsigned)kern->meta.smem_bytes, NULL,
+                           kp, NULL);
+      u[i] = now_us() - s;
+      if (i % 256 == 255) fg_cu.cuCtxSynchronize();
+    }
+    fg_cu.cuCtxSynchronize();
+  }
+  fg_ctx_pop(ctx);
+  qsort(u, (size_t)calls, sizeof(double), cmp);
+  printf("  bare cuLaunchKernel   median %.2f us (the driver's floor for any launch)\n", u[calls / 2]);
   free(u);
   printf("host time per call, kernel loaded: median %.2f us, p10 %.2f us, p90 %.2f us over %d calls\n",
          t[calls / 2], t[calls / 10], t[calls * 9 / 10], calls);
