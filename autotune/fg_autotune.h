@@ -4,6 +4,8 @@
 #define FG_AUTOTUNE_H
 #include <stdio.h>
 
+#include <stdint.h>
+
 #include "fg_gen.h"
 
 /* Why candidates were pruned, counted by cause. */
@@ -108,4 +110,9 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
 /* Prints the report: an aligned table, or Markdown when markdown is nonzero. */
 void fg_tune_report_print(const fg_tune_report *rep, FILE *out, int markdown);
 void fg_tune_report_free(fg_tune_report *rep);
+
+/* float -> f16 or bf16 bits, round to nearest even (NaN stays NaN, overflow is infinity), and
+ * back (exact). The host side of every correctness comparison (half.c). */
+uint16_t fg_f32_to_half(float f, fg_dtype t);
+float fg_half_to_f32(uint16_t h, fg_dtype t);
 #endif

@@ -44,55 +44,7 @@ static uint64_t splitmix64(uint64_t *s) {
 
 static double uniform01(uint64_t *s) { return (double)(splitmix64(s) >> 11) * 0x1.0p-53; }
 
-static uint16_t f32_to_bf16(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  x += 0x7FFFu + ((x >> 16) & 1u); /* round to nearest even; inputs are finite */
-  return (uint16_t)(x >> 16);
-}
-
-static float bf16_to_f32(uint16_t h) {
-  uint32_t x = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &x, 4);
-  return f;
-}
-
-static uint16_t f32_to_f16(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const int32_t e = (int32_t)((x >> 23) & 0xFF) - 127 + 15;
-  uint32_t mant = x & 0x7FFFFFu;
-  if (((x >> 23) & 0xFF) == 0xFF) return (uint16_t)(sign | 0x7C00u | (mant ? 0x200u : 0));
-  if (e >= 31) return (uint16_t)(sign | 0x7C00u);
-  if (e <= 0) { /* subnormal half */
-    if (e < -10) return (uint16_t)sign;
-    mant |= 0x800000u;
-    const int shift = 14 - e;
-    uint32_t h = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
-  }
-  uint32_t h = sign | ((uint32_t)e << 10) | (mant >> 13);
-  const uint32_t rem = mant & 0x1FFFu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* a carry rounds into the exponent */
-  return (uint16_t)h;
-}
-
-static float f16_to_f32(uint16_t h) {
-  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-  float v;
-  if (e == 0) v = ldexpf((float)m, -24);
-  else if (e == 31) v = m ? NAN : INFINITY;
-  else v = ldexpf((float)(m | 0x400u), (int)e - 25);
-  return (h & 0x8000u) ? -v : v;
-}
-
-static float half_to_f32(fg_dtype t, uint16_t h) {
-  return t == FG_DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
-}
+static float half_to_f32(fg_dtype t, uint16_t h) { return fg_half_to_f32(h, t); }
 
 /* Fills x with n nonzero values of dtype t: normal(0, 1) when normal, else uniform(-1, 1). */
 static void random_fill(uint16_t *x, size_t n, fg_dtype t, int normal, uint64_t *s) {
@@ -106,7 +58,7 @@ static void random_fill(uint16_t *x, size_t n, fg_dtype t, int normal, uint64_t 
       } else {
         v = 2.0 * uniform01(s) - 1.0;
       }
-      uint16_t h = t == FG_DTYPE_BF16 ? f32_to_bf16((float)v) : f32_to_f16((float)v);
+      uint16_t h = fg_f32_to_half((float)v, t);
       if ((h & 0x7FFFu) != 0) { /* never zeros */
         x[i] = h;
         break;

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fg_autotune.h"
 #include "fg_cli.h"
 #include "fg_runtime_internal.h"
 
@@ -381,49 +382,10 @@ static double rng_normal(rng *r) {
   return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
-static uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-static uint16_t f32_to_f16(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000u, mant = x & 0x7fffffu;
-  int exp = (int)((x >> 23) & 0xffu);
-  if (exp == 0xff) return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0u));
-  int e = exp - 127 + 15;
-  if (e >= 31) return (uint16_t)(sign | 0x7c00u);
-  if (e <= 0) {
-    if (e < -10) return (uint16_t)sign;
-    mant |= 0x800000u;
-    int shift = 14 - e;
-    uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1u), mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
-  }
-  uint32_t h = sign | ((uint32_t)e << 10) | (mant >> 13), rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
-  return (uint16_t)h;
-}
-
-static double half_to_f64(uint16_t h, fg_dtype dt) {
-  if (dt == FG_DTYPE_BF16) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-  }
-  int s = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-  double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m + 1024, e - 25);
-  return s ? -v : v;
-}
+static double half_to_f64(uint16_t h, fg_dtype dt) { return fg_half_to_f32(h, dt); }
 
 static uint16_t to_half(double x, fg_dtype dt) {
-  uint16_t h = dt == FG_DTYPE_BF16 ? f32_to_bf16((float)x) : f32_to_f16((float)x);
+  uint16_t h = fg_f32_to_half((float)x, dt);
   if ((h & 0x7fffu) == 0) h = dt == FG_DTYPE_BF16 ? 0x3b80 /* 2^-8 */ : 0x1c00; /* never zero */
   return h;
 }

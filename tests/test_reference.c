@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cpu_reference.h"
+#include "fg_autotune.h"
 
 /* |a - b| <= tol * |b| (or <= tol when b is 0). */
 static int close_rel(double a, double b, double tol) {
@@ -398,5 +399,26 @@ Test(convert, random_floats_round_to_nearest) {
     const float x = (t & 1) ? -mag : mag;
     check_nearest(x, fg_ref_f32_to_bf16(x), fg_ref_bf16_to_f32);
     if (fabsf(x) < 65504.0f) check_nearest(x, fg_ref_f32_to_f16(x), fg_ref_f16_to_f32);
+  }
+}
+
+/* The correctness gate's conversions (autotune/half.c) against this file's independent ones, on
+ * every 16-bit pattern and on floats around every rounding boundary. */
+Test(conversions, gate_matches_reference_implementation) {
+  for (uint32_t h = 0; h < 65536; h++) {
+    const float b = fg_half_to_f32((uint16_t)h, FG_DTYPE_BF16), f = fg_half_to_f32((uint16_t)h, FG_DTYPE_F16);
+    const float rb = fg_ref_bf16_to_f32((uint16_t)h), rf = fg_ref_f16_to_f32((uint16_t)h);
+    cr_assert(memcmp(&b, &rb, 4) == 0 || (isnan(b) && isnan(rb)), "bf16 %04x", h);
+    cr_assert(memcmp(&f, &rf, 4) == 0 || (isnan(f) && isnan(rf)), "f16 %04x", h);
+  }
+  uint64_t s = 12345;
+  for (int i = 0; i < 200000; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t bits = (uint32_t)(s >> 32);
+    float x;
+    memcpy(&x, &bits, 4);
+    if (isnan(x)) continue;
+    cr_assert_eq(fg_f32_to_half(x, FG_DTYPE_BF16), fg_ref_f32_to_bf16(x), "bf16 of %a", (double)x);
+    cr_assert_eq(fg_f32_to_half(x, FG_DTYPE_F16), fg_ref_f32_to_f16(x), "f16 of %a", (double)x);
   }
 }
