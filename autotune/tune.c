@@ -576,6 +576,24 @@ static void set_result(tprob *P, const ttriple *T, int c, int ok, double ms, dou
 
 /* The correctness check of every candidate to measure for problem pi. Returns FG_OK, or a
  * failure that stops the whole run (the context is broken). */
+/* A candidate failed while `doing` (checking, timing): records why (prefix: the context's last
+ * error) and, when the failure left the CUDA context unusable, stops the run. Returns FG_OK to
+ * go on with the next candidate, or the status that ends tuning in this process. */
+static fg_status candidate_failed(trun *R, tprob *P, ttriple *T, int c, const char *name,
+                                  const char *doing, const char *prefix) {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", fg_context_last_error(R->ctx));
+  set_result(P, T, c, 0, 0, 0, "%s: %s", prefix, msg);
+  if (context_alive(R->ctx)) return FG_OK;
+  R->fatal = 1;
+  R->broken_tri = P->tri;
+  R->broken_cand = c;
+  return fg_fail(R->ctx, FG_ERROR_CUDA,
+                 "the CUDA context became unusable while %s %s (%s); tuning cannot continue in "
+                 "this process",
+                 doing, name, msg);
+}
+
 static fg_status check_problem(trun *R, int pi, uint64_t seed) {
   fg_context *ctx = R->ctx;
   tprob *P = &R->pr[pi];
@@ -651,18 +669,7 @@ static fg_status check_problem(trun *R, int pi, uint64_t seed) {
       st = fg_stream_synchronize(ctx, D->stream);
     }
     if (st != FG_OK) {
-      char msg[512];
-      snprintf(msg, sizeof msg, "%s", fg_context_last_error(ctx));
-      set_result(P, T, c, 0, 0, 0, "%s: %s", stage, msg);
-      if (!context_alive(ctx)) {
-        R->fatal = 1;
-        R->broken_tri = P->tri;
-        R->broken_cand = c;
-        return fg_fail(ctx, FG_ERROR_CUDA,
-                       "the CUDA context became unusable while checking %s (%s); tuning cannot "
-                       "continue in this process",
-                       name, msg);
-      }
+      if ((st = candidate_failed(R, P, T, c, name, "checking", stage)) != FG_OK) return st;
       continue;
     }
     if ((st = fg_dev_download(ctx, D->ho, D->co, elems * 2)) != FG_OK) return st;
@@ -813,18 +820,9 @@ static fg_status time_problem(trun *R, int pi) {
         continue;
       }
     }
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", fg_context_last_error(ctx));
-    set_result(P, T, c, 0, 0, 0, "failed while timing at full size: %s", msg);
-    if (!context_alive(ctx)) {
-      R->fatal = 1;
-      R->broken_tri = P->tri;
-      R->broken_cand = c;
-      return fg_fail(ctx, FG_ERROR_CUDA,
-                     "the CUDA context became unusable while timing %s (%s); tuning cannot "
-                     "continue in this process",
-                     name, msg);
-    }
+    if ((st = candidate_failed(R, P, T, c, name, "timing", "failed while timing at full size")) !=
+        FG_OK)
+      return st;
   }
   return FG_OK;
 }
