@@ -11,6 +11,12 @@ typedef unsigned short u16;
 
 {% include("fg_params.h") %}
 
+// The block's coordinates, read anew on every call (volatile: the compiler may not keep an
+// earlier read alive in a register across a long loop).
+FG_DEV u32 ctaid_x() { u32 r; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r)); return r; }
+FG_DEV u32 ctaid_y() { u32 r; asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r)); return r; }
+FG_DEV u32 nctaid_x() { u32 r; asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(r)); return r; }
+
 // Shared-memory address of a generic pointer into shared memory.
 FG_DEV u32 smem_addr(const void *p) {
   u32 r;

@@ -16,12 +16,12 @@ function M.layout(v)
 end
 
 -- Registers per thread the kernels need: the O accumulator, the S accumulator twice (ptxas keeps
--- the exponentiated S live while packing P), Q fragments when kept in registers, 52 for
--- addresses, softmax state and loop control, and 16 more for the causal mask. Fitted to ptxas
--- (NVRTC 13.0, sm_80 and sm_90a) after addresses went 32-bit: d=128 with 32 rows per warp and
--- Bc=32 uses 252 non-causal (estimated 252) and spills causal (estimated 268); 16 rows per warp,
--- 8 warps, Bc=64 uses 228 causal (estimated 228). tests/test_compile.c compiles every candidate
--- and fails on any spill; flashgen tune rejects a candidate that spills.
+-- the exponentiated S live while packing P), Q fragments when kept in registers, and 52 for
+-- addresses, softmax state and loop control. Fitted to ptxas (NVRTC 13.0, sm_80 and sm_90a)
+-- after addresses went 32-bit and the epilogue re-reads the block's coordinates: d=128 with 32
+-- rows per warp and Bc=32 uses 246-254 causal or not (estimated 252); Bc=64 spills (316); 16 rows
+-- per warp, 8 warps, Bc=64 uses 212-221 (212). tests/test_compile.c compiles every candidate and
+-- fails on any spill; flashgen tune rejects a candidate that spills.
 function M.q_in_regs(v)
   local L = M.layout(v)
   -- 160 spilled 16 B at d = 184 (Q 48 + O 96 + S 16 registers); 128 keeps d = 128, Bc = 64.
@@ -38,7 +38,7 @@ function M.resources(v)
   if v.loop == "q_outer" then
     smem = (v.br + 2 * v.stages * v.bc) * L.row * elem
     local q_frag = M.q_in_regs(v) and L.mt * (L.d_pad // 16) * 4 or 4 * L.mt
-    regs = o_acc + 2 * s_acc + q_frag + 52 + (v.causal and 16 or 0)
+    regs = o_acc + 2 * s_acc + q_frag + 52
   else
     smem = (v.br + 2 * v.bc) * L.row * elem
     regs = math.min(o_acc, 64 * L.mt) + s_acc + p_frag + 4 * L.mt + 96  -- P~V in 128-column chunks

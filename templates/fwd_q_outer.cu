@@ -229,9 +229,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     if constexpr (STAGES == 1) __syncthreads();  // before the next block overwrites the buffer
   }
 
-  // Epilogue: normalise, stage O through shared memory (sQ) for 16-byte coalesced stores.
+  // Epilogue: normalise, stage O through shared memory (sQ) for 16-byte coalesced stores. The
+  // block's coordinates are read again from the special registers (volatile: not reused from the
+  // prologue), so the prologue's 64-bit offsets need not stay live, or spill, across the loop.
   cp_async_wait<0>();
   __syncthreads();
+  const i64 e_bh = ctaid_y(), e_b = e_bh / p.heads_q, e_h = e_bh % p.heads_q;
+  const i64 e_q0 = (CAUSAL ? (i64)(nctaid_x() - 1 - ctaid_x()) : (i64)ctaid_x()) * BR;
+  const int e_rows = (int)(p.seqlen_q - e_q0 < BR ? p.seqlen_q - e_q0 : BR);  // rows to write
   float *lse = (float *)p.lse;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -243,13 +248,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 #pragma unroll
       for (int nt = 0; nt < NT_O; ++nt)
         *(u32 *)(sQ + r * ROW + nt * 8 + 2 * t) = pack2<BF16>(o[mt][nt][2 * hh] * inv, o[mt][nt][2 * hh + 1] * inv);
-      if (lse != nullptr && t == 0 && q0 + r < Nq)
-        lse[bh * Nq + q0 + r] = lsum > 0.f ? m[mt][hh] * (float)p.scale + logf(lsum) : FG_NEG_INF;
+      if (lse != nullptr && t == 0 && r < e_rows)
+        lse[e_bh * p.seqlen_q + e_q0 + r] = lsum > 0.f ? m[mt][hh] * (float)p.scale + logf(lsum) : FG_NEG_INF;
     }
   __syncthreads();
-  u16 *gO = (u16 *)p.o + b * p.o_sb + h * p.o_sh + q0 * p.o_sn;
+  u16 *gO = (u16 *)p.o + e_b * p.o_sb + e_h * p.o_sh + e_q0 * p.o_sn;
   for (int idx = tid; idx < BR * CHUNKS; idx += THREADS) {
     const int r = idx / CHUNKS, c = idx % CHUNKS;
-    if (q0 + r < Nq) copy16_s2g(gO + r * p.o_sn + c * 8, smem_addr(sQ + r * ROW + c * 8));
+    if (r < e_rows) copy16_s2g(gO + r * p.o_sn + c * 8, smem_addr(sQ + r * ROW + c * 8));
   }
 }
