@@ -288,8 +288,8 @@ typedef struct tdev {
 /* Whether the CUDA context still works after a failure (a sticky error breaks it for good). */
 static int context_alive(fg_context *ctx) { return fg_dev_synchronize(ctx) == FG_OK; }
 
-static fg_status check_buffers(tdev *D, size_t elems) {
-  if (D->check_elems >= elems) return FG_OK;
+/* Releases the buffers of the correctness check (device and host); they can be made again. */
+static void free_check_buffers(tdev *D) {
   fg_context *ctx = D->ctx;
   fg_dev_free(ctx, D->cq);
   fg_dev_free(ctx, D->ck);
@@ -303,7 +303,15 @@ static fg_status check_buffers(tdev *D, size_t elems) {
   free(D->ho);
   free(D->href);
   free(D->hlowp);
+  D->hq = D->hk = D->hv = D->ho = NULL;
+  D->href = D->hlowp = NULL;
   D->check_elems = 0;
+}
+
+static fg_status check_buffers(tdev *D, size_t elems) {
+  if (D->check_elems >= elems) return FG_OK;
+  fg_context *ctx = D->ctx;
+  free_check_buffers(D);
   D->hq = malloc(elems * 2);
   D->hk = malloc(elems * 2);
   D->hv = malloc(elems * 2);
@@ -323,18 +331,8 @@ static fg_status check_buffers(tdev *D, size_t elems) {
 
 static void free_dev(tdev *D) {
   fg_context *ctx = D->ctx;
-  fg_dev_free(ctx, D->cq);
-  fg_dev_free(ctx, D->ck);
-  fg_dev_free(ctx, D->cv);
-  fg_dev_free(ctx, D->co);
-  fg_dev_free(ctx, D->cref);
+  free_check_buffers(D);
   fg_dev_free(ctx, D->pool);
-  free(D->hq);
-  free(D->hk);
-  free(D->hv);
-  free(D->ho);
-  free(D->href);
-  free(D->hlowp);
   for (int i = 0; i < 2 * TIMED_RUNS; i++) fg_event_destroy(ctx, D->ev[i]);
   fg_stream_destroy(ctx, D->stream);
 }

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli_runner.h"
 #include "fg_autotune.h"
 #include "fg_cache.h"
 
@@ -306,60 +307,33 @@ Test(candidates, h100_a100_4090, .timeout = 120) {
 
 /* ---- the commands ------------------------------------------------------------------------ */
 
-static char out_text[65536], err_text[65536];
 
-static void slurp(const char *path, char *buf, size_t len) {
-  buf[0] = '\0';
-  FILE *f = fopen(path, "r");
-  if (!f) return;
-  size_t n = fread(buf, 1, len - 1, f);
-  buf[n] = '\0';
-  fclose(f);
-}
 
-/* Runs `$FLASHGEN_CLI args` with env assignments in front; returns the exit status. */
-static int run_cli(const char *env, const char *args) {
-  const char *cli = getenv("FLASHGEN_CLI");
-  if (!cli || !*cli) cr_skip_test("FLASHGEN_CLI is not set (run through ctest)");
-  char cmd[4096], o[] = "/tmp/fg_test_out_XXXXXX", e[] = "/tmp/fg_test_err_XXXXXX";
-  int fo = mkstemp(o), fe = mkstemp(e);
-  cr_assert(fo >= 0 && fe >= 0);
-  close(fo);
-  close(fe);
-  snprintf(cmd, sizeof cmd, "%s '%s' %s >%s 2>%s", env ? env : "", cli, args, o, e);
-  int st = system(cmd);
-  slurp(o, out_text, sizeof out_text);
-  slurp(e, err_text, sizeof err_text);
-  unlink(o);
-  unlink(e);
-  cr_assert(WIFEXITED(st), "'%s' did not exit", cmd);
-  return WEXITSTATUS(st);
-}
 
 #define NO_GPU "FLASHGEN_CUDA_LIBRARY=/nonexistent/libcuda.so.1"
 
 Test(cli, tune_help_and_usage_errors) {
-  cr_assert_eq(run_cli(NULL, "tune --help"), 0);
-  cr_assert(strstr(out_text, "usage: flashgen tune") && strstr(out_text, "PROBLEM"), "%s", out_text);
-  cr_assert_eq(run_cli(NO_GPU, "tune d=12,n=4k"), 2);
-  cr_assert(strstr(err_text, "d=12: head dimension must be a multiple of 8"), "%s", err_text);
-  cr_assert_eq(run_cli(NO_GPU, "tune --frobnicate"), 2);
-  cr_assert(strstr(err_text, "unknown option '--frobnicate'"), "%s", err_text);
-  cr_assert_eq(run_cli(NO_GPU, "tune -j 0"), 2);
-  cr_assert(strstr(err_text, "-j needs an integer from 1"), "%s", err_text);
-  cr_assert_eq(run_cli(NO_GPU, "tune --quick d=64,n=1k"), 2);
-  cr_assert(strstr(err_text, "--quick"), "%s", err_text);
-  cr_assert_eq(run_cli(NO_GPU, "tune --problems /nonexistent/p.txt"), 2);
-  cr_assert(strstr(err_text, "/nonexistent/p.txt: cannot open"), "%s", err_text);
+  cr_assert_eq(fg_test_run_cli(NULL, NULL, "tune --help"), 0);
+  cr_assert(strstr(fg_test_out, "usage: flashgen tune") && strstr(fg_test_out, "PROBLEM"), "%s", fg_test_out);
+  cr_assert_eq(fg_test_run_cli(NULL, NO_GPU, "tune d=12,n=4k"), 2);
+  cr_assert(strstr(fg_test_err, "d=12: head dimension must be a multiple of 8"), "%s", fg_test_err);
+  cr_assert_eq(fg_test_run_cli(NULL, NO_GPU, "tune --frobnicate"), 2);
+  cr_assert(strstr(fg_test_err, "unknown option '--frobnicate'"), "%s", fg_test_err);
+  cr_assert_eq(fg_test_run_cli(NULL, NO_GPU, "tune -j 0"), 2);
+  cr_assert(strstr(fg_test_err, "-j needs an integer from 1"), "%s", fg_test_err);
+  cr_assert_eq(fg_test_run_cli(NULL, NO_GPU, "tune --quick d=64,n=1k"), 2);
+  cr_assert(strstr(fg_test_err, "--quick"), "%s", fg_test_err);
+  cr_assert_eq(fg_test_run_cli(NULL, NO_GPU, "tune --problems /nonexistent/p.txt"), 2);
+  cr_assert(strstr(fg_test_err, "/nonexistent/p.txt: cannot open"), "%s", fg_test_err);
 }
 
 Test(cli, tune_without_gpu_fails_clearly) {
-  cr_assert_eq(run_cli(NO_GPU, "tune --quick"), 1, "stdout: %s\nstderr: %s", out_text, err_text);
-  cr_assert(strstr(err_text, "tuning needs a CUDA GPU"), "%s", err_text);
-  cr_assert(strstr(err_text, "/nonexistent/libcuda.so.1"), "the message says what was tried: %s",
-            err_text);
-  cr_assert_eq(run_cli(NO_GPU, "tune -j4 -q d=128,dtype=bf16,causal=1,n=4096"), 1);
-  cr_assert(strstr(err_text, "tuning needs a CUDA GPU"), "%s", err_text);
+  cr_assert_eq(fg_test_run_cli(NULL, NO_GPU, "tune --quick"), 1, "stdout: %s\nstderr: %s", fg_test_out, fg_test_err);
+  cr_assert(strstr(fg_test_err, "tuning needs a CUDA GPU"), "%s", fg_test_err);
+  cr_assert(strstr(fg_test_err, "/nonexistent/libcuda.so.1"), "the message says what was tried: %s",
+            fg_test_err);
+  cr_assert_eq(fg_test_run_cli(NULL, NO_GPU, "tune -j4 -q d=128,dtype=bf16,causal=1,n=4096"), 1);
+  cr_assert(strstr(fg_test_err, "tuning needs a CUDA GPU"), "%s", fg_test_err);
 }
 
 static char cache_dir[64];
@@ -419,36 +393,36 @@ static void fill_cache(void) {
 
 Test(cli, cache_actions, .init = make_cache_dir, .fini = remove_cache_dir) {
   char args[512];
-  cr_assert_eq(run_cli(NULL, "cache --help"), 0);
-  cr_assert(strstr(out_text, "usage: flashgen cache") && strstr(out_text, "verify"));
-  cr_assert_eq(run_cli(NULL, "cache"), 2);
-  cr_assert_eq(run_cli(NULL, "cache frobnicate"), 2);
-  cr_assert(strstr(err_text, "unknown action 'frobnicate'"), "%s", err_text);
-  cr_assert_eq(run_cli(NULL, "cache ls stats"), 2);
-  cr_assert_eq(run_cli(NULL, "cache --dir"), 2);
+  cr_assert_eq(fg_test_run_cli(NULL, NULL, "cache --help"), 0);
+  cr_assert(strstr(fg_test_out, "usage: flashgen cache") && strstr(fg_test_out, "verify"));
+  cr_assert_eq(fg_test_run_cli(NULL, NULL, "cache"), 2);
+  cr_assert_eq(fg_test_run_cli(NULL, NULL, "cache frobnicate"), 2);
+  cr_assert(strstr(fg_test_err, "unknown action 'frobnicate'"), "%s", fg_test_err);
+  cr_assert_eq(fg_test_run_cli(NULL, NULL, "cache ls stats"), 2);
+  cr_assert_eq(fg_test_run_cli(NULL, NULL, "cache --dir"), 2);
 
   snprintf(args, sizeof args, "cache --dir '%s/c' ls", cache_dir);
-  cr_assert_eq(run_cli(NULL, args), 0, "%s", err_text);
-  cr_assert(strstr(out_text, "0 kernels in"), "%s", out_text);
+  cr_assert_eq(fg_test_run_cli(NULL, NULL, args), 0, "%s", fg_test_err);
+  cr_assert(strstr(fg_test_out, "0 kernels in"), "%s", fg_test_out);
 
   fill_cache();
-  cr_assert_eq(run_cli(NULL, args), 0, "%s", err_text);
-  cr_assert(strstr(out_text, "fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm90a") &&
-                strstr(out_text, "1 kernel in"),
-            "%s", out_text);
+  cr_assert_eq(fg_test_run_cli(NULL, NULL, args), 0, "%s", fg_test_err);
+  cr_assert(strstr(fg_test_out, "fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm90a") &&
+                strstr(fg_test_out, "1 kernel in"),
+            "%s", fg_test_out);
 
   char env[256];
   snprintf(env, sizeof env, "FLASHGEN_CACHE_DIR='%s/c'", cache_dir);
-  cr_assert_eq(run_cli(env, "cache stats"), 0, "FLASHGEN_CACHE_DIR is the default: %s", err_text);
-  cr_assert(strstr(out_text, "1 entries") && strstr(out_text, "1 buckets"), "%s", out_text);
+  cr_assert_eq(fg_test_run_cli(NULL, env, "cache stats"), 0, "FLASHGEN_CACHE_DIR is the default: %s", fg_test_err);
+  cr_assert(strstr(fg_test_out, "1 entries") && strstr(fg_test_out, "1 buckets"), "%s", fg_test_out);
 
-  cr_assert_eq(run_cli(env, "cache tuning"), 0, "%s", err_text);
-  cr_assert(strstr(out_text, "fwd_d128_bf16_causal_nk4096") && strstr(out_text, "300.0") &&
-                strstr(out_text, "1 tuning record"),
-            "%s", out_text);
+  cr_assert_eq(fg_test_run_cli(NULL, env, "cache tuning"), 0, "%s", fg_test_err);
+  cr_assert(strstr(fg_test_out, "fwd_d128_bf16_causal_nk4096") && strstr(fg_test_out, "300.0") &&
+                strstr(fg_test_out, "1 tuning record"),
+            "%s", fg_test_out);
 
-  cr_assert_eq(run_cli(env, "cache verify"), 0, "%s%s", out_text, err_text);
-  cr_assert(strstr(out_text, "all 1 entries ok"), "%s", out_text);
+  cr_assert_eq(fg_test_run_cli(NULL, env, "cache verify"), 0, "%s%s", fg_test_out, fg_test_err);
+  cr_assert(strstr(fg_test_out, "all 1 entries ok"), "%s", fg_test_out);
 
   /* Flip a byte of the cubin behind the library's back: verify reports it and exits 1. */
   char db[256];
@@ -470,22 +444,22 @@ Test(cli, cache_actions, .init = make_cache_dir, .fini = remove_cache_dir) {
   int rc = sqlite3_exec(h, "UPDATE kernels SET cubin = zeroblob(length(cubin))", NULL, NULL, &msg);
   cr_assert_eq(rc, SQLITE_OK, "%s", msg ? msg : "");
   sqlite3_close(h);
-  cr_assert_eq(run_cli(env, "cache verify"), 1, "%s", out_text);
-  cr_assert(strstr(out_text, "BAD") && strstr(out_text, "fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm90a"),
-            "%s", out_text);
+  cr_assert_eq(fg_test_run_cli(NULL, env, "cache verify"), 1, "%s", fg_test_out);
+  cr_assert(strstr(fg_test_out, "BAD") && strstr(fg_test_out, "fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm90a"),
+            "%s", fg_test_out);
 
-  cr_assert_eq(run_cli(env, "cache clear"), 0, "%s", err_text);
-  cr_assert(strstr(out_text, "removed 1 kernel") && strstr(out_text, "1 tuning record"), "%s",
-            out_text);
-  cr_assert_eq(run_cli(env, "cache ls"), 0);
-  cr_assert(strstr(out_text, "0 kernels in"), "%s", out_text);
-  cr_assert_eq(run_cli(env, "cache verify"), 0);
+  cr_assert_eq(fg_test_run_cli(NULL, env, "cache clear"), 0, "%s", fg_test_err);
+  cr_assert(strstr(fg_test_out, "removed 1 kernel") && strstr(fg_test_out, "1 tuning record"), "%s",
+            fg_test_out);
+  cr_assert_eq(fg_test_run_cli(NULL, env, "cache ls"), 0);
+  cr_assert(strstr(fg_test_out, "0 kernels in"), "%s", fg_test_out);
+  cr_assert_eq(fg_test_run_cli(NULL, env, "cache verify"), 0);
 }
 
 Test(cli, cache_unusable_dir_fails) {
-  cr_assert_eq(run_cli(NULL, "cache --dir /proc/flashgen-cannot-exist ls"), 1);
-  cr_assert(strstr(err_text, "cannot use the cache in /proc/flashgen-cannot-exist"), "%s",
-            err_text);
+  cr_assert_eq(fg_test_run_cli(NULL, NULL, "cache --dir /proc/flashgen-cannot-exist ls"), 1);
+  cr_assert(strstr(fg_test_err, "cannot use the cache in /proc/flashgen-cannot-exist"), "%s",
+            fg_test_err);
 }
 
 /* ---- a whole tuning run on the fake driver (tests/fake_cuda/libcuda.c) ------------------- */
@@ -518,13 +492,13 @@ Test(tune_fake_gpu, tunes_records_and_skips_what_is_recorded, .init = make_cache
            "tune -j 4 --seed 42 --report '%s/report.md' d=64,n=128,batch=1,heads=1,causal=1 "
            "d=64,n=600,batch=1,heads=1,causal=1 d=64,n=100,batch=1,heads=1,causal=1",
            cache_dir);
-  cr_assert_eq(run_cli(env, args), 0, "stdout:\n%s\nstderr:\n%s", out_text, err_text);
-  cr_assert(strstr(err_text, "candidates fit; pruned"), "pruning reported: %s", err_text);
-  cr_assert(strstr(err_text, "compiled, 0 failed"), "progress reported: %s", err_text);
-  cr_assert(strstr(out_text, "d=64 bf16 causal N=128") && strstr(out_text, "d=64 bf16 causal N=600"),
-            "%s", out_text);
-  cr_assert(strstr(out_text, "total tune time"), "%s", out_text);
-  cr_assert_null(strstr(out_text, " *"), "nothing was recorded before: %s", out_text);
+  cr_assert_eq(fg_test_run_cli(NULL, env, args), 0, "stdout:\n%s\nstderr:\n%s", fg_test_out, fg_test_err);
+  cr_assert(strstr(fg_test_err, "candidates fit; pruned"), "pruning reported: %s", fg_test_err);
+  cr_assert(strstr(fg_test_err, "compiled, 0 failed"), "progress reported: %s", fg_test_err);
+  cr_assert(strstr(fg_test_out, "d=64 bf16 causal N=128") && strstr(fg_test_out, "d=64 bf16 causal N=600"),
+            "%s", fg_test_out);
+  cr_assert(strstr(fg_test_out, "total tune time"), "%s", fg_test_out);
+  cr_assert_null(strstr(fg_test_out, " *"), "nothing was recorded before: %s", fg_test_out);
 
   /* The records: planted faults rejected with their reason, slow ones stopped early, the
    * winner correct. */
@@ -579,14 +553,14 @@ Test(tune_fake_gpu, tunes_records_and_skips_what_is_recorded, .init = make_cache
   char path[256];
   snprintf(path, sizeof path, "%s/report.md", cache_dir);
   static char md[65536];
-  slurp(path, md, sizeof md);
+  fg_test_slurp(path, md, sizeof md);
   cr_assert(strstr(md, "| problem |") && strstr(md, "| d=64 bf16 causal N=600 | 1x1 | `fwd_d64_"),
             "%s", md);
 
   /* A second run finds everything recorded: nothing compiled, nothing measured. */
-  cr_assert_eq(run_cli(env, "tune -q d=64,n=128,batch=1,heads=1,causal=1"), 0, "%s", err_text);
-  cr_assert(strstr(out_text, "_sm90a *") && strstr(out_text, "kernels: 0 "), "%s", out_text);
-  cr_assert_eq(err_text[0], '\0', "--quiet: %s", err_text);
+  cr_assert_eq(fg_test_run_cli(NULL, env, "tune -q d=64,n=128,batch=1,heads=1,causal=1"), 0, "%s", fg_test_err);
+  cr_assert(strstr(fg_test_out, "_sm90a *") && strstr(fg_test_out, "kernels: 0 "), "%s", fg_test_out);
+  cr_assert_eq(fg_test_err[0], '\0', "--quiet: %s", fg_test_err);
 
-  cr_assert_eq(run_cli(env, "cache verify"), 0, "%s", out_text);
+  cr_assert_eq(fg_test_run_cli(NULL, env, "cache verify"), 0, "%s", fg_test_out);
 }

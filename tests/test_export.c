@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli_runner.h"
 #include "fg_runtime_internal.h"
 #include "flashgen_export.h"
 
@@ -219,32 +220,8 @@ Test(exported_only, fg_arch_compat_is_what_the_message_relies_on) {
 }
 
 /* ---- flashgen export -------------------------------------------------------------------- */
-static char out_text[1 << 16], err_text[1 << 16];
 
-static void slurp(const char *path, char *buf, size_t len) {
-  buf[0] = 0;
-  FILE *f = fopen(path, "rb");
-  if (!f) return;
-  size_t n = fread(buf, 1, len - 1, f);
-  buf[n] = 0;
-  fclose(f);
-}
 
-/* Runs the flashgen command with args (a shell fragment); returns its exit status. */
-static int run_cli(const char *env, const char *args) {
-  const char *cli = getenv("FLASHGEN_CLI");
-  if (!cli) cr_skip_test("FLASHGEN_CLI is not set (run through ctest)");
-  char cmd[4096];
-  snprintf(cmd, sizeof cmd, "cd '%s' && %s '%s' %s >'%s/out.txt' 2>'%s/err.txt'", tmp_dir,
-           env ? env : "", cli, args, tmp_dir, tmp_dir);
-  int rc = system(cmd);
-  char p[128];
-  snprintf(p, sizeof p, "%s/out.txt", tmp_dir);
-  slurp(p, out_text, sizeof out_text);
-  snprintf(p, sizeof p, "%s/err.txt", tmp_dir);
-  slurp(p, err_text, sizeof err_text);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
 
 static void write_text(const char *name, const char *text) {
   char p[128];
@@ -262,8 +239,8 @@ static void need_nvrtc(void) {
 
 Test(export_cli, empty_list_fails_clearly, .init = make_tmp, .fini = remove_tmp) {
   write_text("empty.txt", "# nothing here\n\n   # still nothing\n");
-  cr_assert_eq(run_cli(NULL, "export --arch sm_80 --variants empty.txt -o out"), 2, "%s", err_text);
-  cr_assert(strstr(err_text, "empty.txt names no variant (3 lines"), "%s", err_text);
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export --arch sm_80 --variants empty.txt -o out"), 2, "%s", fg_test_err);
+  cr_assert(strstr(fg_test_err, "empty.txt names no variant (3 lines"), "%s", fg_test_err);
   char p[128];
   snprintf(p, sizeof p, "%s/out", tmp_dir);
   cr_assert_neq(access(p, F_OK), 0, "nothing is written");
@@ -272,10 +249,10 @@ Test(export_cli, empty_list_fails_clearly, .init = make_tmp, .fini = remove_tmp)
 Test(export_cli, unknown_variant_names_its_line, .init = make_tmp, .fini = remove_tmp) {
   write_text("bad.txt", "# ok\nfwd_d64_br64_bc64_f16_noncausal_qouter_w4_s2_sm80\n"
                         "fwd_d64_br64_bc64_f33_noncausal_qouter_w4_s2_sm80  # typo\n");
-  cr_assert_eq(run_cli(NULL, "export --arch sm_80 --variants bad.txt -o out"), 2, "%s", err_text);
-  cr_assert(strstr(err_text, "bad.txt:3: 'fwd_d64_br64_bc64_f33_noncausal_qouter_w4_s2_sm80' is "
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export --arch sm_80 --variants bad.txt -o out"), 2, "%s", fg_test_err);
+  cr_assert(strstr(fg_test_err, "bad.txt:3: 'fwd_d64_br64_bc64_f33_noncausal_qouter_w4_s2_sm80' is "
                              "not a variant"),
-            "%s", err_text);
+            "%s", fg_test_err);
   char p[128];
   snprintf(p, sizeof p, "%s/out/exported_kernels.c", tmp_dir);
   cr_assert_neq(access(p, F_OK), 0, "nothing is written");
@@ -283,35 +260,35 @@ Test(export_cli, unknown_variant_names_its_line, .init = make_tmp, .fini = remov
 
 Test(export_cli, a_variant_that_does_not_fit_names_its_line, .init = make_tmp, .fini = remove_tmp) {
   write_text("big.txt", "fwd_d256_br256_bc256_bf16_noncausal_qouter_w8_s3_sm80\n");
-  cr_assert_eq(run_cli(NULL, "export --arch sm_80 --variants big.txt -o out"), 2, "%s", err_text);
-  cr_assert(strstr(err_text, "big.txt:1:") && strstr(err_text, "does not fit"), "%s", err_text);
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export --arch sm_80 --variants big.txt -o out"), 2, "%s", fg_test_err);
+  cr_assert(strstr(fg_test_err, "big.txt:1:") && strstr(fg_test_err, "does not fit"), "%s", fg_test_err);
 }
 
 Test(export_cli, missing_list_and_bad_usage, .init = make_tmp, .fini = remove_tmp) {
-  cr_assert_eq(run_cli(NULL, "export --arch sm_80 --variants nope.txt -o out"), 2);
-  cr_assert(strstr(err_text, "cannot read the variant list nope.txt"), "%s", err_text);
-  cr_assert_eq(run_cli(NULL, "export --arch sm_80,sm_75 --default -o out"), 2);
-  cr_assert(strstr(err_text, "unknown arch 'sm_75'"), "%s", err_text);
-  cr_assert_eq(run_cli(NULL, "export --default -o out"), 2);
-  cr_assert(strstr(err_text, "--arch is required"), "%s", err_text);
-  cr_assert_eq(run_cli(NULL, "export --arch sm_80"), 2);
-  cr_assert(strstr(err_text, "-o DIR is required"), "%s", err_text);
-  cr_assert_eq(run_cli(NULL, "export --arch sm_80 --prefix 9lives -o out"), 2);
-  cr_assert(strstr(err_text, "not a C identifier"), "%s", err_text);
-  cr_assert_eq(run_cli(NULL, "export --arch sm_80 --default --variants x -o out"), 2);
-  cr_assert_eq(run_cli(NULL, "export --help"), 0);
-  cr_assert(strstr(out_text, "usage: flashgen export"), "%s", out_text);
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export --arch sm_80 --variants nope.txt -o out"), 2);
+  cr_assert(strstr(fg_test_err, "cannot read the variant list nope.txt"), "%s", fg_test_err);
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export --arch sm_80,sm_75 --default -o out"), 2);
+  cr_assert(strstr(fg_test_err, "unknown arch 'sm_75'"), "%s", fg_test_err);
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export --default -o out"), 2);
+  cr_assert(strstr(fg_test_err, "--arch is required"), "%s", fg_test_err);
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export --arch sm_80"), 2);
+  cr_assert(strstr(fg_test_err, "-o DIR is required"), "%s", fg_test_err);
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export --arch sm_80 --prefix 9lives -o out"), 2);
+  cr_assert(strstr(fg_test_err, "not a C identifier"), "%s", fg_test_err);
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export --arch sm_80 --default --variants x -o out"), 2);
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export --help"), 0);
+  cr_assert(strstr(fg_test_out, "usage: flashgen export"), "%s", fg_test_out);
 }
 
 Test(export_cli, twice_gives_identical_bytes, .init = make_tmp, .fini = remove_tmp,
      .timeout = 300) {
   need_nvrtc();
   write_text("v.txt", "fwd_d64_br64_bc64_f16_noncausal_qouter_w4_s2_sm80\n");
-  cr_assert_eq(run_cli(NULL, "export -q --arch sm_90a,sm_80 --variants v.txt --prefix t -o a"), 0,
-               "%s", err_text);
-  cr_assert(strstr(out_text, "2 kernels for sm_80,sm_90a"), "%s", out_text);
-  cr_assert_eq(run_cli(NULL, "export -q -j1 --arch sm_80,sm_90a --variants v.txt --prefix t -o b"),
-               0, "%s", err_text);
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export -q --arch sm_90a,sm_80 --variants v.txt --prefix t -o a"), 0,
+               "%s", fg_test_err);
+  cr_assert(strstr(fg_test_out, "2 kernels for sm_80,sm_90a"), "%s", fg_test_out);
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export -q -j1 --arch sm_80,sm_90a --variants v.txt --prefix t -o b"),
+               0, "%s", fg_test_err);
   char cmd[512];
   snprintf(cmd, sizeof cmd, "cd '%s' && cmp a/t_kernels.c b/t_kernels.c && cmp a/t_kernels.h b/t_kernels.h",
            tmp_dir);
@@ -319,7 +296,7 @@ Test(export_cli, twice_gives_identical_bytes, .init = make_tmp, .fini = remove_t
   char p[128];
   static char head[1 << 16];
   snprintf(p, sizeof p, "%s/a/t_kernels.c", tmp_dir);
-  slurp(p, head, sizeof head);
+  fg_test_slurp(p, head, sizeof head);
   cr_assert(strstr(head, "Do not edit"), "banner");
   cr_assert(strstr(head, "Produced by flashgen " FG_VERSION_STRING), "%.600s", head);
   cr_assert(strstr(head, "Template hash: "), "%.600s", head);
@@ -366,12 +343,12 @@ Test(export_cli, tuned_choices_come_from_the_cache, .init = make_tmp, .fini = re
   snprintf(args, sizeof args,
            "export -q --tuned --all-devices --cache-dir '%s' --arch sm_80,sm_90a --variants v.txt "
            "--prefix tt -o out", dir);
-  cr_assert_eq(run_cli(NULL, args), 0, "%s", err_text);
-  cr_assert(strstr(out_text, "3 kernels") && strstr(out_text, "2 tuned choices"), "%s", out_text);
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, args), 0, "%s", fg_test_err);
+  cr_assert(strstr(fg_test_out, "3 kernels") && strstr(fg_test_out, "2 tuned choices"), "%s", fg_test_out);
   static char text[1 << 16];
   char p[160];
   snprintf(p, sizeof p, "%s/out/tt_kernels.h", tmp_dir);
-  slurp(p, text, sizeof text);
+  fg_test_slurp(p, text, sizeof text);
   cr_assert(strstr(text, "Tuning from: NVIDIA A100-SXM4-80GB (cc 8.0, 108 SMs); NVIDIA H100 80GB "
                          "HBM3 (cc 9.0, 132 SMs)"), "%s", text);
   snprintf(p, sizeof p, "%s/out/tt_kernels.c", tmp_dir);
@@ -390,7 +367,7 @@ Test(export_cli, tuned_choices_come_from_the_cache, .init = make_tmp, .fini = re
   /* An empty cache: a clear failure. */
   snprintf(args, sizeof args, "export -q --tuned --all-devices --cache-dir '%s/empty' --arch sm_80 "
            "--variants v.txt -o out2", tmp_dir);
-  cr_assert_eq(run_cli(NULL, args), 1, "%s", err_text);
-  cr_assert(strstr(err_text, "has no tuning record") && strstr(err_text, "flashgen tune"), "%s",
-            err_text);
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, args), 1, "%s", fg_test_err);
+  cr_assert(strstr(fg_test_err, "has no tuning record") && strstr(fg_test_err, "flashgen tune"), "%s",
+            fg_test_err);
 }
