@@ -173,12 +173,12 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
   v.loop = FG_LOOP_Q_OUTER;
   v.arch = arch;
   v.stages = 2;
-  /* Four warps of 16 query rows each; K/V blocks shrink as d grows so that Q plus two stages
-   * of K and V stay under 99 KB (the smallest opt-in limit we support, sm_89). */
+  /* Up to d = 128: 128 query rows on 4 warps, 32 rows per warp (FlashAttention-2's shape: each K/V
+   * fragment read from shared memory feeds two MMAs) and K/V blocks of 64 rows; above, 64 rows on
+   * 4 warps and K/V blocks of 16 (d > 128 with Bc = 32 spilled 8-40 B, NVRTC 13.0). */
   v.warps = 4;
-  v.br = 64;
-  v.bc = d <= 64 ? 128 : d <= 128 ? 64 : 16; /* d > 128 with Bc = 32 spilled 8-40 B (NVRTC 13.0) */
-  if (d <= 128) v.br = 128, v.warps = 8;
+  v.br = d <= 128 ? 128 : 64;
+  v.bc = d <= 128 ? 64 : 16;
   /* sm_86 and sm_89 allow 99 KB per block: halve the K/V blocks above d = 64. */
   if ((arch == FG_ARCH_SM86 || arch == FG_ARCH_SM89) && d > 64 && d <= 128) v.bc = 32;
   return v;

@@ -7,20 +7,32 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 
 #define FG_DEV __device__ __forceinline__
+
+// pick<B, T, F>::type is T when B, else F (std::conditional, which the generated source cannot include).
+template <bool B, class T, class F> struct pick { typedef T type; };
+template <class T, class F> struct pick<false, T, F> { typedef F type; };
 #define FG_NEG_INF (__int_as_float(0xff800000))
 
 {% include("fg_params.h") %}
 
-// The block's coordinates, read anew on every call (volatile: the compiler may not keep an
-// earlier read alive in a register across a long loop).
+// The block's coordinates and the thread index, read anew on every call (volatile: the compiler
+// may not keep an earlier read, or values derived from it, alive in registers across a long loop).
 FG_DEV u32 ctaid_x() { u32 r; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r)); return r; }
 FG_DEV u32 ctaid_y() { u32 r; asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r)); return r; }
+FG_DEV u32 tid_x() { u32 r; asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r)); return r; }
 FG_DEV u32 nctaid_x() { u32 r; asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(r)); return r; }
 
 // Shared-memory address of a generic pointer into shared memory.
 FG_DEV u32 smem_addr(const void *p) {
   u32 r;
   asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+  return r;
+}
+
+// A 64-bit shared load the compiler may not hoist out of a loop (volatile).
+FG_DEV u64 ld_shared_u64(u32 saddr) {
+  u64 r;
+  asm volatile("ld.shared.u64 %0, [%1];" : "=l"(r) : "r"(saddr));
   return r;
 }
 
@@ -107,25 +119,32 @@ FG_DEV void copy16_s2g(void *gdst, u32 saddr) {
   asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"l"(gdst), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
 
+// 16-byte global -> shared copy from grow + lane_off (bytes) to dst; when !pred nothing
+// is read (the address is then grow itself) and the destination is zeroed. The 64-bit add is
+// written in PTX so the compiler cannot re-associate lane_off with a row offset and hoist one
+// 64-bit pointer per row out of the caller's loop.
+FG_DEV void cp_async16_row(u32 dst, const void *grow, i64 lane_off, bool pred) {
+  asm volatile("{ .reg .u64 a; add.s64 a, %1, %2; cp.async.cg.shared.global [%0], [a], 16, %3; }\n"
+               ::"r"(dst), "l"(grow), "l"(pred ? lane_off : 0ll), "r"(pred ? 16 : 0));
+}
+
 // Copies ROWS rows of NCHUNK 16-byte chunks from global (row stride in elements) into shared
 // rows of SROW elements, with cp.async; rows at or past rows_left are zero-filled. When the
-// threads cover whole rows, each thread walks one pointer down its column (few registers).
-template <int ROWS, int NCHUNK, int SROW, int THREADS>
-FG_DEV void load_tile(u32 sbase, const u16 *g, i64 row_stride, i64 rows_left, int tid) {
+// threads cover whole rows, each thread copies chunk c of rows r0, r0 + RPI, ...: its state is
+// one 64-bit global offset and one shared offset, the row addresses are uniform, and the bound
+// is one 32-bit compare per row.
+template <int ROWS, int NCHUNK, int SROW, int THREADS, class TID>
+FG_DEV void load_tile(u32 sbase, const u16 *g, i64 row_stride, i64 rows_left, TID tid) {
   if constexpr (THREADS % NCHUNK == 0) {
     constexpr int RPI = THREADS / NCHUNK;  // rows per pass
-    const int r0 = tid / NCHUNK, c = tid % NCHUNK;
-    const u16 *src = g + r0 * row_stride + c * 8;
-    u32 dst = sbase + (u32)(r0 * SROW + c * 8) * 2u;
+    const int r0 = (int)(tid / NCHUNK), c = (int)(tid % NCHUNK);  // unsigned when TID is (lean)
+    const int left = (int)(rows_left < ROWS ? rows_left : ROWS) - r0;
+    const i64 lane_off = (r0 * row_stride + c * 8) * 2;
+    const u32 dst = sbase + (u32)(r0 * SROW + c * 8) * 2u;
 #pragma unroll
     for (int it = 0; it < (ROWS + RPI - 1) / RPI; ++it) {
-      const int r = r0 + it * RPI;
-      if (ROWS % RPI == 0 || r < ROWS) {
-        const bool ok = r < rows_left;
-        cp_async16(dst, ok ? src : g, ok);
-      }
-      src += RPI * row_stride;
-      dst += (u32)(RPI * SROW * 2);
+      if (ROWS % RPI == 0 || r0 + it * RPI < ROWS)
+        cp_async16_row(dst + (u32)(it * RPI * SROW * 2), g + it * RPI * row_stride, lane_off, it * RPI < left);
     }
   } else {
 #pragma unroll

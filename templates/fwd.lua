@@ -7,43 +7,63 @@ local function round_up(x, m) return (x + m - 1) // m * m end
 
 -- Shared-memory layout common to both forward templates: rows of d_pad = d rounded up to 16
 -- (the mma k-step), plus 8 elements (16 B) of padding so that the 8 row addresses of one
--- ldmatrix fall into different bank groups.
-function M.layout(v)
+-- ldmatrix fall into different bank groups. Also the register plan (below): whether Q stays in
+-- registers, and whether the kernel runs lean.
+local function base_layout(v)
   local d_pad = round_up(v.d, 16)
-  local row = d_pad + 8
-  local mt = v.br // (16 * v.warps)
-  return { d_pad = d_pad, row = row, mt = mt }
+  return { d_pad = d_pad, row = d_pad + 8, mt = v.br // (16 * v.warps) }
 end
 
--- Registers per thread the kernels need: the O accumulator, the S accumulator twice (ptxas keeps
--- the exponentiated S live while packing P), Q fragments when kept in registers, and 52 for
--- addresses, softmax state and loop control. Fitted to ptxas (NVRTC 13.0, sm_80 and sm_90a)
--- after addresses went 32-bit and the epilogue re-reads the block's coordinates: d=128 with 32
--- rows per warp and Bc=32 uses 246-254 causal or not (estimated 252); Bc=64 spills (316); 16 rows
--- per warp, 8 warps, Bc=64 uses 212-221 (212). tests/test_compile.c compiles every candidate and
--- fails on any spill; flashgen tune rejects a candidate that spills.
-function M.q_in_regs(v)
-  local L = M.layout(v)
+local function q_in_regs(v, L)
   -- 160 spilled 16 B at d = 184 (Q 48 + O 96 + S 16 registers); 128 keeps d = 128, Bc = 64.
   return L.mt * (L.d_pad // 16) * 4 + L.mt * (L.d_pad // 8) * 4 + L.mt * (v.bc // 8) * 4 <= 128
 end
 
-function M.resources(v)
-  local L = M.layout(v)
-  local elem = 2
-  local smem, regs
+-- Registers per thread the kernels need: the O and S accumulators, Q fragments when kept in
+-- registers, and a fixed part for addresses, softmax state, loop control and the fragments in
+-- flight, which is smaller per thread at 32 rows per warp (MT = 2) than at 16. Fitted to ptxas
+-- (NVRTC 13.0, sm_80 and sm_90a) over all 414 q_outer candidates of d in {32..256}: the rule
+-- admits no variant that spills and prunes 32 that fit (at 241-255). The edge is 255: d=128,
+-- Br 128, 4 warps, Bc 64 (FlashAttention-2's shape) uses 254-255 (estimated 252); d=160 at Bc 32
+-- spills 4-8 B (estimated 260). tests/test_compile.c compiles every candidate and fails on any
+-- spill; flashgen tune rejects a candidate that spills.
+local function regs_estimate(v, L)
   local o_acc = L.mt * (L.d_pad // 8) * 4
   local s_acc = L.mt * (v.bc // 8) * 4
-  local p_frag = L.mt * (v.bc // 16) * 4
   if v.loop == "q_outer" then
-    smem = (v.br + 2 * v.stages * v.bc) * L.row * elem
-    local q_frag = M.q_in_regs(v) and L.mt * (L.d_pad // 16) * 4 or 4 * L.mt
-    regs = o_acc + 2 * s_acc + q_frag + 52
-  else
-    smem = (v.br + 2 * v.bc) * L.row * elem
-    regs = math.min(o_acc, 64 * L.mt) + s_acc + p_frag + 4 * L.mt + 96  -- P~V in 128-column chunks
+    local q_frag = q_in_regs(v, L) and L.mt * (L.d_pad // 16) * 4 or 4 * L.mt
+    return o_acc + q_frag + (L.mt >= 2 and s_acc * 3 // 4 + 68 or s_acc + 96)
   end
-  return { threads = 32 * v.warps, smem = smem, regs = regs }
+  local p_frag = L.mt * (v.bc // 16) * 4
+  return math.min(o_acc, 64 * L.mt) + s_acc + p_frag + 4 * L.mt + 96  -- P~V in 128-column chunks
+end
+
+-- A q_outer kernel near the 255-register edge runs lean (fwd_q_outer.cu, LEAN): it re-reads the
+-- thread index and the K/V base pointers (from shared memory) on every block instead of keeping
+-- values derived from them live across the loop, and does its lane arithmetic unsigned. That
+-- frees 10-25 registers but costs a few instructions per block: d=64 at 32 rows per warp ran 5%
+-- slower lean (298 against 314 TFLOP/s, H100), so kernels with registers to spare run plain.
+-- Plain kernels spilled from an estimate of 212 up (d=96, Br 64, Bc 128; d=112 and 120 at
+-- Br 128, Bc 32-64; 735 q_outer candidates, sm_80 and sm_90a); lean ones fit up to 255.
+local LEAN_FROM = 200
+
+function M.layout(v)
+  local L = base_layout(v)
+  L.lean = v.loop == "q_outer" and regs_estimate(v, L) >= LEAN_FROM
+  return L
+end
+
+function M.q_in_regs(v) return q_in_regs(v, base_layout(v)) end
+
+function M.resources(v)
+  local L = base_layout(v)
+  local smem
+  if v.loop == "q_outer" then
+    smem = (v.br + 2 * v.stages * v.bc) * L.row * 2
+  else
+    smem = (v.br + 2 * v.bc) * L.row * 2
+  end
+  return { threads = 32 * v.warps, smem = smem, regs = regs_estimate(v, L) }
 end
 
 -- Rules a template adds to the shared structural ones (runtime/variant.c).
@@ -52,6 +72,11 @@ end
 -- above d = 128): Bc = 64 spilled 4 to 28 B at d = 40..120 (NVRTC 13.0, sm_80 and sm_90a).
 -- tests/test_compile.c keeps it true.
 function M.check(v)
+  local L = M.layout(v)
+  if v.loop == "q_outer" and L.mt >= 2 and v.bc > 64 and v.d > 32 then
+    return "q_outer with " .. 16 * L.mt .. " rows per warp takes Bc <= 64 above d = 32: the S tile " ..
+           "leaves too few registers (d = 64, Bc = 128 spilled 8 B at 3 stages on sm_90a)"
+  end
   if v.loop == "kv_outer" then
     if v.stages ~= 1 then
       return "kv_outer keeps one K/V block in shared memory (Algorithm 1): stages must be 1"

@@ -12,22 +12,29 @@ constexpr int ROW = {{ row }};        // shared row stride in elements (DP + 16 
 constexpr int BR = {{ br }}, BC = {{ bc }};
 constexpr int WARPS = {{ warps }}, THREADS = 32 * WARPS;
 constexpr int STAGES = {{ stages }};
+constexpr float RESCALE_LOG2 = 8.f;  // lazy-max threshold: P <= 2^8 (fits f16 and bf16)
 constexpr bool CAUSAL = {{ causal }};
 constexpr bool BF16 = {{ dtype == "bf16" }};
 constexpr bool Q_IN_REGS = {{ q_in_regs }};
+constexpr bool LEAN = {{ lean }};  // near the register edge: see fwd.lua
 constexpr int MT = BR / (16 * WARPS); // 16-row m-tiles per warp
 constexpr int KSTEPS = DP / 16, NT_S = BC / 8, NT_O = DP / 8, CHUNKS = D / 8;
 static_assert(BR % (16 * WARPS) == 0 && BC % 16 == 0 && DP % 16 == 0, "tile shape");
 constexpr unsigned STAGE_BYTES = BC * ROW * 2;                 // one K (or V) stage in shared memory
 constexpr unsigned K_OFF = BR * ROW * 2, V_OFF = K_OFF + STAGES * STAGE_BYTES;  // after sQ
+constexpr unsigned PTR_OFF = DP * 2;  // lean: the K and V base pointers, in the 16 B padding of sQ's row 0
+typedef pick<LEAN, u32, int>::type tid_t;  // load_tile's index arithmetic follows this type
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __grid_constant__ fg_fwd_params p) {
   extern __shared__ __align__(128) u16 smem[];
   u16 *sQ = smem;  // then STAGES K blocks at K_OFF and STAGES V blocks at V_OFF
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // Lean kernels do the lane arithmetic unsigned (fewer registers; measured slower otherwise).
+  const int tid = threadIdx.x;
+  const int warp = LEAN ? (int)(threadIdx.x / 32u) : tid / 32, lane = LEAN ? (int)(threadIdx.x % 32u) : tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const i64 bh = blockIdx.y, b = bh / p.heads_q, h = bh % p.heads_q, hk = h / p.hq_per_hkv;
+  // 32-bit division: blockIdx.y and heads_q are below the grid's y limit (runtime/forward.c).
+  const u32 bh = blockIdx.y, b = bh / (u32)p.heads_q, h = bh % (u32)p.heads_q, hk = h / (u32)p.hq_per_hkv;
   // Causal: the last Q blocks see the most keys; launch them first so the short ones fill the tail.
   const i64 q_tile = CAUSAL ? (i64)(gridDim.x - 1 - blockIdx.x) : (i64)blockIdx.x;
   const i64 q0 = q_tile * BR, Nq = p.seqlen_q, Nk = p.seqlen_k;
@@ -37,6 +44,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const u16 *gV = (const u16 *)p.v + b * p.v_sb + hk * p.v_sh;
 
   zero_pad_columns<BR + 2 * STAGES * BC, D, DP, ROW, THREADS>(smem, tid);
+  // Lean: the K and V base pointers wait in shared memory and are read once per block (kept in
+  // registers across the loop, they were the first thing ptxas spilled).
+  if constexpr (LEAN) {
+    if (tid == 0) {
+      *(const u16 **)((char *)smem + PTR_OFF) = gK;
+      *(const u16 **)((char *)smem + PTR_OFF + 8) = gV;
+    }
+    __syncthreads();
+  }
 
   i64 nb64 = (Nk + BC - 1) / BC;
   if constexpr (CAUSAL) {
@@ -47,13 +63,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   // 32-bit copies for the mask: Nk < 2^31 and q0 + Nk - Nq lies in (-2^31, 2^31).
   const int nk32 = (int)Nk, qdiag32 = (int)(q0 + diag);
 
-  load_tile<BR, CHUNKS, ROW, THREADS>(smem_addr(sQ), gQ, p.q_sn, Nq - q0, tid);
+  const tid_t ltid = (tid_t)tid;
+  load_tile<BR, CHUNKS, ROW, THREADS>(smem_addr(sQ), gQ, p.q_sn, Nq - q0, ltid);
   cp_async_commit();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < n_blocks) {
-      load_tile<BC, CHUNKS, ROW, THREADS>(smem_addr(smem) + K_OFF + s * STAGE_BYTES, gK + s * BC * p.k_sn, p.k_sn, Nk - s * BC, tid);
-      load_tile<BC, CHUNKS, ROW, THREADS>(smem_addr(smem) + V_OFF + s * STAGE_BYTES, gV + s * BC * p.v_sn, p.v_sn, Nk - s * BC, tid);
+      load_tile<BC, CHUNKS, ROW, THREADS>(smem_addr(smem) + K_OFF + s * STAGE_BYTES, gK + s * BC * p.k_sn, p.k_sn, Nk - s * BC, ltid);
+      load_tile<BC, CHUNKS, ROW, THREADS>(smem_addr(smem) + V_OFF + s * STAGE_BYTES, gV + s * BC * p.v_sn, p.v_sn, Nk - s * BC, ltid);
     }
     cp_async_commit();
   }
@@ -92,8 +109,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 
   for (int j = 0; j < n_blocks; ++j) {
     if constexpr (STAGES == 1) {
-      load_tile<BC, CHUNKS, ROW, THREADS>(sbase + K_OFF, gK + (i64)j * BC * p.k_sn, p.k_sn, Nk - (i64)j * BC, tid);
-      load_tile<BC, CHUNKS, ROW, THREADS>(sbase + V_OFF, gV + (i64)j * BC * p.v_sn, p.v_sn, Nk - (i64)j * BC, tid);
+      const tid_t jt = LEAN ? (tid_t)tid_x() : (tid_t)tid;
+      const u16 *kb = LEAN ? (const u16 *)ld_shared_u64(sbase + PTR_OFF) : gK;
+      const u16 *vb = LEAN ? (const u16 *)ld_shared_u64(sbase + PTR_OFF + 8) : gV;
+      load_tile<BC, CHUNKS, ROW, THREADS>(sbase + K_OFF, kb + (i64)j * BC * p.k_sn, p.k_sn, Nk - (i64)j * BC, jt);
+      load_tile<BC, CHUNKS, ROW, THREADS>(sbase + V_OFF, vb + (i64)j * BC * p.v_sn, p.v_sn, Nk - (i64)j * BC, jt);
       cp_async_commit();
       cp_async_wait<0>();
       __syncthreads();
@@ -103,8 +123,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       const int jn = j + STAGES - 1;
       if (jn < n_blocks) {
         const u32 nb = (u32)(jn % STAGES);
-        load_tile<BC, CHUNKS, ROW, THREADS>(sbase + K_OFF + nb * STAGE_BYTES, gK + (i64)jn * BC * p.k_sn, p.k_sn, Nk - (i64)jn * BC, tid);
-        load_tile<BC, CHUNKS, ROW, THREADS>(sbase + V_OFF + nb * STAGE_BYTES, gV + (i64)jn * BC * p.v_sn, p.v_sn, Nk - (i64)jn * BC, tid);
+        const tid_t jt = LEAN ? (tid_t)tid_x() : (tid_t)tid;
+        const u16 *kb = LEAN ? (const u16 *)ld_shared_u64(sbase + PTR_OFF) : gK;
+        const u16 *vb = LEAN ? (const u16 *)ld_shared_u64(sbase + PTR_OFF + 8) : gV;
+        load_tile<BC, CHUNKS, ROW, THREADS>(sbase + K_OFF + nb * STAGE_BYTES, kb + (i64)jn * BC * p.k_sn, p.k_sn, Nk - (i64)jn * BC, jt);
+        load_tile<BC, CHUNKS, ROW, THREADS>(sbase + V_OFF + nb * STAGE_BYTES, vb + (i64)jn * BC * p.v_sn, p.v_sn, Nk - (i64)jn * BC, jt);
       }
       cp_async_commit();
     }
@@ -171,25 +194,43 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
         }
     }
 
-    // Online softmax: new row max, rescale the running sum and O, P = exp2(S*scale_log2 - m*scale_log2).
+    // Online softmax with a lazy running max: m moves (and O and l are rescaled) only when some
+    // row of the warp sees a maximum more than 2^RESCALE_LOG2 above its m in exp2 space; otherwise
+    // P = exp2(S*scale_log2 - m*scale_log2) stays <= 2^RESCALE_LOG2 and the result is the same,
+    // since O, l and the log-sum-exp all use the same m. Most blocks then skip the rescale.
+    float mx[MT][2];
+    bool grow = false;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        float mx = m[mt][hh];
+        float x = m[mt][hh];
 #pragma unroll
-        for (int nt = 0; nt < NT_S; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1]));
-        mx = quad_max(mx);
-        const float m_use = mx == FG_NEG_INF ? 0.f : mx;  // a row that has seen no key yet
-        const float alpha = fast_exp2((m[mt][hh] - m_use) * sl2);
-        m[mt][hh] = mx;
-        l[mt][hh] *= alpha;
+        for (int nt = 0; nt < NT_S; ++nt) x = fmaxf(x, fmaxf(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1]));
+        mx[mt][hh] = quad_max(x);
+        grow |= (mx[mt][hh] - m[mt][hh]) * sl2 > RESCALE_LOG2;  // true for m = -inf < mx
+      }
+    if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll
-        for (int nt = 0; nt < NT_O; ++nt) {
-          o[mt][nt][2 * hh] *= alpha;
-          o[mt][nt][2 * hh + 1] *= alpha;
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float m_use = mx[mt][hh] == FG_NEG_INF ? 0.f : mx[mt][hh];  // no key seen yet
+          const float alpha = fast_exp2((m[mt][hh] - m_use) * sl2);
+          m[mt][hh] = mx[mt][hh];
+          l[mt][hh] *= alpha;
+#pragma unroll
+          for (int nt = 0; nt < NT_O; ++nt) {
+            o[mt][nt][2 * hh] *= alpha;
+            o[mt][nt][2 * hh + 1] *= alpha;
+          }
         }
-        const float mb = m_use * sl2;
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float mb = (m[mt][hh] == FG_NEG_INF ? 0.f : m[mt][hh]) * sl2;
 #pragma unroll
         for (int nt = 0; nt < NT_S; ++nt) {
           const float p0 = fast_exp2(fmaf(s[mt][nt][2 * hh], sl2, -mb));
@@ -213,12 +254,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       }
 
     // O += P V, V^T via ldmatrix.trans.
+    // The V addresses depend on the last row sum through an offset that is always 0 (l >= 0, and
+    // NaN compares false): otherwise ptxas hoists the V fragment loads into the softmax, where
+    // S, P and O are all live, and spills.
+    u32 vdep;
+    asm("{ .reg .pred p; setp.lt.f32 p, %1, 0f00000000; selp.u32 %0, 16, 0, p; }" : "=r"(vdep) : "f"(l[MT - 1][1]));
+    const u32 cVd = cV + vdep;
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) {
+    for (int np = 0; np < NT_O / 2; ++np) {
 #pragma unroll
-      for (int np = 0; np < NT_O / 2; ++np) {
+      for (int kk = 0; kk < BC / 16; ++kk) {
         u32 b0, b1, b2, b3;
-        ldsm_x4_t(cV + (u32)((kk * 16 * ROW + np * 16) * 2), b0, b1, b2, b3);
+        ldsm_x4_t(cVd + (u32)((kk * 16 * ROW + np * 16) * 2), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma16816<BF16>(o[mt][2 * np], pa[mt][kk], b0, b1);
@@ -234,7 +281,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   // prologue), so the prologue's 64-bit offsets need not stay live, or spill, across the loop.
   cp_async_wait<0>();
   __syncthreads();
-  const i64 e_bh = ctaid_y(), e_b = e_bh / p.heads_q, e_h = e_bh % p.heads_q;
+  const u32 e_bh = ctaid_y(), e_b = e_bh / (u32)p.heads_q, e_h = e_bh % (u32)p.heads_q;
   const i64 e_q0 = (CAUSAL ? (i64)(nctaid_x() - 1 - ctaid_x()) : (i64)ctaid_x()) * BR;
   const int e_rows = (int)(p.seqlen_q - e_q0 < BR ? p.seqlen_q - e_q0 : BR);  // rows to write
   float *lse = (float *)p.lse;
