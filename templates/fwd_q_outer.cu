@@ -68,10 +68,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   cp_async_commit();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < n_blocks) {
-      load_tile<BC, CHUNKS, ROW, THREADS>(smem_addr(smem) + K_OFF + s * STAGE_BYTES, gK + s * BC * p.k_sn, p.k_sn, Nk - s * BC, ltid);
-      load_tile<BC, CHUNKS, ROW, THREADS>(smem_addr(smem) + V_OFF + s * STAGE_BYTES, gV + s * BC * p.v_sn, p.v_sn, Nk - s * BC, ltid);
-    }
+    // K and V in separate commit groups: the loop waits for K before S = Q K^T and for V only
+    // before O += P V, so the first block's V load overlaps the first S.
+    if (s < n_blocks) load_tile<BC, CHUNKS, ROW, THREADS>(smem_addr(smem) + K_OFF + s * STAGE_BYTES, gK + s * BC * p.k_sn, p.k_sn, Nk - s * BC, ltid);
+    cp_async_commit();
+    if (s < n_blocks) load_tile<BC, CHUNKS, ROW, THREADS>(smem_addr(smem) + V_OFF + s * STAGE_BYTES, gV + s * BC * p.v_sn, p.v_sn, Nk - s * BC, ltid);
     cp_async_commit();
   }
 
@@ -97,7 +98,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 
   u32 qf[Q_IN_REGS ? MT : 1][Q_IN_REGS ? KSTEPS : 1][4];
   if constexpr (Q_IN_REGS) {
-    cp_async_wait<STAGES - 1>();
+    cp_async_wait<STAGES == 1 ? 0 : 2 * (STAGES - 1)>();  // Q's group: the K/V groups may pend
     __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -118,15 +119,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       cp_async_wait<0>();
       __syncthreads();
     } else {
-      cp_async_wait<(STAGES > 1 ? STAGES - 2 : 0)>();
-      __syncthreads();  // block j has landed, and every warp is done with block j-1's buffer
+      // Groups after K_j: V_j, then K and V of the next STAGES - 2 blocks.
+      cp_async_wait<(STAGES > 1 ? 2 * STAGES - 3 : 0)>();
+      __syncthreads();  // K_j has landed, and every warp is done with block j-1's buffers
       const int jn = j + STAGES - 1;
-      if (jn < n_blocks) {
-        const u32 nb = (u32)(jn % STAGES);
-        const tid_t jt = LEAN ? (tid_t)tid_x() : (tid_t)tid;
+      const bool more = jn < n_blocks;
+      const u32 nb = (u32)(jn % STAGES);
+      const tid_t jt = LEAN ? (tid_t)tid_x() : (tid_t)tid;
+      if (more) {
         const u16 *kb = LEAN ? (const u16 *)ld_shared_u64(sbase + PTR_OFF) : gK;
-        const u16 *vb = LEAN ? (const u16 *)ld_shared_u64(sbase + PTR_OFF + 8) : gV;
         load_tile<BC, CHUNKS, ROW, THREADS>(sbase + K_OFF + nb * STAGE_BYTES, kb + (i64)jn * BC * p.k_sn, p.k_sn, Nk - (i64)jn * BC, jt);
+      }
+      cp_async_commit();
+      if (more) {
+        const u16 *vb = LEAN ? (const u16 *)ld_shared_u64(sbase + PTR_OFF + 8) : gV;
         load_tile<BC, CHUNKS, ROW, THREADS>(sbase + V_OFF + nb * STAGE_BYTES, vb + (i64)jn * BC * p.v_sn, p.v_sn, Nk - (i64)jn * BC, jt);
       }
       cp_async_commit();
@@ -253,7 +259,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
         pa[mt][kk][3] = pack2<BF16>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
       }
 
-    // O += P V, V^T via ldmatrix.trans.
+    // O += P V, V^T via ldmatrix.trans, once V_j has landed (the groups after it: K and V of the
+    // next STAGES - 1 blocks).
+    if constexpr (STAGES > 1) {
+      cp_async_wait<2 * STAGES - 2>();
+      __syncthreads();
+    }
     // The V addresses depend on the last row sum through an offset that is always 0 (l >= 0, and
     // NaN compares false): otherwise ptxas hoists the V fragment loads into the softmax, where
     // S, P and O are all live, and spills.
