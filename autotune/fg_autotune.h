@@ -61,6 +61,15 @@ double fg_tune_flops(const fg_tune_problem *p);
 double fg_tune_tflops(const fg_tune_problem *p, double ms);
 /* The median of n values (x is not modified); NAN when n <= 0. */
 double fg_tune_median(const double *x, int n);
+/* The candidates to time again in a runoff: of the n candidates with eligible[c] (fully timed,
+ * correct) and ms[c] <= within * the best such time, the (at most max) fastest, written to out in
+ * index order. Returns their count. */
+int fg_tune_finalists(const double *ms, const int *eligible, int n, double within, int max,
+                      int *out);
+/* The winner among the eligible candidates: the fastest, except that prev (the previous bucket's
+ * winner; -1 for none) stays the winner while eligible and ms[prev] <= within * the fastest.
+ * Returns -1 when none is eligible. */
+int fg_tune_pick_winner(const double *ms, const int *eligible, int n, int prev, double within);
 /* How many input buffer sets to rotate among so that their total exceeds twice the L2:
  * the smallest count with count * bytes_per_set > 2 * l2_bytes, clamped to 1..8. */
 int fg_tune_rotation_sets(size_t bytes_per_set, size_t l2_bytes);

@@ -242,6 +242,39 @@ double fg_tune_median(const double *x, int n) {
   return m;
 }
 
+int fg_tune_finalists(const double *ms, const int *eligible, int n, double within, int max,
+                      int *out) {
+  double best = 0;
+  for (int c = 0; c < n; c++)
+    if (eligible[c] && ms[c] > 0 && (best == 0 || ms[c] < best)) best = ms[c];
+  int nf = 0;
+  for (int c = 0; c < n && max > 0; c++) {
+    if (!eligible[c] || ms[c] <= 0 || ms[c] > within * best) continue;
+    if (nf < max) {
+      out[nf++] = c;
+      continue;
+    }
+    int worst = 0; /* full: the slowest finalist gives way to a faster candidate */
+    for (int i = 1; i < nf; i++)
+      if (ms[out[i]] > ms[out[worst]]) worst = i;
+    if (ms[c] < ms[out[worst]]) {
+      for (int i = worst; i + 1 < nf; i++) out[i] = out[i + 1]; /* keep index order */
+      out[nf - 1] = c;
+    }
+  }
+  return nf;
+}
+
+int fg_tune_pick_winner(const double *ms, const int *eligible, int n, int prev, double within) {
+  int win = -1;
+  for (int c = 0; c < n; c++)
+    if (eligible[c] && ms[c] > 0 && (win < 0 || ms[c] < ms[win])) win = c;
+  if (win >= 0 && prev >= 0 && prev < n && prev != win && eligible[prev] && ms[prev] > 0 &&
+      ms[prev] <= within * ms[win])
+    win = prev;
+  return win;
+}
+
 int fg_tune_rotation_sets(size_t bytes_per_set, size_t l2_bytes) {
   if (bytes_per_set == 0) return 1;
   size_t sets = 2 * l2_bytes / bytes_per_set + 1; /* smallest with sets * bytes > 2 * L2 */

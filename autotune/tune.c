@@ -716,25 +716,18 @@ static fg_status check_problem(trun *R, int pi, uint64_t seed) {
  * clock (an H100 under sustained tensor load lowers it within a second): the tuner picked a
  * kernel 3% slower than another for one bucket. Taking turns shares the drift out evenly. */
 static fg_status runoff(trun *R, int pi, const fg_fwd_params *prm, int sets, int *rot,
-                        const int *inner_of, double best) {
+                        const int *inner_of) {
   tprob *P = &R->pr[pi];
   ttriple *T = &R->tri[P->tri];
   const fg_tune_problem *pb = &R->problems[pi];
-  int fin[RUNOFF_MAX], nf = 0;
+  double ms[MAX_CANDS];
+  int ok[MAX_CANDS], fin[RUNOFF_MAX];
   for (int c = 0; c < T->n; c++) {
     const fg_tune_candidate *r = &P->res[c];
-    if (!P->measure[c] || !P->have_res[c] || !r->ok || r->reason[0] || r->ms <= 0 ||
-        r->ms > RUNOFF_WITHIN * best)
-      continue;
-    if (nf < RUNOFF_MAX) {
-      fin[nf++] = c;
-      continue;
-    }
-    int worst = 0; /* full: replace the slowest finalist if this one is faster */
-    for (int i = 1; i < nf; i++)
-      if (P->res[fin[i]].ms > P->res[fin[worst]].ms) worst = i;
-    if (r->ms < P->res[fin[worst]].ms) fin[worst] = c;
+    ok[c] = P->measure[c] && P->have_res[c] && r->ok && !r->reason[0] && r->ms > 0;
+    ms[c] = ok[c] ? r->ms : 0;
   }
+  const int nf = fg_tune_finalists(ms, ok, T->n, RUNOFF_WITHIN, RUNOFF_MAX, fin);
   if (nf < 2) return FG_OK;
   const fg_loaded_kernel *k[RUNOFF_MAX];
   for (int i = 0; i < nf; i++) {
@@ -878,7 +871,7 @@ static fg_status time_problem(trun *R, int pi) {
         FG_OK)
       return st;
   }
-  return runoff(R, pi, prm, sets, &rot, inner_of, best);
+  return runoff(R, pi, prm, sets, &rot, inner_of);
 }
 
 /* Stores problem pi's record and fills its report row from the record merged with this run. */
@@ -887,21 +880,18 @@ static void finish_problem(trun *R, int pi) {
   ttriple *T = &R->tri[P->tri];
   fg_tune_row *row = &R->rep->rows[pi];
   fg_tune_candidate cands[MAX_CANDS];
-  int nc = 0, win = -1;
+  double ms[MAX_CANDS];
+  int ok[MAX_CANDS], nc = 0;
   for (int c = 0; c < T->n; c++) {
-    if (!P->have_res[c]) continue;
-    cands[nc++] = P->res[c];
-    if (P->res[c].ok && !P->res[c].reason[0] && (win < 0 || P->res[c].ms < P->res[win].ms))
-      win = c;
+    ok[c] = P->have_res[c] && P->res[c].ok && !P->res[c].reason[0];
+    ms[c] = ok[c] ? P->res[c].ms : 0;
+    if (P->have_res[c]) cands[nc++] = P->res[c];
   }
   /* Hysteresis: the previous (smaller) bucket's winner stays the winner unless beaten by more than
    * RUNOFF_WITHIN, the tuner's own run-to-run spread. Near-equals otherwise flipped with the
    * noise: at d=64, N=8k, Bc 32 beat the Bc 64 winner of 4k and 16k by 2-3% here and then ran
    * 5% slower than it in bench/bench.py. */
-  const int prev = T->last_winner;
-  if (win >= 0 && prev >= 0 && prev != win && P->have_res[prev] && P->res[prev].ok &&
-      !P->res[prev].reason[0] && P->res[prev].ms <= RUNOFF_WITHIN * P->res[win].ms)
-    win = prev;
+  int win = fg_tune_pick_winner(ms, ok, T->n, T->last_winner, RUNOFF_WITHIN);
   row->measured = nc;
   const char *keep = NULL; /* the recorded winner, when this run did not measure it */
   if (win < 0 && P->rec_winner[0]) {

@@ -191,6 +191,39 @@ Test(arith, median) {
   cr_assert_eq(fg_tune_median(many, 101), 50.0);
 }
 
+Test(arith, runoff_finalists) {
+  /* ms of 7 candidates; 3 and 5 are not eligible (failed, or stopped early). */
+  const double ms[] = {1.00, 1.02, 1.10, 0.50, 1.025, 0.90, 1.01};
+  const int ok[] = {1, 1, 1, 0, 1, 0, 1};
+  int out[4];
+  /* The best eligible is 1.00: within 3% are 0 (1.00), 1 (1.02), 4 (1.025), 6 (1.01). */
+  cr_assert_eq(fg_tune_finalists(ms, ok, 7, 1.03, 4, out), 4);
+  cr_assert(out[0] == 0 && out[1] == 1 && out[2] == 4 && out[3] == 6, "%d %d %d %d", out[0],
+            out[1], out[2], out[3]);
+  /* At most 2: the two fastest (0 and 6), in index order. */
+  cr_assert_eq(fg_tune_finalists(ms, ok, 7, 1.03, 2, out), 2);
+  cr_assert(out[0] == 0 && out[1] == 6, "%d %d", out[0], out[1]);
+  /* Within 1.5%: 0, 6; a lone best has no runoff partner but is still returned. */
+  cr_assert_eq(fg_tune_finalists(ms, ok, 7, 1.015, 4, out), 2);
+  const int only[] = {0, 0, 1, 0, 0, 0, 0};
+  cr_assert_eq(fg_tune_finalists(ms, only, 7, 1.03, 4, out), 1);
+  cr_assert_eq(out[0], 2);
+  const int none[7] = {0};
+  cr_assert_eq(fg_tune_finalists(ms, none, 7, 1.03, 4, out), 0);
+}
+
+Test(arith, winner_hysteresis) {
+  const double ms[] = {1.00, 1.02, 1.05, 0.50};
+  const int ok[] = {1, 1, 1, 0};
+  cr_assert_eq(fg_tune_pick_winner(ms, ok, 4, -1, 1.03), 0, "no previous winner: the fastest");
+  cr_assert_eq(fg_tune_pick_winner(ms, ok, 4, 1, 1.03), 1, "2% behind: the previous winner stays");
+  cr_assert_eq(fg_tune_pick_winner(ms, ok, 4, 2, 1.03), 0, "5% behind: it is replaced");
+  cr_assert_eq(fg_tune_pick_winner(ms, ok, 4, 3, 1.03), 0, "an ineligible one never wins");
+  cr_assert_eq(fg_tune_pick_winner(ms, ok, 4, 1, 1.0), 0, "no margin: the fastest");
+  const int none[4] = {0};
+  cr_assert_eq(fg_tune_pick_winner(ms, none, 4, 1, 1.03), -1);
+}
+
 Test(arith, rotation_sets) {
   const size_t l2 = 50u << 20, mib = 1u << 20;
   cr_assert_eq(fg_tune_rotation_sets(256 * mib, l2), 1, "one set already exceeds 2 x L2");
