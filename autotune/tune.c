@@ -710,6 +710,16 @@ static fg_status check_problem(trun *R, int pi, uint64_t seed) {
   return FG_OK;
 }
 
+/* The times of problem P's candidates that were fully timed and correct (eligible to win), for
+ * fg_tune_finalists and fg_tune_pick_winner; ms is 0 for the others. */
+static void eligible_times(const tprob *P, const ttriple *T, double *ms, int *ok) {
+  for (int c = 0; c < T->n; c++) {
+    const fg_tune_candidate *r = &P->res[c];
+    ok[c] = P->have_res[c] && r->ok && !r->reason[0];
+    ms[c] = ok[c] ? r->ms : 0;
+  }
+}
+
 /* The runoff: the (up to RUNOFF_MAX) fully timed candidates within RUNOFF_WITHIN of the best
  * time are timed again in RUNOFF_ROUNDS rounds that take turns, and each keeps the median of its
  * runoff runs. Timed one after another, near-equal candidates were decided by the drift of the
@@ -722,11 +732,7 @@ static fg_status runoff(trun *R, int pi, const fg_fwd_params *prm, int sets, int
   const fg_tune_problem *pb = &R->problems[pi];
   double ms[MAX_CANDS];
   int ok[MAX_CANDS], fin[RUNOFF_MAX];
-  for (int c = 0; c < T->n; c++) {
-    const fg_tune_candidate *r = &P->res[c];
-    ok[c] = P->measure[c] && P->have_res[c] && r->ok && !r->reason[0] && r->ms > 0;
-    ms[c] = ok[c] ? r->ms : 0;
-  }
+  eligible_times(P, T, ms, ok);
   const int nf = fg_tune_finalists(ms, ok, T->n, RUNOFF_WITHIN, RUNOFF_MAX, fin);
   if (nf < 2) return FG_OK;
   const fg_loaded_kernel *k[RUNOFF_MAX];
@@ -882,11 +888,9 @@ static void finish_problem(trun *R, int pi) {
   fg_tune_candidate cands[MAX_CANDS];
   double ms[MAX_CANDS];
   int ok[MAX_CANDS], nc = 0;
-  for (int c = 0; c < T->n; c++) {
-    ok[c] = P->have_res[c] && P->res[c].ok && !P->res[c].reason[0];
-    ms[c] = ok[c] ? P->res[c].ms : 0;
+  for (int c = 0; c < T->n; c++)
     if (P->have_res[c]) cands[nc++] = P->res[c];
-  }
+  eligible_times(P, T, ms, ok);
   /* Hysteresis: the previous (smaller) bucket's winner stays the winner unless beaten by more than
    * RUNOFF_WITHIN, the tuner's own run-to-run spread. Near-equals otherwise flipped with the
    * noise: at d=64, N=8k, Bc 32 beat the Bc 64 winner of 4k and 16k by 2-3% here and then ran

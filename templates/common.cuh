@@ -8,10 +8,11 @@ typedef unsigned short u16;
 
 #define FG_DEV __device__ __forceinline__
 
+#define FG_NEG_INF (__int_as_float(0xff800000))
+
 // pick<B, T, F>::type is T when B, else F (std::conditional, which the generated source cannot include).
 template <bool B, class T, class F> struct pick { typedef T type; };
 template <class T, class F> struct pick<false, T, F> { typedef F type; };
-#define FG_NEG_INF (__int_as_float(0xff800000))
 
 {% include("fg_params.h") %}
 

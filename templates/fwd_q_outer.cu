@@ -46,12 +46,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   zero_pad_columns<BR + 2 * STAGES * BC, D, DP, ROW, THREADS>(smem, tid);
   // Lean: the K and V base pointers wait in shared memory and are read once per block (kept in
   // registers across the loop, they were the first thing ptxas spilled).
+  // With 2+ stages the loop's first barrier orders these stores before the first read.
   if constexpr (LEAN) {
     if (tid == 0) {
       *(const u16 **)((char *)smem + PTR_OFF) = gK;
       *(const u16 **)((char *)smem + PTR_OFF + 8) = gV;
     }
-    __syncthreads();
+    if constexpr (STAGES == 1) __syncthreads();
   }
 
   i64 nb64 = (Nk + BC - 1) / BC;
@@ -108,13 +109,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   }
   const float sl2 = (float)p.scale_log2;
 
+  // K or V block jb into the stage at byte offset soff (lean kernels re-read the thread index and
+  // the base pointer here, see above).
+  auto load_kv = [&](bool is_v, u32 soff, int jb) {
+    const tid_t jt = LEAN ? (tid_t)tid_x() : (tid_t)tid;
+    const u16 *base = LEAN ? (const u16 *)ld_shared_u64(sbase + PTR_OFF + (is_v ? 8 : 0)) : (is_v ? gV : gK);
+    const i64 sn = is_v ? p.v_sn : p.k_sn;
+    load_tile<BC, CHUNKS, ROW, THREADS>(sbase + (is_v ? V_OFF : K_OFF) + soff, base + (i64)jb * BC * sn, sn, Nk - (i64)jb * BC, jt);
+  };
   for (int j = 0; j < n_blocks; ++j) {
     if constexpr (STAGES == 1) {
-      const tid_t jt = LEAN ? (tid_t)tid_x() : (tid_t)tid;
-      const u16 *kb = LEAN ? (const u16 *)ld_shared_u64(sbase + PTR_OFF) : gK;
-      const u16 *vb = LEAN ? (const u16 *)ld_shared_u64(sbase + PTR_OFF + 8) : gV;
-      load_tile<BC, CHUNKS, ROW, THREADS>(sbase + K_OFF, kb + (i64)j * BC * p.k_sn, p.k_sn, Nk - (i64)j * BC, jt);
-      load_tile<BC, CHUNKS, ROW, THREADS>(sbase + V_OFF, vb + (i64)j * BC * p.v_sn, p.v_sn, Nk - (i64)j * BC, jt);
+      load_kv(false, 0u, j);
+      load_kv(true, 0u, j);
       cp_async_commit();
       cp_async_wait<0>();
       __syncthreads();
@@ -123,18 +129,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       cp_async_wait<(STAGES > 1 ? 2 * STAGES - 3 : 0)>();
       __syncthreads();  // K_j has landed, and every warp is done with block j-1's buffers
       const int jn = j + STAGES - 1;
-      const bool more = jn < n_blocks;
-      const u32 nb = (u32)(jn % STAGES);
-      const tid_t jt = LEAN ? (tid_t)tid_x() : (tid_t)tid;
-      if (more) {
-        const u16 *kb = LEAN ? (const u16 *)ld_shared_u64(sbase + PTR_OFF) : gK;
-        load_tile<BC, CHUNKS, ROW, THREADS>(sbase + K_OFF + nb * STAGE_BYTES, kb + (i64)jn * BC * p.k_sn, p.k_sn, Nk - (i64)jn * BC, jt);
-      }
+      const u32 soff = (u32)(jn % STAGES) * STAGE_BYTES;
+      if (jn < n_blocks) load_kv(false, soff, jn);
       cp_async_commit();
-      if (more) {
-        const u16 *vb = LEAN ? (const u16 *)ld_shared_u64(sbase + PTR_OFF + 8) : gV;
-        load_tile<BC, CHUNKS, ROW, THREADS>(sbase + V_OFF + nb * STAGE_BYTES, vb + (i64)jn * BC * p.v_sn, p.v_sn, Nk - (i64)jn * BC, jt);
-      }
+      if (jn < n_blocks) load_kv(true, soff, jn);
       cp_async_commit();
     }
     const u32 stage_off = STAGES == 1 ? 0u : (u32)(j % STAGES) * STAGE_BYTES;
