@@ -1,0 +1,206 @@
+/* ab.c: fg_ab, A/B timing of kernel versions for kernel work: each version is a variant built from
+ * a template directory (one flashgen context per version, since a context reads
+ * FLASHGEN_TEMPLATE_DIR when it makes its generator), all timed in one process on one problem,
+ * interleaved round by round (the order rotates each round), with CUDA events; it prints each
+ * version's median, its spread and its ratio to the first. Every version's output is compared
+ * with the first's (max |diff|): a rewritten kernel must compute the same function. This is a
+ * timing tool; `flashgen check` is the correctness gate.
+ *
+ * Run on a machine with a GPU (the kernels are compiled there, with NVRTC):
+ *   build/fg_ab [--problem d=128,n=1k,dtype=bf16] [--rounds 7] [--reps 10] DIR:VARIANT ...
+ * DIR is a template directory, or '-' for the templates built into the library. Example:
+ *   build/fg_ab --problem d=128,n=1k - :fwd_d128_br128_bc64_bf16_noncausal_qouter_w4_s2_sm90a \
+ *                                    /tmp/tpl_b:fwd_d128_br128_bc64_bf16_noncausal_qouter_w4_s2_sm90a */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fg_autotune.h"
+#include "fg_runtime_internal.h"
+
+#define AB_MAX 16
+
+typedef struct version {
+  char dir[512];
+  fg_variant v;
+  char name[FG_VARIANT_NAME_MAX];
+  fg_context *ctx;
+  double *ms;
+  int n;
+} version;
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double quantile(double *x, int n, double q) {
+  qsort(x, (size_t)n, sizeof *x, cmp_double);
+  return x[(int)(q * (n - 1) + 0.5)];
+}
+
+/* Normal(0, 1) by Box-Muller from a 64-bit LCG; never all zeros. */
+static double normal(uint64_t *s) {
+  double u[2];
+  for (int i = 0; i < 2; i++) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    u[i] = ((*s >> 11) + 0.5) / 9007199254740992.0;
+  }
+  return sqrt(-2.0 * log(u[0])) * cos(6.283185307179586 * u[1]);
+}
+
+static int fail(const char *what, fg_context *ctx) {
+  fprintf(stderr, "fg_ab: %s: %s\n", what, ctx ? fg_context_last_error(ctx) : fg_last_create_error());
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  const char *problem = "d=128,n=1k";
+  int rounds = 7, reps = 10;
+  version ver[AB_MAX];
+  int nv = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--problem") == 0 && i + 1 < argc) problem = argv[++i];
+    else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+      printf("usage: fg_ab [--problem P] [--rounds R] [--reps K] DIR:VARIANT [DIR:VARIANT ...]\n"
+             "  P as in `flashgen tune` (default d=128,n=1k); DIR '-' = the built-in templates.\n");
+      return 0;
+    } else {
+      const char *colon = strchr(argv[i], ':');
+      if (!colon || nv == AB_MAX) {
+        fprintf(stderr, "fg_ab: '%s' is not DIR:VARIANT (or more than %d versions)\n", argv[i],
+                AB_MAX);
+        return 2;
+      }
+      version *x = &ver[nv];
+      memset(x, 0, sizeof *x);
+      snprintf(x->dir, sizeof x->dir, "%.*s", (int)(colon - argv[i]), argv[i]);
+      char err[256];
+      if (fg_variant_parse(colon + 1, &x->v, err, sizeof err)) {
+        fprintf(stderr, "fg_ab: %s\n", err);
+        return 2;
+      }
+      snprintf(x->name, sizeof x->name, "%s", colon + 1);
+      nv++;
+    }
+  }
+  fg_tune_problem pr;
+  char err[256];
+  if (nv == 0 || rounds < 1 || reps < 1) {
+    fprintf(stderr, "fg_ab: give at least one DIR:VARIANT (see --help)\n");
+    return 2;
+  }
+  if (fg_tune_problem_parse(problem, &pr, err, sizeof err)) {
+    fprintf(stderr, "fg_ab: %s\n", err);
+    return 2;
+  }
+
+  for (int i = 0; i < nv; i++) {
+    if (strcmp(ver[i].dir, "-") == 0) unsetenv("FLASHGEN_TEMPLATE_DIR");
+    else setenv("FLASHGEN_TEMPLATE_DIR", ver[i].dir, 1);
+    fg_context_options o = {0};
+    o.size = sizeof o;
+    o.no_disk_cache = 1;
+    if (fg_context_create(&ver[i].ctx, &o) != FG_OK) return fail("creating a context", NULL);
+    fg_generator *g;
+    if (fg_context_generator(ver[i].ctx, &g) != FG_OK) return fail(ver[i].dir, ver[i].ctx);
+    ver[i].ms = calloc((size_t)(rounds * reps), sizeof(double));
+  }
+  fg_context *c0 = ver[0].ctx;
+
+  /* Inputs: (B, H, N, d) contiguous, N(0, 1) in the problem's dtype; enough sets that one pass
+   * over them exceeds twice the L2, so no call runs from cache. */
+  const size_t elems = (size_t)(pr.batch * pr.heads * pr.n * pr.d);
+  const int sets = fg_tune_rotation_sets(elems * 2 * 3, (size_t)c0->limits.l2_bytes);
+  CUdeviceptr q[8], k[8], v[8], o[AB_MAX];
+  uint16_t *h = malloc(elems * 2);
+  uint64_t seed = 0x9e3779b97f4a7c15ull;
+  for (int s = 0; s < sets; s++) {
+    CUdeviceptr *t[3] = {&q[s], &k[s], &v[s]};
+    for (int j = 0; j < 3; j++) {
+      for (size_t e = 0; e < elems; e++) h[e] = fg_f32_to_half((float)normal(&seed), pr.dtype);
+      if (fg_dev_alloc(c0, t[j], elems * 2) || fg_dev_upload(c0, *t[j], h, elems * 2))
+        return fail("uploading inputs", c0);
+    }
+  }
+  for (int i = 0; i < nv; i++)
+    if (fg_dev_alloc(c0, &o[i], elems * 2) || fg_dev_fill16(c0, o[i], 0xFFFF, elems))
+      return fail("allocating outputs", c0);
+  CUstream st;
+  CUevent e0[64], e1[64];
+  if (reps > 64) reps = 64;
+  if (fg_stream_create(c0, &st)) return fail("creating a stream", c0);
+  for (int r = 0; r < reps; r++)
+    if (fg_event_create(c0, &e0[r]) || fg_event_create(c0, &e1[r])) return fail("events", c0);
+
+  fg_attention_args a = {0};
+  a.dtype = pr.dtype;
+  a.causal = pr.causal;
+  a.batch = pr.batch;
+  a.heads_q = a.heads_kv = pr.heads;
+  a.seqlen_q = a.seqlen_k = pr.n;
+  a.head_dim = pr.d;
+  /* Warm-up: compile and load every version, and write each one's output on set 0. */
+  for (int i = 0; i < nv; i++) {
+    a.q = (const void *)(uintptr_t)q[0];
+    a.k = (const void *)(uintptr_t)k[0];
+    a.v = (const void *)(uintptr_t)v[0];
+    a.o = (void *)(uintptr_t)o[i];
+    for (int w = 0; w < 3; w++)
+      if (fg_attention_forward_variant(ver[i].ctx, &a, st, &ver[i].v) != FG_OK)
+        return fail(ver[i].name, ver[i].ctx);
+  }
+  if (fg_stream_synchronize(c0, st)) return fail("warm-up", c0);
+  uint16_t *h0 = malloc(elems * 2);
+  if (fg_dev_download(c0, h0, o[0], elems * 2)) return fail("downloading", c0);
+  double diff[AB_MAX] = {0};
+  for (int i = 1; i < nv; i++) {
+    if (fg_dev_download(c0, h, o[i], elems * 2)) return fail("downloading", c0);
+    for (size_t e = 0; e < elems; e++) {
+      double x = fg_half_to_f32(h[e], pr.dtype), y = fg_half_to_f32(h0[e], pr.dtype);
+      double dd = fabs(x - y);
+      if (!(dd <= diff[i])) diff[i] = isnan(dd) ? INFINITY : dd;
+    }
+  }
+
+  int call = 0;
+  for (int r = 0; r < rounds; r++)
+    for (int jj = 0; jj < nv; jj++) {
+      version *x = &ver[(jj + r) % nv];
+      for (int k2 = 0; k2 < reps; k2++, call++) {
+        a.q = (const void *)(uintptr_t)q[call % sets];
+        a.k = (const void *)(uintptr_t)k[call % sets];
+        a.v = (const void *)(uintptr_t)v[call % sets];
+        a.o = (void *)(uintptr_t)o[x - ver];
+        fg_event_record(c0, e0[k2], st);
+        if (fg_attention_forward_variant(x->ctx, &a, st, &x->v) != FG_OK)
+          return fail(x->name, x->ctx);
+        fg_event_record(c0, e1[k2], st);
+      }
+      for (int k2 = 0; k2 < reps; k2++) {
+        float ms;
+        if (fg_event_elapsed_ms(c0, e0[k2], e1[k2], &ms)) return fail("timing", c0);
+        x->ms[x->n++] = ms;
+      }
+    }
+
+  const double flops = fg_tune_flops(&pr);
+  char pb[128];
+  fg_tune_problem_format(&pr, pb, sizeof pb);
+  printf("fg_ab: %s on %s, %d rounds x %d calls per version, %d input set%s\n", pb,
+         c0->limits.name, rounds, reps, sets, sets == 1 ? "" : "s");
+  double base = 0;
+  for (int i = 0; i < nv; i++) {
+    double med = quantile(ver[i].ms, ver[i].n, 0.5);
+    double p10 = quantile(ver[i].ms, ver[i].n, 0.1), p90 = quantile(ver[i].ms, ver[i].n, 0.9);
+    if (i == 0) base = med;
+    printf("  [%d] %-8.3f ms  %6.1f TFLOP/s  p10-p90 %.3f-%.3f  x%.3f  max|diff| %.2e  %s:%s\n", i,
+           med, flops / (med * 1e-3) / 1e12, p10, p90, base / med, diff[i], ver[i].dir,
+           ver[i].name);
+  }
+  for (int i = 0; i < nv; i++) fg_context_destroy(ver[i].ctx);
+  return 0;
+}
