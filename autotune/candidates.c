@@ -36,14 +36,17 @@ int fg_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch ar
   fg_variant seed = fg_seed_rule_variant(g, d, dtype, causal, arch, lim);
   char why[256];
   if (fg_variant_fits(g, &seed, lim, why, sizeof why) == 1 && n < cap) out[n++] = seed;
-  for (int loop = 0; loop <= 1; loop++)
+  /* q_outer and q_pingpong: 2 or 3 stages; kv_outer: 1 (Algorithm 1). q_pingpong is pruned for
+   * causal problems by its rule (fwd.lua), so it counts among "rules". */
+  for (int loop = 0; loop < FG_LOOP_COUNT; loop++)
     for (size_t bi = 0; bi < sizeof brs / sizeof brs[0]; bi++)
       for (size_t ci = 0; ci < sizeof bcs / sizeof bcs[0]; ci++)
         for (size_t wi = 0; wi < sizeof warps / sizeof warps[0]; wi++)
-          for (int st = loop == FG_LOOP_Q_OUTER ? 2 : 1; st <= (loop == FG_LOOP_Q_OUTER ? 3 : 1); st++) {
+          for (int st = loop == FG_LOOP_KV_OUTER ? 1 : 2; st <= (loop == FG_LOOP_KV_OUTER ? 1 : 3); st++) {
             fg_variant v = {FG_PASS_FWD, d, brs[bi], bcs[ci], dtype, causal, (fg_loop_order)loop,
                             warps[wi], st, arch};
-            if (loop == FG_LOOP_Q_OUTER && v.bc < 32) continue; /* too little work per barrier */
+            /* too little work per barrier */
+            if (loop != FG_LOOP_KV_OUTER && v.bc < 32) continue;
             if (memcmp(&v, &seed, sizeof v) == 0) continue;
             int fits = fg_variant_fits(g, &v, lim, why, sizeof why);
             if (fits == 1) {

@@ -182,6 +182,25 @@ int fg_nvrtc_compile(const char *src, const char *name, fg_arch arch, const fg_k
     nv.DestroyProgram(&prog);
     return -1;
   }
+  /* ptxas serializes wgmma when other instructions write its accumulators while one runs
+   * (C7515) or when registers run short (C7511): the kernel is correct but loses the tensor
+   * cores' asynchrony. A variant that does this is a bug or a bad fit; refuse it rather than
+   * hand it to a user (the tuner then counts it as rejected). */
+  const char *serial = strstr(log, "wgmma.mma_async instructions are serialized");
+  if (serial) {
+    while (serial > log && serial[-1] != '\n') serial--;
+    if (errlog) {
+      const char *e = strchr(serial, '\n');
+      char line[512];
+      snprintf(line, sizeof line, "%.*s", (int)(e ? e - serial : (ptrdiff_t)strlen(serial)), serial);
+      *errlog = dupf("NVRTC compiled %s, but ptxas serialized its wgmma pipeline, which the "
+                     "template must not cause: %s%s%s",
+                     name, line, "", "");
+    }
+    free(log);
+    nv.DestroyProgram(&prog);
+    return -1;
+  }
   img->compile_ms = now_ms() - t0;
   img->meta = *meta;
   img->meta.regs = img->meta.spill_store_bytes = img->meta.spill_load_bytes = img->meta.stack_bytes = -1;

@@ -238,7 +238,7 @@ static void push_variant(lua_State *L, const fg_variant *v) {
   lua_setfield(L, -2, "dtype");
   lua_pushboolean(L, v->causal);
   lua_setfield(L, -2, "causal");
-  lua_pushstring(L, v->loop == FG_LOOP_Q_OUTER ? "q_outer" : "kv_outer");
+  lua_pushstring(L, fg_loop_name(v->loop));
   lua_setfield(L, -2, "loop");
   lua_pushinteger(L, v->warps);
   lua_setfield(L, -2, "warps");

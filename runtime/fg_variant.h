@@ -7,7 +7,13 @@
 #include "flashgen.h"
 
 typedef enum fg_pass { FG_PASS_FWD = 0 } fg_pass;
-typedef enum fg_loop_order { FG_LOOP_Q_OUTER = 0, FG_LOOP_KV_OUTER = 1 } fg_loop_order;
+/* Loop orders: q_outer is FlashAttention-2 (one block per Q tile, looping over K/V); kv_outer is
+ * FlashAttention-1's Algorithm 1; q_pingpong is q_outer with two groups of `warps` warps per
+ * block, each on its own Q tile and K/V pipeline, taking turns at the matrix products so one
+ * group's softmax overlaps the other's mma (FlashAttention-3's ping-pong; non-causal only). */
+typedef enum fg_loop_order {
+  FG_LOOP_Q_OUTER = 0, FG_LOOP_KV_OUTER = 1, FG_LOOP_Q_PINGPONG = 2, FG_LOOP_COUNT
+} fg_loop_order;
 typedef enum fg_arch {
   FG_ARCH_SM80 = 0, FG_ARCH_SM86, FG_ARCH_SM89, FG_ARCH_SM90, FG_ARCH_SM90A, FG_ARCH_COUNT
 } fg_arch;
@@ -41,6 +47,10 @@ int fg_variant_parse(const char *name, fg_variant *out, char *err, size_t errlen
 int fg_variant_check(const fg_variant *v, char *err, size_t errlen);
 
 const char *fg_arch_name(fg_arch a);  /* "sm_80", ... "sm_90a" */
+/* The loop order's token in variant names ("qouter", "kvouter", "qpingpong") and its name in
+ * the templates ("q_outer", "kv_outer", "q_pingpong"); "?" when out of range. */
+const char *fg_loop_token(fg_loop_order l);
+const char *fg_loop_name(fg_loop_order l);
 int fg_arch_parse(const char *s, fg_arch *out); /* accepts "sm_90a" and "sm90a"; 0 on success */
 /* The arch the generator targets for a device of compute capability major.minor. */
 fg_arch fg_arch_for_cc(int major, int minor);

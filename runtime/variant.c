@@ -32,6 +32,16 @@ fg_arch fg_arch_for_cc(int major, int minor) {
   return FG_ARCH_SM80;
 }
 
+static const char *const loop_tokens[FG_LOOP_COUNT] = {"qouter", "kvouter", "qpingpong"};
+static const char *const loop_names[FG_LOOP_COUNT] = {"q_outer", "kv_outer", "q_pingpong"};
+
+const char *fg_loop_token(fg_loop_order l) {
+  return ((int)l >= 0 && l < FG_LOOP_COUNT) ? loop_tokens[l] : "?";
+}
+const char *fg_loop_name(fg_loop_order l) {
+  return ((int)l >= 0 && l < FG_LOOP_COUNT) ? loop_names[l] : "?";
+}
+
 const char *fg_dtype_name(fg_dtype t) {
   return t == FG_DTYPE_F16 ? "f16" : t == FG_DTYPE_BF16 ? "bf16" : "dtype?";
 }
@@ -50,12 +60,12 @@ int fg_dtype_parse(const char *s, fg_dtype *out) {
 
 int fg_variant_name(const fg_variant *v, char *buf, size_t len) {
   if (v->pass != FG_PASS_FWD || (v->dtype != FG_DTYPE_F16 && v->dtype != FG_DTYPE_BF16) ||
-      (v->loop != FG_LOOP_Q_OUTER && v->loop != FG_LOOP_KV_OUTER) || v->arch < 0 ||
+      (int)v->loop < 0 || v->loop >= FG_LOOP_COUNT || v->arch < 0 ||
       v->arch >= FG_ARCH_COUNT)
     return -1;
   int n = snprintf(buf, len, "fwd_d%d_br%d_bc%d_%s_%s_%s_w%d_s%d_%s", v->d, v->br, v->bc,
                    fg_dtype_name(v->dtype), v->causal ? "causal" : "noncausal",
-                   v->loop == FG_LOOP_Q_OUTER ? "qouter" : "kvouter", v->warps, v->stages,
+                   fg_loop_token(v->loop), v->warps, v->stages,
                    arch_tokens[v->arch]);
   return n;
 }
@@ -79,7 +89,7 @@ int fg_variant_parse(const char *name, fg_variant *out, char *err, size_t errlen
       "pass (expected 'fwd')",       "head dim (expected d<N>, e.g. d128)",
       "Br (expected br<N>)",         "Bc (expected bc<N>)",
       "dtype (expected f16 or bf16)", "masking (expected causal or noncausal)",
-      "loop order (expected qouter or kvouter)", "warps (expected w<N>)",
+      "loop order (expected qouter, kvouter or qpingpong)", "warps (expected w<N>)",
       "stages (expected s<N>)",      "arch (expected sm80, sm86, sm89, sm90 or sm90a)"};
   char tmp[FG_VARIANT_NAME_MAX * 2];
   if (!name || strlen(name) >= sizeof tmp) {
@@ -115,9 +125,12 @@ int fg_variant_parse(const char *name, fg_variant *out, char *err, size_t errlen
     else bad = 5;
   }
   if (bad < 0) {
-    if (strcmp(tok[6], "qouter") == 0) v.loop = FG_LOOP_Q_OUTER;
-    else if (strcmp(tok[6], "kvouter") == 0) v.loop = FG_LOOP_KV_OUTER;
-    else bad = 6;
+    bad = 6;
+    for (int l = 0; l < FG_LOOP_COUNT; l++)
+      if (strcmp(tok[6], loop_tokens[l]) == 0) {
+        v.loop = (fg_loop_order)l;
+        bad = -1;
+      }
   }
   if (bad < 0 && parse_num(tok[7], "w", &v.warps)) bad = 7;
   if (bad < 0 && parse_num(tok[8], "s", &v.stages)) bad = 8;
