@@ -36,8 +36,9 @@ int fg_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch ar
   fg_variant seed = fg_seed_rule_variant(g, d, dtype, causal, arch, lim);
   char why[256];
   if (fg_variant_fits(g, &seed, lim, why, sizeof why) == 1 && n < cap) out[n++] = seed;
-  /* q_outer and q_pingpong: 2 or 3 stages; kv_outer: 1 (Algorithm 1). q_pingpong is pruned for
-   * causal problems by its rule (fwd.lua), so it counts among "rules". */
+  /* q_outer: 2 or 3 stages; q_wgmma and q_wgmma_ov: 2 (3 is pruned by their rule); kv_outer: 1
+   * (Algorithm 1). The wgmma loops are pruned on every arch but sm_90a by their rule (fwd.lua),
+   * so there they count among "rules". */
   for (int loop = 0; loop < FG_LOOP_COUNT; loop++)
     for (size_t bi = 0; bi < sizeof brs / sizeof brs[0]; bi++)
       for (size_t ci = 0; ci < sizeof bcs / sizeof bcs[0]; ci++)

@@ -109,6 +109,94 @@ static void force_loop(check_case *c, const fg_variant *defs, int n, fg_loop_ord
   }
 }
 
+/* A wgmma variant (fwd_wgmma.cu; loop q_wgmma or q_wgmma_ov) for the case's d, dtype, causal. */
+static void force_wgmma(check_case *c, fg_arch arch, fg_loop_order loop, int warps, int bc,
+                        int stages) {
+  fg_variant v = {FG_PASS_FWD, (int)c->d, 16 * warps, bc, c->dtype, c->causal, loop,
+                  warps, stages, arch};
+  c->forced = 1;
+  c->v = v;
+}
+
+/* The wgmma path (sm_90a only), both schedules (in order, overlapped): every tile shape on the
+ * head dims it takes, both dtypes, causal or not; then sequence-length pairs (partial Q and K/V
+ * blocks, one key, rows without keys), GQA and MQA, layouts, no LSE, and more than 2^16 (batch,
+ * head) pairs. */
+static void add_wgmma_cases(case_list *l, fg_arch arch) {
+  if (arch != FG_ARCH_SM90A) return;
+  static const struct { int d, warps, bc, stages, ov; } shapes[] = {
+      {64, 4, 64, 2, 1},  {64, 4, 128, 2, 0}, {64, 8, 64, 2, 1},  {128, 4, 64, 2, 1},
+      {128, 4, 64, 2, 0}, {128, 4, 128, 2, 0}, {128, 8, 64, 2, 1}, {128, 8, 32, 2, 0},
+      {256, 4, 32, 2, 0}, {256, 8, 32, 2, 1}};
+  check_case *c;
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    for (int dt = 0; dt < 2; dt++)
+      for (int causal = 0; causal <= 1; causal++) {
+        c = add_case(l);
+        c->d = shapes[i].d;
+        c->dtype = dt ? FG_DTYPE_F16 : FG_DTYPE_BF16;
+        c->causal = causal;
+        c->B = 2;
+        c->Hq = 2;
+        c->Hkv = 1;
+        c->Nq = causal ? 160 : 200;
+        c->Nk = causal ? 224 : 200;
+        c->quick = (shapes[i].d == 128 || shapes[i].d == 64) && shapes[i].warps == 4 && dt == causal;
+        force_wgmma(c, arch, shapes[i].ov ? FG_LOOP_Q_WGMMA_OV : FG_LOOP_Q_WGMMA, shapes[i].warps,
+                    shapes[i].bc, shapes[i].stages);
+        char vn[FG_VARIANT_NAME_MAX];
+        fg_variant_name(&c->v, vn, sizeof vn);
+        set_name(c, "wgmma/%s", vn);
+      }
+  static const int64_t pairs[][2] = {{1, 1},     {17, 129},  {129, 17},   {127, 1000}, {1000, 127},
+                                     {1000, 1000}, {4097, 4097}, {300, 100}, {300, 0}};
+  for (int dd = 0; dd < 2; dd++)
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
+      for (int causal = 0; causal <= 1; causal++) {
+        if (pairs[i][1] == 0 && causal) continue;
+        const int ov = (int)(i + (size_t)dd) % 2;  /* both schedules over the pairs */
+        c = add_case(l);
+        c->d = dd ? 64 : 128;
+        c->dtype = (i + (size_t)causal) % 2 ? FG_DTYPE_F16 : FG_DTYPE_BF16;
+        c->causal = causal;
+        c->B = pairs[i][0] * pairs[i][1] >= 1000 * 1000 ? 1 : 2;
+        c->Hq = 2;
+        c->Hkv = dd ? 2 : 1;
+        c->Nq = pairs[i][0];
+        c->Nk = pairs[i][1];
+        c->quick = i == 1 || i == 2 || i == 7;
+        force_wgmma(c, arch, ov ? FG_LOOP_Q_WGMMA_OV : FG_LOOP_Q_WGMMA, 4, 64, 2);
+        set_name(c, "wgmma_seqlen/d%d_nq%" PRId64 "_nk%" PRId64 "_%s_%s_%s", (int)c->d, c->Nq,
+                 c->Nk, fg_dtype_name(c->dtype), causal_word(causal), ov ? "ov" : "inorder");
+      }
+  static const struct {
+    const char *name;
+    int d, layout, lse, causal;
+    int64_t B, Hq, Hkv, Nq, Nk;
+  } ps[] = {{"gqa8", 128, L_BHND, 1, 1, 2, 16, 2, 300, 345},
+            {"mqa", 64, L_BHND, 1, 0, 2, 8, 1, 300, 300},
+            {"bnhd", 128, L_BNHD, 1, 1, 2, 4, 4, 333, 333},
+            {"padded_rows", 64, L_PADDED, 1, 0, 2, 4, 4, 257, 300},
+            {"mixed_layouts", 128, L_MIXED, 1, 0, 2, 4, 2, 257, 300},
+            {"nolse", 128, L_BHND, 0, 1, 2, 2, 2, 300, 300},
+            {"b8300_h16_n1", 128, L_BHND, 1, 0, 8300, 16, 16, 1, 1}};
+  for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+    c = add_case(l);
+    c->d = ps[i].d;
+    c->layout = ps[i].layout;
+    c->lse = ps[i].lse;
+    c->causal = ps[i].causal;
+    c->B = ps[i].B;
+    c->Hq = ps[i].Hq;
+    c->Hkv = ps[i].Hkv;
+    c->Nq = ps[i].Nq;
+    c->Nk = ps[i].Nk;
+    c->quick = 1;
+    force_wgmma(c, arch, i % 2 ? FG_LOOP_Q_WGMMA : FG_LOOP_Q_WGMMA_OV, 4, 64, 2);
+    set_name(c, "wgmma/%s_%s_%s", ps[i].name, causal_word(c->causal), i % 2 ? "inorder" : "ov");
+  }
+}
+
 static void build_cases(case_list *l, const fg_variant *defs, int ndefs, int device_count) {
   static const int64_t lens[] = {1, 17, 127, 128, 129, 1000, 4097};
   const int nlens = (int)(sizeof lens / sizeof lens[0]);
@@ -132,6 +220,8 @@ static void build_cases(case_list *l, const fg_variant *defs, int ndefs, int dev
     c->Nk = c->causal ? 224 : 200;
     c->quick = defs[i].d == 64 || defs[i].d == 128;
   }
+
+  if (ndefs > 0) add_wgmma_cases(l, defs[0].arch);
 
   /* 2. Sequence lengths: every (Nq, Nk) pair, causal on and off, through the dispatcher; the
    * KV-outer loop order on every pair once (causal alternating). */

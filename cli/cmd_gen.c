@@ -266,12 +266,11 @@ static void *build_worker(void *arg) {
 
 int fg_cmd_build_default(int argc, char **argv) {
   if (has_help(argc, argv)) {
-    printf("usage: flashgen build-default [--arch ARCH[,ARCH...]] [-j N] [--all-loops]\n\n"
+    printf("usage: flashgen build-default [--arch ARCH[,ARCH...]] [-j N] [--kv-outer]\n\n"
            "Renders and compiles the default kernel set (the built-in rule's variant for every\n"
-           "head dimension 32..256, f16 and bf16, causal or not; with --all-loops also the\n"
-           "same problems in the other loop orders: q_pingpong, non-causal, and kv_outer, the\n"
-           "Algorithm 1 variants) for each ARCH (default: the live GPU's, else sm_80,sm_90a)\n"
-           "and prints variant, NVRTC time, registers, shared memory and spills.\n");
+           "head dimension 32..256, f16 and bf16, causal or not; with --kv-outer also the\n"
+           "Algorithm 1 variants) for each ARCH (default: the live GPU's, else sm_80,sm_90a) and\n"
+           "prints variant, NVRTC time, registers, shared memory and spills.\n");
     return 0;
   }
   char archs[128] = "";
@@ -279,7 +278,7 @@ int fg_cmd_build_default(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--arch") == 0 && i + 1 < argc) snprintf(archs, sizeof archs, "%s", argv[++i]);
     else if (strcmp(argv[i], "-j") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--all-loops") == 0) kv = 1;
+    else if (strcmp(argv[i], "--kv-outer") == 0) kv = 1;
     else {
       fprintf(stderr, "flashgen build-default: unknown option '%s' (see --help)\n", argv[i]);
       return 2;

@@ -7,12 +7,17 @@
 #include "flashgen.h"
 
 typedef enum fg_pass { FG_PASS_FWD = 0 } fg_pass;
-/* Loop orders: q_outer is FlashAttention-2 (one block per Q tile, looping over K/V); kv_outer is
- * FlashAttention-1's Algorithm 1; q_pingpong is q_outer with two groups of `warps` warps per
- * block, each on its own Q tile and K/V pipeline, taking turns at the matrix products so one
- * group's softmax overlaps the other's mma (FlashAttention-3's ping-pong; non-causal only). */
+/* Loop orders: q_outer is FlashAttention-2 (one block per Q tile, looping over K/V, mma.sync,
+ * sm_80 and newer); kv_outer is FlashAttention-1's Algorithm 1; q_wgmma is q_outer's loop on
+ * Hopper's warpgroup matrix instructions (wgmma, sm_90a only: fwd_wgmma.cu), each block's S,
+ * softmax and O += P V in order; q_wgmma_ov the same with the softmax of block j+1 overlapping
+ * O += P_j V_j on the tensor cores. */
 typedef enum fg_loop_order {
-  FG_LOOP_Q_OUTER = 0, FG_LOOP_KV_OUTER = 1, FG_LOOP_Q_PINGPONG = 2, FG_LOOP_COUNT
+  FG_LOOP_Q_OUTER = 0,
+  FG_LOOP_KV_OUTER = 1,
+  FG_LOOP_Q_WGMMA = 2,
+  FG_LOOP_Q_WGMMA_OV = 3,
+  FG_LOOP_COUNT
 } fg_loop_order;
 typedef enum fg_arch {
   FG_ARCH_SM80 = 0, FG_ARCH_SM86, FG_ARCH_SM89, FG_ARCH_SM90, FG_ARCH_SM90A, FG_ARCH_COUNT
@@ -47,8 +52,8 @@ int fg_variant_parse(const char *name, fg_variant *out, char *err, size_t errlen
 int fg_variant_check(const fg_variant *v, char *err, size_t errlen);
 
 const char *fg_arch_name(fg_arch a);  /* "sm_80", ... "sm_90a" */
-/* The loop order's token in variant names ("qouter", "kvouter", "qpingpong") and its name in
- * the templates ("q_outer", "kv_outer", "q_pingpong"); "?" when out of range. */
+/* The loop order's token in variant names ("qouter", "kvouter", "qwgmma", "qwgmmaov") and its
+ * name in the templates ("q_outer", "kv_outer", "q_wgmma", "q_wgmma_ov"); "?" when out of range. */
 const char *fg_loop_token(fg_loop_order l);
 const char *fg_loop_name(fg_loop_order l);
 int fg_arch_parse(const char *s, fg_arch *out); /* accepts "sm_90a" and "sm90a"; 0 on success */
@@ -58,6 +63,7 @@ const char *fg_dtype_name(fg_dtype t);  /* "f16", "bf16" */
 int fg_dtype_parse(const char *s, fg_dtype *out);
 
 /* The variant the built-in rule picks when nothing was tuned: q_outer, block sizes by head
- * dimension, chosen to fit every supported arch's shared memory (99 KB per block and up). */
+ * dimension, chosen to fit every supported arch's shared memory (99 KB per block and up); on
+ * sm_90a for d = 64 and 128 the wgmma kernels (q_wgmma_ov at d = 128, q_wgmma at 64). */
 fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
 #endif

@@ -113,6 +113,11 @@ FG_DEV float fast_exp2(float x) {
   return r;
 }
 
+// One 32-bit global store.
+FG_DEV void st_global_u32(void *gdst, u32 x) {
+  asm volatile("st.global.b32 [%0], %1;\n" ::"l"(gdst), "r"(x) : "memory");
+}
+
 // 16 bytes shared -> global.
 FG_DEV void copy16_s2g(void *gdst, u32 saddr) {
   u32 a, b, c, d;
@@ -158,6 +163,48 @@ FG_DEV void load_tile(u32 sbase, const u16 *g, i64 row_stride, i64 rows_left, TI
       }
     }
   }
+}
+
+// The Q block a thread block of a "q_tiles" grid works on (x: Q blocks, the causal ones longest
+// first; y: batch * heads_q): its batch and heads, first query row, the Q head and the K/V heads
+// (GQA); then (fwd_block_span) how many K/V blocks of BC rows it sees, and the 32-bit bounds its
+// mask needs. Two calls, so a kernel can do other set-up between them (in fwd_q_outer.cu's
+// order, which ptxas allocates registers for at the edge of 255).
+struct fwd_block {
+  u32 bh, b, h, hk;
+  i64 q0, diag;  // diag = seqlen_k - seqlen_q: key j is visible to query i iff j <= i + diag
+  const u16 *gQ, *gK, *gV;
+  int n_blocks;
+  int nk32, qdiag32;  // seqlen_k; q0 + seqlen_k - seqlen_q (key j is seen by row i iff j <= i + it)
+};
+template <int BR, bool CAUSAL> FG_DEV fwd_block fwd_block_of(const fg_fwd_params &p) {
+  fwd_block f;
+  // 32-bit division: blockIdx.y and heads_q are below the grid's y limit (runtime/forward.c).
+  f.bh = blockIdx.y;
+  f.b = f.bh / (u32)p.heads_q;
+  f.h = f.bh % (u32)p.heads_q;
+  f.hk = f.h / (u32)p.hq_per_hkv;
+  // Causal: the last Q blocks see the most keys; launch them first so the short ones fill the tail.
+  const i64 q_tile = CAUSAL ? (i64)(gridDim.x - 1 - blockIdx.x) : (i64)blockIdx.x;
+  f.q0 = q_tile * BR;
+  f.diag = p.seqlen_k - p.seqlen_q;
+  f.gQ = (const u16 *)p.q + f.b * p.q_sb + f.h * p.q_sh + f.q0 * p.q_sn;
+  f.gK = (const u16 *)p.k + f.b * p.k_sb + f.hk * p.k_sh;
+  f.gV = (const u16 *)p.v + f.b * p.v_sb + f.hk * p.v_sh;
+  f.n_blocks = f.nk32 = f.qdiag32 = 0;
+  return f;
+}
+template <int BR, int BC, bool CAUSAL> FG_DEV void fwd_block_span(fwd_block &f, const fg_fwd_params &p) {
+  const i64 Nk = p.seqlen_k;
+  i64 nb64 = (Nk + BC - 1) / BC;
+  if constexpr (CAUSAL) {
+    const i64 last_key = f.q0 + BR - 1 + f.diag;  // the last key this block's last row sees
+    nb64 = last_key < 0 ? 0 : (last_key / BC + 1 < nb64 ? last_key / BC + 1 : nb64);
+  }
+  f.n_blocks = (int)nb64;  // seqlen_k < 2^31 (validated), so the block count fits
+  // 32-bit copies for the mask: Nk < 2^31 and q0 + Nk - Nq lies in (-2^31, 2^31).
+  f.nk32 = (int)Nk;
+  f.qdiag32 = (int)(f.q0 + f.diag);
 }
 
 // Zeroes the columns [D, DP) of NROWS shared rows (the k-padding of the mma), once per kernel.

@@ -52,6 +52,43 @@ end
 -- Br 128, Bc 32-64; 735 q_outer candidates, sm_80 and sm_90a); lean ones fit up to 255.
 local LEAN_FROM = 200
 
+-- q_wgmma and q_wgmma_ov (fwd_wgmma.cu, sm_90a): one warpgroup (4 warps) per 64 query rows, in
+-- order or overlapped. Q, K and V tiles are stored unpadded in 64-column blocks, 128-byte
+-- swizzled (what wgmma's descriptors read), from a 1024-byte aligned base: 1 KB more for the
+-- alignment. Registers per thread: the O accumulators (d/2), S (bc/2), P packed (bc/4), about 64
+-- for the rest, and overlapped, P in fp32 apart from S (bc/2; ptxas serializes the wgmma
+-- pipeline if S is written while a wgmma runs). Fitted to ptxas (NVRTC 13.0): overlapped d=128
+-- Bc 64 uses 202-207 (estimated 208), d=64 Bc 64 167 (176), d=128 Bc 128 (288) spilled 80 B,
+-- d=256 Bc 64 (272) 8 B; in order d=128 Bc 64 158 (176), Bc 128 209 (224). At d = 256 one
+-- warpgroup loads 4 rows of 512 B per pass, whose swizzle differs row to row: 16 more (in order
+-- d=256 Bc 64 spilled 28 B at an estimate of 240 without them; the sweep of every candidate,
+-- tests/test_compile.c, keeps this true).
+local function wgmma_resources(v)
+  local pf = v.loop == "q_wgmma_ov" and v.bc // 2 or 0
+  local loader = (v.d > 128 and v.warps == 4) and 16 or 0
+  return { threads = 32 * v.warps, smem = (v.br + 2 * v.stages * v.bc) * v.d * 2 + 1024,
+           regs = v.d // 2 + v.bc // 2 + pf + v.bc // 4 + 64 + loader }
+end
+
+local function wgmma_check(v)
+  if v.arch ~= "sm_90a" then
+    return v.loop .. " needs sm_90a: wgmma is an instruction of Hopper (compute capability 9.0) only"
+  end
+  if v.d ~= 64 and v.d ~= 128 and v.d ~= 256 then
+    return v.loop .. " takes d = 64, 128 or 256 (tiles of 64-column blocks, and rows the " ..
+           "loader's threads cover whole)"
+  end
+  if v.warps % 4 ~= 0 or v.br ~= 16 * v.warps then
+    return v.loop .. " gives each warpgroup (4 warps) 64 query rows: Br must be 16 * warps, " ..
+           "warps 4 or 8"
+  end
+  if v.bc > 128 or v.stages ~= 2 then
+    return v.loop .. " takes Bc <= 128 and 2 stages (K and V double-buffered)"
+  end
+  return nil
+end
+local function wgmma_loop(v) return v.loop == "q_wgmma" or v.loop == "q_wgmma_ov" end
+
 function M.layout(v)
   local L = base_layout(v)
   -- At 32 rows per warp with Q in registers (d <= 64) ptxas fits plain (224-242 registers).
@@ -63,6 +100,7 @@ end
 function M.q_in_regs(v) return q_in_regs(v, base_layout(v)) end
 
 function M.resources(v)
+  if wgmma_loop(v) then return wgmma_resources(v) end
   local L = base_layout(v)
   local smem
   if v.loop == "q_outer" then
@@ -79,6 +117,7 @@ end
 -- above d = 128): Bc = 64 spilled 4 to 28 B at d = 40..120 (NVRTC 13.0, sm_80 and sm_90a).
 -- tests/test_compile.c keeps it true.
 function M.check(v)
+  if wgmma_loop(v) then return wgmma_check(v) end
   local L = M.layout(v)
   if v.loop == "q_outer" and L.mt >= 2 and v.bc > 64 and v.d > 32 then
     return "q_outer with " .. 16 * L.mt .. " rows per warp takes Bc <= 64 above d = 32: the S tile " ..
@@ -106,6 +145,9 @@ function M.launch(v)
   local r = M.resources(v)
   if v.loop == "q_outer" then
     return { template = "fwd_q_outer.cu", entry = M.entry(v), threads = r.threads,
+             smem = r.smem, grid = "q_tiles", br = v.br, workspace = 0 }
+  elseif wgmma_loop(v) then
+    return { template = "fwd_wgmma.cu", entry = M.entry(v), threads = r.threads,
              smem = r.smem, grid = "q_tiles", br = v.br, workspace = 0 }
   else
     return { template = "fwd_kv_outer.cu", entry = M.entry(v), threads = r.threads,

@@ -33,15 +33,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const int tid = threadIdx.x;
   const int warp = LEAN ? (int)(threadIdx.x / 32u) : tid / 32, lane = LEAN ? (int)(threadIdx.x % 32u) : tid % 32;
   const int g = lane / 4, t = lane % 4;
-  // 32-bit division: blockIdx.y and heads_q are below the grid's y limit (runtime/forward.c).
-  const u32 bh = blockIdx.y, b = bh / (u32)p.heads_q, h = bh % (u32)p.heads_q, hk = h / (u32)p.hq_per_hkv;
-  // Causal: the last Q blocks see the most keys; launch them first so the short ones fill the tail.
-  const i64 q_tile = CAUSAL ? (i64)(gridDim.x - 1 - blockIdx.x) : (i64)blockIdx.x;
-  const i64 q0 = q_tile * BR, Nq = p.seqlen_q, Nk = p.seqlen_k;
-  const i64 diag = Nk - Nq;  // key j is visible to query i iff j <= i + diag (causal)
-  const u16 *gQ = (const u16 *)p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_sn;
-  const u16 *gK = (const u16 *)p.k + b * p.k_sb + hk * p.k_sh;
-  const u16 *gV = (const u16 *)p.v + b * p.v_sb + hk * p.v_sh;
+  fwd_block fb = fwd_block_of<BR, CAUSAL>(p);
+  const i64 q0 = fb.q0, Nq = p.seqlen_q, Nk = p.seqlen_k;
+  const u16 *gQ = fb.gQ, *gK = fb.gK, *gV = fb.gV;
 
   zero_pad_columns<BR + 2 * STAGES * BC, D, DP, ROW, THREADS>(smem, tid);
   // Lean: the K and V base pointers wait in shared memory and are read once per block (kept in
@@ -55,14 +49,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     if constexpr (STAGES == 1) __syncthreads();
   }
 
-  i64 nb64 = (Nk + BC - 1) / BC;
-  if constexpr (CAUSAL) {
-    const i64 last_key = q0 + BR - 1 + diag;  // the last key this block's last row sees
-    nb64 = last_key < 0 ? 0 : (last_key / BC + 1 < nb64 ? last_key / BC + 1 : nb64);
-  }
-  const int n_blocks = (int)nb64;  // seqlen_k < 2^31 (validated), so the block count fits
-  // 32-bit copies for the mask: Nk < 2^31 and q0 + Nk - Nq lies in (-2^31, 2^31).
-  const int nk32 = (int)Nk, qdiag32 = (int)(q0 + diag);
+  fwd_block_span<BR, BC, CAUSAL>(fb, p);
+  const int n_blocks = fb.n_blocks, nk32 = fb.nk32, qdiag32 = fb.qdiag32;
 
   const tid_t ltid = (tid_t)tid;
   load_tile<BR, CHUNKS, ROW, THREADS>(smem_addr(sQ), gQ, p.q_sn, Nq - q0, ltid);

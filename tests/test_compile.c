@@ -1,6 +1,8 @@
-/* test_compile.c: every (d, dtype, causal, loop order) of the default set, and the whole
- * candidate set for d = 128 bf16, renders and compiles with NVRTC for sm_80 and sm_90a with no
- * spills and no stack. FLASHGEN_TEST_SAMPLE=1 (the sanitizer build) compiles every 8th one. */
+/* test_compile.c: every (d, dtype, causal, loop order) of the default set, the whole candidate
+ * set for d = 128 bf16, and every wgmma candidate of d = 64 and 256 (sm_90a), render and compile
+ * with NVRTC for sm_80 and sm_90a with no spills, no stack, and no wgmma serialized by ptxas
+ * (fg_nvrtc_compile refuses that). FLASHGEN_TEST_SAMPLE=1 (the sanitizer build) compiles every
+ * 8th one. */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -78,7 +80,13 @@ static void compile_all(const fg_variant *v, int n, const char *what) {
 static void default_set(fg_arch arch) {
   fg_variant v[512];
   int n = fg_default_variants(arch, 1, v, 512);
-  cr_assert_eq(n, 29 * 2 * 2 * 2, "29 head dims x 2 dtypes x 2 maskings x 2 loop orders");
+  /* sm_90a: the wgmma kernels at d = 64 and 128 and their q_outer twins */
+  const int twins = arch == FG_ARCH_SM90A ? 2 * 2 * 2 : 0;
+  cr_assert_eq(n, 29 * 2 * 2 * 2 + twins,
+               "29 head dims x 2 dtypes x 2 maskings x (built-in, kv_outer), plus %d", twins);
+  int wg = 0;
+  for (int i = 0; i < n; i++) wg += v[i].loop == FG_LOOP_Q_WGMMA || v[i].loop == FG_LOOP_Q_WGMMA_OV;
+  cr_assert_eq(wg, twins, "wgmma kernels in the %s default set", fg_arch_name(arch));
   compile_all(v, n, fg_arch_name(arch));
 }
 
@@ -99,4 +107,23 @@ static void candidate_set(fg_arch arch, const fg_device_limits *lim) {
 }
 
 Test(compile, candidates_d128_bf16_h100_sm90a, .timeout = 1800) { candidate_set(FG_ARCH_SM90A, &fg_limits_h100); }
+
+/* The wgmma candidates of the other head dims it takes (d = 128 is in the set above). */
+Test(compile, wgmma_candidates_d64_d256_h100, .timeout = 1800) {
+  char err[4096];
+  fg_generator *g;
+  cr_assert_eq(fg_generator_create(&g, err, sizeof err), 0, "%s", err);
+  fg_variant all[512], v[256];
+  int n = 0, m = 0;
+  static const int ds[] = {64, 256};
+  for (int i = 0; i < 2; i++)
+    for (int causal = 0; causal <= 1; causal++)
+      n += fg_candidates(g, ds[i], FG_DTYPE_BF16, causal, FG_ARCH_SM90A, &fg_limits_h100, all + n,
+                         512 - n, NULL);
+  fg_generator_destroy(g);
+  for (int i = 0; i < n; i++)
+    if (all[i].loop == FG_LOOP_Q_WGMMA || all[i].loop == FG_LOOP_Q_WGMMA_OV) v[m++] = all[i];
+  cr_assert_gt(m, 10, "wgmma candidates of d = 64 and 256 on an H100");
+  compile_all(v, m, "wgmma d=64/256 on H100");
+}
 Test(compile, candidates_d128_bf16_a100_sm80, .timeout = 1800) { candidate_set(FG_ARCH_SM80, &fg_limits_a100); }
