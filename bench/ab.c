@@ -19,7 +19,8 @@
 #include "fg_autotune.h"
 #include "fg_runtime_internal.h"
 
-#define AB_MAX 16
+#define AB_MAX 16   /* versions */
+#define AB_REPS 64  /* calls per version and round (one pair of events each) */
 
 typedef struct version {
   char dir[512];
@@ -66,7 +67,8 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
     else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
       printf("usage: fg_ab [--problem P] [--rounds R] [--reps K] DIR:VARIANT [DIR:VARIANT ...]\n"
-             "  P as in `flashgen tune` (default d=128,n=1k); DIR '-' = the built-in templates.\n");
+             "  P as in `flashgen tune` (default d=128,n=1k); DIR '-' = the built-in templates;\n"
+             "  R rounds (default 7) of K calls per version (default 10, at most %d).\n", AB_REPS);
       return 0;
     } else {
       const char *colon = strchr(argv[i], ':');
@@ -89,8 +91,9 @@ int main(int argc, char **argv) {
   }
   fg_tune_problem pr;
   char err[256];
-  if (nv == 0 || rounds < 1 || reps < 1) {
-    fprintf(stderr, "fg_ab: give at least one DIR:VARIANT (see --help)\n");
+  if (nv == 0 || rounds < 1 || reps < 1 || reps > AB_REPS) {
+    fprintf(stderr, "fg_ab: give at least one DIR:VARIANT, --rounds >= 1 and --reps 1..%d (see "
+            "--help)\n", AB_REPS);
     return 2;
   }
   if (fg_tune_problem_parse(problem, &pr, err, sizeof err)) {
@@ -108,6 +111,10 @@ int main(int argc, char **argv) {
     fg_generator *g;
     if (fg_context_generator(ver[i].ctx, &g) != FG_OK) return fail(ver[i].dir, ver[i].ctx);
     ver[i].ms = calloc((size_t)(rounds * reps), sizeof(double));
+    if (!ver[i].ms) {
+      fprintf(stderr, "fg_ab: out of host memory\n");
+      return 1;
+    }
   }
   fg_context *c0 = ver[0].ctx;
 
@@ -116,7 +123,11 @@ int main(int argc, char **argv) {
   const size_t elems = (size_t)(pr.batch * pr.heads * pr.n * pr.d);
   const int sets = fg_tune_rotation_sets(elems * 2 * 3, (size_t)c0->limits.l2_bytes);
   CUdeviceptr q[8], k[8], v[8], o[AB_MAX];
-  uint16_t *h = malloc(elems * 2);
+  uint16_t *h = malloc(elems * 2), *h0 = malloc(elems * 2);
+  if (!h || !h0) {
+    fprintf(stderr, "fg_ab: out of host memory (%zu B input buffers)\n", elems * 4);
+    return 1;
+  }
   uint64_t seed = 0x9e3779b97f4a7c15ull;
   for (int s = 0; s < sets; s++) {
     CUdeviceptr *t[3] = {&q[s], &k[s], &v[s]};
@@ -130,8 +141,7 @@ int main(int argc, char **argv) {
     if (fg_dev_alloc(c0, &o[i], elems * 2) || fg_dev_fill16(c0, o[i], 0xFFFF, elems))
       return fail("allocating outputs", c0);
   CUstream st;
-  CUevent e0[64], e1[64];
-  if (reps > 64) reps = 64;
+  CUevent e0[AB_REPS], e1[AB_REPS];
   if (fg_stream_create(c0, &st)) return fail("creating a stream", c0);
   for (int r = 0; r < reps; r++)
     if (fg_event_create(c0, &e0[r]) || fg_event_create(c0, &e1[r])) return fail("events", c0);
@@ -154,7 +164,6 @@ int main(int argc, char **argv) {
         return fail(ver[i].name, ver[i].ctx);
   }
   if (fg_stream_synchronize(c0, st)) return fail("warm-up", c0);
-  uint16_t *h0 = malloc(elems * 2);
   if (fg_dev_download(c0, h0, o[0], elems * 2)) return fail("downloading", c0);
   double diff[AB_MAX] = {0};
   for (int i = 1; i < nv; i++) {

@@ -269,7 +269,8 @@ int fg_cmd_build_default(int argc, char **argv) {
     printf("usage: flashgen build-default [--arch ARCH[,ARCH...]] [-j N] [--kv-outer]\n\n"
            "Renders and compiles the default kernel set (the built-in rule's variant for every\n"
            "head dimension 32..256, f16 and bf16, causal or not; with --kv-outer also the\n"
-           "Algorithm 1 variants) for each ARCH (default: the live GPU's, else sm_80,sm_90a) and\n"
+           "Algorithm 1 variants, and on sm_90a the q_outer variants where the rule picks a\n"
+           "wgmma kernel) for each ARCH (default: the live GPU's, else sm_80,sm_90a) and\n"
            "prints variant, NVRTC time, registers, shared memory and spills.\n");
     return 0;
   }

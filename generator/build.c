@@ -76,9 +76,7 @@ int fg_default_variants(fg_arch arch, int with_kv_outer, fg_variant *out, int ca
         fg_variant v = fg_builtin_variant(d, (fg_dtype)dt, causal, arch);
         if (n < cap) out[n++] = v;
         if (with_kv_outer && v.loop != FG_LOOP_Q_OUTER) { /* the portable kernel stays in the set */
-          fg_variant q = fg_builtin_variant(d, (fg_dtype)dt, causal, FG_ARCH_SM80);
-          q.arch = arch;
-          if (n < cap) out[n++] = q;
+          if (n < cap) out[n++] = fg_portable_variant(d, (fg_dtype)dt, causal, arch);
         }
         if (with_kv_outer) {
           v.loop = FG_LOOP_KV_OUTER;

@@ -62,8 +62,10 @@ fg_arch fg_arch_for_cc(int major, int minor);
 const char *fg_dtype_name(fg_dtype t);  /* "f16", "bf16" */
 int fg_dtype_parse(const char *s, fg_dtype *out);
 
-/* The variant the built-in rule picks when nothing was tuned: q_outer, block sizes by head
- * dimension, chosen to fit every supported arch's shared memory (99 KB per block and up); on
- * sm_90a for d = 64 and 128 the wgmma kernels (q_wgmma_ov at d = 128, q_wgmma at 64). */
+/* The built-in rule's portable (mma.sync, q_outer) variant: block sizes by head dimension, chosen
+ * to fit every supported arch's shared memory (99 KB per block and up). */
+fg_variant fg_portable_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
+/* The variant the built-in rule picks when nothing was tuned: the portable one, except on sm_90a
+ * for d = 64 and 128, where it is a wgmma kernel (q_wgmma_ov at d = 128, q_wgmma at 64). */
 fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
 #endif

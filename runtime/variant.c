@@ -32,10 +32,9 @@ fg_arch fg_arch_for_cc(int major, int minor) {
   return FG_ARCH_SM80;
 }
 
-static const char *const loop_tokens[FG_LOOP_COUNT] = {"qouter", "kvouter", "qwgmma",
-                                                             "qwgmmaov"};
+static const char *const loop_tokens[FG_LOOP_COUNT] = {"qouter", "kvouter", "qwgmma", "qwgmmaov"};
 static const char *const loop_names[FG_LOOP_COUNT] = {"q_outer", "kv_outer", "q_wgmma",
-                                                            "q_wgmma_ov"};
+                                                      "q_wgmma_ov"};
 
 const char *fg_loop_token(fg_loop_order l) {
   return ((int)l >= 0 && l < FG_LOOP_COUNT) ? loop_tokens[l] : "?";
@@ -178,7 +177,7 @@ int fg_variant_check(const fg_variant *v, char *err, size_t errlen) {
   return 0;
 }
 
-fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
+fg_variant fg_portable_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
   fg_variant v;
   memset(&v, 0, sizeof v);
   v.pass = FG_PASS_FWD;
@@ -196,6 +195,11 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
   v.bc = d <= 128 ? 64 : 16;
   /* sm_86 and sm_89 allow 99 KB per block: halve the K/V blocks above d = 64. */
   if ((arch == FG_ARCH_SM86 || arch == FG_ARCH_SM89) && d > 64 && d <= 128) v.bc = 32;
+  return v;
+}
+
+fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
+  fg_variant v = fg_portable_variant(d, dtype, causal, arch);
   /* Hopper (sm_90a): the wgmma kernels, one warpgroup per 64 rows; d = 128 with the softmax
    * overlapping O += P V (1.2-1.3x q_outer on an H100, N = 1k-4k), d = 64 in order with K/V
    * blocks of 128 (1.28x at N = 4k; overlapped 1.13x). */

@@ -16,7 +16,7 @@
 {% local function outs(n) return list(n, function(i) return '"+f"(d[' .. i .. '])' end) end %}
 
 namespace {
-constexpr int D = {{ d }};            // head dimension (a multiple of 64)
+constexpr int D = {{ d }};            // head dimension: 64, 128 or 256 (fwd.lua)
 constexpr int BR = {{ br }}, BC = {{ bc }};
 constexpr int WARPS = {{ warps }}, THREADS = 32 * WARPS;  // BR / 64 warpgroups
 constexpr bool OVERLAP = {{ loop == "q_wgmma_ov" }};
