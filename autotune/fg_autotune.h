@@ -124,4 +124,22 @@ void fg_tune_report_free(fg_tune_report *rep);
  * back (exact). The host side of every correctness comparison (half.c). */
 uint16_t fg_f32_to_half(float f, fg_dtype t);
 float fg_half_to_f32(uint16_t h, fg_dtype t);
+
+/* A backward problem on the host: Q, dO [batch, heads_q, seqlen_q, head_dim] and K, V
+ * [batch, heads_kv, seqlen_k, head_dim], contiguous, in dtype's bits. */
+typedef struct fg_bwd_host_problem {
+  fg_dtype dtype;
+  int causal; /* bottom-right aligned, as the kernels */
+  int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+  double scale;
+  const uint16_t *q, *k, *v, *d_o;
+} fg_bwd_host_problem;
+
+/* The backward pass on the host (reference_bwd.c), with `threads` threads: exact = 1 in fp64;
+ * exact = 0 the naive same-dtype computation (S, P, dP, D, dS and the gradients rounded to
+ * dtype), whose error sets the tolerance. Writes dQ, dK, dV contiguous in the shapes of Q, K, V,
+ * and (when lse is not NULL) the log-sum-exp [batch, heads_q, seqlen_q] of the scores, -inf for
+ * rows that see no key. Returns 0, or -1 (heads_q not a multiple of heads_kv, out of memory). */
+int fg_reference_backward(const fg_bwd_host_problem *p, int exact, double *dq, double *dk,
+                          double *dv, double *lse, int threads);
 #endif

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "fg_autotune.h"
+#include "fg_check.h"
 #include "fg_cli.h"
 #include "fg_runtime_internal.h"
 
@@ -1236,7 +1237,10 @@ static void check_usage(FILE *f) {
           "Checks the forward kernels on the GPU against an fp64 reference: every variant of\n"
           "the default set, sequence lengths, head dimensions, GQA/MQA, strided layouts, LSE,\n"
           "every loop order (q_outer, kv_outer, and on sm_90a the wgmma kernels, in order and\n"
-          "overlapped), rows that see no key, 64-bit indexing, and bad input. Prints one\n"
+          "overlapped), rows that see no key, 64-bit indexing, and bad input. Then the\n"
+          "backward pass (cases bwd/...): dQ, dK, dV of the built-in backward variant of every\n"
+          "head dimension, odd sequence lengths, GQA/MQA, strides, seqlen_k = 0, batch * heads\n"
+          "past the grid, bad input, against an fp64 reference computed on the host. Prints one\n"
           "line per case and `N passed, N failed` last; exits 1 on any failure.\n\n"
           "  --quick         a subset that runs in under a minute\n"
           "  --filter S      only the cases whose name contains S\n"
@@ -1311,9 +1315,20 @@ int fg_cmd_check(int argc, char **argv) {
     sel[i] = (!quick || l.c[i].quick) && (!filter || strstr(l.c[i].name, filter));
     nsel += sel[i];
   }
+  fg_check_options co;
+  memset(&co, 0, sizeof co);
+  co.ctx = ctx;
+  co.filter = filter;
+  co.quick = quick;
+  co.list = 1;
+  co.verbose = verbose;
+  co.jobs = (int)jobs;
+  co.seed = seed;
+  int bwd_passed = 0, bwd_failed = 0;
   if (list) {
     for (int i = 0; i < l.n; i++)
       if (sel[i]) printf("%s\n", l.c[i].name);
+    nsel += fg_check_backward(&co, &bwd_passed, &bwd_failed);
     fprintf(stderr, "%d cases\n", nsel);
     free(sel);
     free(l.c);
@@ -1366,6 +1381,9 @@ int fg_cmd_check(int argc, char **argv) {
     if (r.pass) passed++;
     else failed++;
   }
+  co.list = 0;
+  co.stream = env.stream;
+  fg_check_backward(&co, &passed, &failed);
   fprintf(stderr, "ran %d cases in %.1f s\n", passed + failed, (now_ms() - t_all) / 1e3);
   printf("%d passed, %d failed\n", passed, failed);
   fg_stream_destroy(ctx, env.stream);

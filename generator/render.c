@@ -21,7 +21,7 @@ struct fg_generator {
   pthread_mutex_t mu;
   char template_dir[1024]; /* "" = embedded */
   uint64_t template_hash;
-  int engine_ref, manifest_ref;
+  int engine_ref, manifest_ref[FG_PASS_COUNT]; /* fwd.lua, bwd.lua */
 };
 
 static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
@@ -158,7 +158,8 @@ static int load_lua_file(fg_generator *g, const char *name, int pass_reader, int
 
 static const char *const hashed_templates[] = {"engine.lua", "fwd.lua", "common.cuh",
                                                "fg_params.h", "fwd_q_outer.cu", "fwd_kv_outer.cu",
-                                               "reference.cu", NULL};
+                                               "reference.cu", "fwd_wgmma.cu", "bwd.lua",
+                                               "bwd.cu", NULL};
 
 int fg_generator_create(fg_generator **out, char *err, size_t errlen) {
   *out = NULL;
@@ -200,7 +201,8 @@ int fg_generator_create(fg_generator **out, char *err, size_t errlen) {
     lua_setglobal(g->L, *r);
   }
   if (load_lua_file(g, "engine.lua", 1, &g->engine_ref, err, errlen)) goto fail;
-  if (load_lua_file(g, "fwd.lua", 0, &g->manifest_ref, err, errlen)) goto fail;
+  if (load_lua_file(g, "fwd.lua", 0, &g->manifest_ref[FG_PASS_FWD], err, errlen)) goto fail;
+  if (load_lua_file(g, "bwd.lua", 0, &g->manifest_ref[FG_PASS_BWD], err, errlen)) goto fail;
   *out = g;
   return 0;
 fail:
@@ -226,7 +228,7 @@ static void push_variant(lua_State *L, const fg_variant *v) {
   char name[FG_VARIANT_NAME_MAX];
   fg_variant_name(v, name, sizeof name);
   lua_createtable(L, 0, 16);
-  lua_pushstring(L, "fwd");
+  lua_pushstring(L, fg_pass_name(v->pass));
   lua_setfield(L, -2, "pass");
   lua_pushinteger(L, v->d);
   lua_setfield(L, -2, "d");
@@ -257,10 +259,12 @@ static int get_int_field(lua_State *L, int idx, const char *k) {
   return v;
 }
 
-/* Calls manifest.fn(arg table at top) leaving the result on the stack. */
-static int call_manifest(fg_generator *g, const char *fn, int nargs, char *err, size_t errlen) {
+/* Calls the manifest of op `pass`: manifest.fn(the nargs arguments at the top), leaving the
+ * result on the stack. */
+static int call_manifest(fg_generator *g, fg_pass pass, const char *fn, int nargs, char *err,
+                         size_t errlen) {
   lua_State *L = g->L;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, g->manifest_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, g->manifest_ref[pass]);
   lua_getfield(L, -1, fn);
   lua_remove(L, -2);
   lua_insert(L, -1 - nargs);
@@ -274,7 +278,7 @@ int fg_generator_resources(fg_generator *g, const fg_variant *v, fg_resources *o
   lua_State *L = g->L;
   int top = lua_gettop(L);
   push_variant(L, v);
-  int rc = call_manifest(g, "resources", 1, err, errlen);
+  int rc = call_manifest(g, v->pass, "resources", 1, err, errlen);
   if (rc == 0) {
     out->threads = get_int_field(L, -1, "threads");
     out->smem_bytes = get_int_field(L, -1, "smem");
@@ -290,7 +294,7 @@ static int manifest_check(fg_generator *g, const fg_variant *v, char *err, size_
   lua_State *L = g->L;
   int top = lua_gettop(L);
   push_variant(L, v);
-  int rc = call_manifest(g, "check", 1, err, errlen);
+  int rc = call_manifest(g, v->pass, "check", 1, err, errlen);
   if (rc == 0 && lua_isstring(L, -1)) {
     snprintf(err, errlen, "%s", lua_tostring(L, -1));
     rc = -1;
@@ -311,9 +315,10 @@ static void read_launch(lua_State *L, fg_kernel_meta *meta) {
   meta->workspace_floats_per_row = get_int_field(L, -1, "workspace");
   lua_getfield(L, -1, "grid");
   const char *gk = lua_tostring(L, -1);
-  meta->grid = strcmp(gk, "q_tiles") == 0 ? FG_GRID_Q_TILES
-               : strcmp(gk, "heads") == 0 ? FG_GRID_HEADS
-                                           : FG_GRID_ROWS;
+  meta->grid = strcmp(gk, "q_tiles") == 0    ? FG_GRID_Q_TILES
+               : strcmp(gk, "heads") == 0    ? FG_GRID_HEADS
+               : strcmp(gk, "kv_tiles") == 0 ? FG_GRID_KV_TILES
+                                             : FG_GRID_ROWS;
   lua_pop(L, 1);
   meta->regs = meta->spill_store_bytes = meta->spill_load_bytes = meta->stack_bytes = -1;
 }
@@ -345,7 +350,7 @@ int fg_generator_render(fg_generator *g, const fg_variant *v, char **src, fg_ker
   int rc = manifest_check(g, v, err, errlen);
   if (rc == 0) {
     push_variant(L, v);
-    rc = call_manifest(g, "launch", 1, err, errlen);
+    rc = call_manifest(g, v->pass, "launch", 1, err, errlen);
   }
   if (rc == 0) {
     read_launch(L, meta);
@@ -357,7 +362,7 @@ int fg_generator_render(fg_generator *g, const fg_variant *v, char **src, fg_ker
     push_variant(L, v);
     int params = lua_gettop(L);
     lua_pushvalue(L, params);
-    if ((rc = call_manifest(g, "layout", 1, err, errlen)) == 0) {
+    if ((rc = call_manifest(g, v->pass, "layout", 1, err, errlen)) == 0) {
       lua_pushnil(L);
       while (lua_next(L, -2)) {
         lua_pushvalue(L, -2);
@@ -366,7 +371,7 @@ int fg_generator_render(fg_generator *g, const fg_variant *v, char **src, fg_ker
       }
       lua_pop(L, 1);
       lua_pushvalue(L, params);
-      if ((rc = call_manifest(g, "q_in_regs", 1, err, errlen)) == 0) {
+      if ((rc = call_manifest(g, v->pass, "q_in_regs", 1, err, errlen)) == 0) {
         lua_setfield(L, params, "q_in_regs");
         lua_pushstring(L, meta->entry);
         lua_setfield(L, params, "entry");
@@ -388,7 +393,7 @@ int fg_generator_render_reference(fg_generator *g, fg_dtype dtype, int exact, ch
   int top = lua_gettop(L);
   lua_pushstring(L, fg_dtype_name(dtype));
   lua_pushboolean(L, exact);
-  int rc = call_manifest(g, "reference", 2, err, errlen);
+  int rc = call_manifest(g, FG_PASS_FWD, "reference", 2, err, errlen);
   if (rc == 0) {
     read_launch(L, meta);
     lua_createtable(L, 0, 4);

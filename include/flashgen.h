@@ -160,6 +160,66 @@ typedef struct fg_attention_args {
 FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_args *args,
                                       CUstream stream);
 
+/* Arguments of one backward call: the gradients dQ, dK, dV of a loss whose gradient with respect
+ * to the forward's output O is dO. Zero-initialise, then set the fields; the struct only grows
+ * by appending fields whose zero value means "off".
+ *
+ * Everything the forward took is here again with the same meaning and the same rules (dtype,
+ * causal, the sizes, q, k, v, their strides, scale): pass exactly what the forward call got.
+ * o and lse are the forward's outputs (now read): O [batch, heads_q, seqlen_q, head_dim] at
+ * o_stride, and the fp32 log-sum-exp [batch, heads_q, seqlen_q], contiguous, which the forward
+ * writes when its lse is set; the backward recomputes P = exp(scale * Q K^T - lse) from it, so it
+ * is required. d_o is dO, the shape of O, at do_stride. dq (the shape of Q), dk and dv (the shape
+ * of K and V) receive the gradients at their strides; with GQA/MQA, dK and dV of a KV head are
+ * the sums over the query heads it serves. All strides follow the forward's rules (elements,
+ * batch/head/row, all zero = contiguous, multiples of 16 bytes).
+ *
+ * Checked before anything is launched (FG_ERROR_INVALID_ARGUMENT, naming the argument): every
+ * tensor's pointer and strides as for the forward; lse present; dq, dk, dv not overlapping each
+ * other or any input, and each giving every element its own address. Not checked (it cannot be
+ * without redoing the forward): that o and lse really come from a forward of these q, k, v with
+ * this scale and causal flag; a mismatch gives wrong gradients, not an error.
+ *
+ * seqlen_k = 0: dQ is set to zero (dK and dV are empty). Rows that saw no key (lse = -inf)
+ * get dQ = 0 and add nothing to dK, dV.
+ *
+ * Workspace: the backward needs fp32 scratch of (head_dim + 1) * 4 bytes per (batch, query head,
+ * query row): fg_attention_backward_workspace_size says how much. With workspace = NULL flashgen
+ * allocates it on the stream for the call (stream-ordered when the driver has memory pools) and
+ * frees it after; or pass a device buffer of at least that many bytes (16-byte aligned) that
+ * nothing else uses until the call's kernels finish.
+ *
+ * deterministic: nonzero asks for bitwise-identical results from run to run. Not implemented yet:
+ * the call fails with FG_ERROR_UNSUPPORTED rather than silently adding dQ in a varying order. */
+typedef struct fg_attention_backward_args {
+  size_t size; /* sizeof(fg_attention_backward_args), or 0 for this version's size */
+  fg_dtype dtype;
+  int causal;
+  int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+  const void *q, *k, *v, *o, *d_o;
+  const float *lse;
+  void *dq, *dk, *dv;
+  int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3], do_stride[3];
+  int64_t dq_stride[3], dk_stride[3], dv_stride[3];
+  float scale;
+  int deterministic;
+  void *workspace;
+  size_t workspace_size; /* bytes at workspace */
+} fg_attention_backward_args;
+
+/* Computes dQ, dK and dV on `stream` (NULL: the legacy default stream); returns once the
+ * kernels are enqueued. Like fg_attention_forward, the first call for a new kernel may compile
+ * it. On FG_ERROR_INVALID_ARGUMENT nothing was launched and no output was written. */
+FG_API fg_status fg_attention_backward(fg_context *ctx, const fg_attention_backward_args *args,
+                                       CUstream stream);
+
+/* The workspace in bytes a backward call with these arguments needs (the pointers may be NULL;
+ * only the sizes matter). Returns FG_OK, or FG_ERROR_INVALID_ARGUMENT with the reason in the
+ * context's last error. */
+FG_API fg_status fg_attention_backward_workspace_size(fg_context *ctx,
+                                                      const fg_attention_backward_args *args,
+                                                      size_t *bytes);
+
 /* Writes into buf (at most len bytes, always NUL-terminated when len > 0) which kernel
  * fg_attention_forward would run for args and why (the key, the tuning record or rule, the
  * variant, where its binary comes from, the launch shape). Launches and compiles nothing; the

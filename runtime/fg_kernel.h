@@ -9,7 +9,9 @@
 typedef enum fg_grid_kind {
   FG_GRID_Q_TILES = 1, /* (ceil(seqlen_q / br), batch * heads_q): one block per Q block (q_outer) */
   FG_GRID_HEADS = 2,   /* (batch * heads_q): one block per head, Algorithm 1 (kv_outer) */
-  FG_GRID_ROWS = 3     /* (seqlen_q, batch * heads_q): one block per query row (reference) */
+  FG_GRID_ROWS = 3,    /* (seqlen_q, batch * heads_q): one block per query row (reference) */
+  FG_GRID_KV_TILES = 4 /* (ceil(seqlen_k / br), batch * heads_kv): one block per K/V block
+                          (the backward's main kernel; br holds its Bc) */
 } fg_grid_kind;
 
 /* The launch contract a template declares for a variant. */

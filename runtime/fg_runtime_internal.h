@@ -168,6 +168,7 @@ typedef struct fg_loaded_kernel {
   fg_arch arch;                    /* arch of the image */
   CUmodule module;
   CUfunction fn;
+  CUfunction fn_pre, fn_post;      /* the backward plan's first and last kernels (else NULL) */
   fg_kernel_meta meta;
   int from_ptx;                    /* the driver JIT-compiled the PTX (no cubin for this GPU) */
   char source[256];                /* where the binary came from, for fg_explain */
@@ -315,6 +316,24 @@ fg_status fg_dispatch_choose(fg_context *ctx, const fg_attention_args *a, int lo
 void fg_dispatch_forget(fg_context *ctx);
 fg_status fg_dispatch_memo_create(fg_context *ctx);
 void fg_dispatch_memo_destroy(fg_context *ctx);
+
+/* ---- backward (backward.c) ---- */
+/* Normalised backward arguments: default strides filled in, scale resolved. The checks that
+ * need no driver (validate.c). */
+fg_status fg_validate_backward_args(const fg_attention_backward_args *in, fg_validate_mode mode,
+                                    fg_attention_backward_args *out, char *err, size_t errlen);
+/* fg_validate_pointers for a backward call: the forward's tensors, then d_o, dq, dk, dv and the
+ * caller's workspace. The caller has made ctx current. */
+fg_status fg_validate_backward_pointers(fg_context *ctx, const fg_attention_backward_args *b,
+                                        char *err, size_t errlen);
+/* Fills the backward plan's parameter block from normalised args (workspace as given). */
+void fg_bwd_params_from_args(const fg_attention_backward_args *a, fg_bwd_params *p);
+/* The forward problem of a backward call (shapes, q, k, v, o, lse, strides, scale), for keys and
+ * the checks the two share. */
+void fg_backward_forward_args(const fg_attention_backward_args *b, fg_attention_args *out);
+/* fg_attention_backward with the variant forced (NULL: the built-in rule / tuned choice). */
+fg_status fg_attention_backward_variant(fg_context *ctx, const fg_attention_backward_args *args,
+                                        CUstream stream, const fg_variant *v);
 
 /* ---- forward (forward.c) ---- */
 /* fg_attention_forward with the variant forced (NULL: the dispatcher's choice). v must match

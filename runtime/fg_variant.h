@@ -6,7 +6,11 @@
 #include <stddef.h>
 #include "flashgen.h"
 
-typedef enum fg_pass { FG_PASS_FWD = 0 } fg_pass;
+/* The op a variant computes: the forward pass, or the backward pass (dQ, dK, dV; a plan of three
+ * kernels, templates/bwd.lua). */
+typedef enum fg_pass { FG_PASS_FWD = 0, FG_PASS_BWD = 1, FG_PASS_COUNT } fg_pass;
+/* "fwd", "bwd"; "?" when out of range. */
+const char *fg_pass_name(fg_pass p);
 /* Loop orders: q_outer is FlashAttention-2 (one block per Q tile, looping over K/V, mma.sync,
  * sm_80 and newer); kv_outer is FlashAttention-1's Algorithm 1; q_wgmma is q_outer's loop on
  * Hopper's warpgroup matrix instructions (wgmma, sm_90a only: fwd_wgmma.cu), each block's S,
@@ -37,7 +41,8 @@ typedef struct fg_variant {
 
 #define FG_VARIANT_NAME_MAX 96
 
-/* Writes the canonical name, e.g. fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm80.
+/* Writes the canonical name, e.g. fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm80 (backward:
+ * bwd_d128_br64_bc64_bf16_causal_kvouter_w8_s2_sm80).
  * Returns the length, or -1 if the variant has a field out of its enum range. */
 int fg_variant_name(const fg_variant *v, char *buf, size_t len);
 
@@ -68,4 +73,7 @@ fg_variant fg_portable_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
 /* The variant the built-in rule picks when nothing was tuned: the portable one, except on sm_90a
  * for d = 64 and 128, where it is a wgmma kernel (q_wgmma_ov at d = 128, q_wgmma at 64). */
 fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
+/* The built-in rule's backward variant (templates/bwd.lua): K/V blocks of 64 (32 above d = 128
+ * on sm_86/89), query blocks of 64 (32 above d = 128), 4 warps up to d = 64, else 8. */
+fg_variant fg_builtin_backward_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
 #endif

@@ -22,6 +22,10 @@ void fg_launch_grid(const fg_kernel_meta *m, const fg_fwd_params *p, uint64_t gr
       grid[0] = (uint64_t)p->seqlen_q;
       grid[1] = bh;
       break;
+    case FG_GRID_KV_TILES:
+      grid[0] = m->br > 0 ? ((uint64_t)p->seqlen_k + (uint64_t)m->br - 1) / (uint64_t)m->br : 0;
+      grid[1] = (uint64_t)p->batch * (uint64_t)p->heads_kv;
+      break;
   }
 }
 

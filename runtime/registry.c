@@ -66,7 +66,7 @@ fg_status fg_register_exported(const fg_exported_table *t, char *err, size_t err
     else if ((!k->cubin || !k->cubin_size) && (!k->ptx || !k->ptx_size))
       why = "has neither cubin nor PTX";
     else if (!k->meta.entry[0]) why = "has no entry point in its launch contract";
-    else if (k->meta.threads <= 0 || k->meta.grid < FG_GRID_Q_TILES || k->meta.grid > FG_GRID_ROWS)
+    else if (k->meta.threads <= 0 || k->meta.grid < FG_GRID_Q_TILES || k->meta.grid > FG_GRID_KV_TILES)
       why = "has a malformed launch contract (threads or grid)";
     if (why) {
       if (err) snprintf(err, errlen, "exported table '%s': kernel %zu ('%s') %s",
@@ -262,7 +262,7 @@ fg_status fg_kernel_load(fg_context *ctx, const fg_kernel_image *img, fg_loaded_
   out->meta = img->meta;
   const fg_kernel_meta *m = &img->meta;
   const fg_rt_limits *lim = &ctx->limits;
-  if (!m->entry[0] || m->grid < FG_GRID_Q_TILES || m->grid > FG_GRID_ROWS ||
+  if (!m->entry[0] || m->grid < FG_GRID_Q_TILES || m->grid > FG_GRID_KV_TILES ||
       (m->grid == FG_GRID_Q_TILES && m->br <= 0) || m->workspace_floats_per_row < 0 ||
       m->smem_bytes < 0)
     return fg_fail(ctx, FG_ERROR_INTERNAL,
@@ -368,6 +368,25 @@ fg_status fg_kernel_load(fg_context *ctx, const fg_kernel_image *img, fg_loaded_
   if (out->meta.regs < 0 &&
       fg_cu.cuFuncGetAttribute(&regs, FG_CU_FUNC_ATTRIBUTE_NUM_REGS, fn) == FG_CUDA_SUCCESS)
     out->meta.regs = regs;
+  /* The backward plan's other kernels live in the same module (templates/bwd.lua). */
+  out->fn_pre = out->fn_post = NULL;
+  if (m->grid == FG_GRID_KV_TILES) {
+    static const char *const suffix[2] = {"_pre", "_post"};
+    CUfunction *slot[2] = {&out->fn_pre, &out->fn_post};
+    for (int i = 0; i < 2; i++) {
+      char entry[sizeof m->entry + 8];
+      snprintf(entry, sizeof entry, "%s%s", m->entry, suffix[i]);
+      r = fg_cu.cuModuleGetFunction(slot[i], mod, entry);
+      if (r != FG_CUDA_SUCCESS) {
+        fg_cu.cuModuleUnload(mod);
+        fg_ctx_pop(ctx);
+        char d[512];
+        return fg_fail(ctx, FG_ERROR_INTERNAL,
+                       "kernel %s: entry point '%s' of its plan not found in its module: %s",
+                       img->variant, entry, fg_cuda_describe(d, sizeof d, "cuModuleGetFunction", r));
+      }
+    }
+  }
   fg_ctx_pop(ctx);
   out->module = mod;
   out->fn = fn;

@@ -406,3 +406,246 @@ void fg_params_from_args(const fg_attention_args *a, fg_fwd_params *p) {
   p->scale_log2 = (double)a->scale * FG_LOG2E;
   p->causal = a->causal != 0;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* The backward call. */
+
+void fg_backward_forward_args(const fg_attention_backward_args *b, fg_attention_args *out) {
+  memset(out, 0, sizeof *out);
+  out->size = sizeof *out;
+  out->dtype = b->dtype;
+  out->causal = b->causal;
+  out->batch = b->batch;
+  out->heads_q = b->heads_q;
+  out->heads_kv = b->heads_kv;
+  out->seqlen_q = b->seqlen_q;
+  out->seqlen_k = b->seqlen_k;
+  out->head_dim = b->head_dim;
+  out->q = b->q;
+  out->k = b->k;
+  out->v = b->v;
+  out->o = (void *)(uintptr_t)b->o;
+  out->lse = (float *)(uintptr_t)b->lse;
+  memcpy(out->q_stride, b->q_stride, sizeof out->q_stride);
+  memcpy(out->k_stride, b->k_stride, sizeof out->k_stride);
+  memcpy(out->v_stride, b->v_stride, sizeof out->v_stride);
+  memcpy(out->o_stride, b->o_stride, sizeof out->o_stride);
+  out->scale = b->scale;
+}
+
+/* One more strided tensor of a backward call: default strides, 16-byte multiples, 64-bit
+ * extents; its element range in r. */
+static fg_status fg_bwd_tensor(const char *name, const char *sname, const char *shape,
+                               const void *p, int64_t *s,
+                               int64_t n0, int64_t n1, int64_t n2, int64_t d, int required,
+                               fg_validate_mode mode, fg_range *r, char *err, size_t errlen) {
+  const fg_status INV = FG_ERROR_INVALID_ARGUMENT;
+  if (s[0] == 0 && s[1] == 0 && s[2] == 0) {
+    int64_t nd, hnd;
+    if (!fg_mul_ok(n2, d, &nd) || !fg_mul_ok(n1, nd, &hnd))
+      return fg_bad(FG_ERROR_UNSUPPORTED, err, errlen, "%s: the tensor has more than 2^63 elements",
+                    shape);
+    s[0] = hnd;
+    s[1] = nd;
+    s[2] = d;
+  }
+  for (int i = 0; i < 3; i++) {
+    if (s[i] < 0)
+      return fg_bad(INV, err, errlen,
+                    "args->%s[%d] = %" PRId64 " is negative; strides are element counts >= 0",
+                    sname, i, s[i]);
+    if (s[i] % 8 != 0)
+      return fg_bad(INV, err, errlen,
+                    "args->%s[%d] = %" PRId64 " elements is not a multiple of 16 bytes; "
+                    "strides must be multiples of 8 elements for f16/bf16",
+                    sname, i, s[i]);
+  }
+  const int64_t ext = fg_tensor_extent(n0, n1, n2, d, s);
+  if (ext < 0 || ext > INT64_MAX / 8)
+    return fg_bad(FG_ERROR_UNSUPPORTED, err, errlen,
+                  "%s: with these sizes and strides its offsets do not fit in 64 bits", shape);
+  r->name = name;
+  r->lo = r->hi = 0;
+  if (!required) return FG_OK;
+  if (!p) {
+    if (mode == FG_VALIDATE_CALL)
+      return fg_bad(INV, err, errlen, "args->%s is NULL; pass the device address of %s", name,
+                    shape);
+    return FG_OK;
+  }
+  if ((uintptr_t)p % 16 != 0)
+    return fg_bad(INV, err, errlen,
+                  "args->%s = %p is not 16-byte aligned; every tensor must start on a 16-byte "
+                  "boundary",
+                  name, p);
+  r->lo = (uintptr_t)p;
+  r->hi = r->lo + (uintptr_t)(ext * 2);
+  return FG_OK;
+}
+
+fg_status fg_validate_backward_args(const fg_attention_backward_args *in, fg_validate_mode mode,
+                                    fg_attention_backward_args *out, char *err, size_t errlen) {
+  const fg_status INV = FG_ERROR_INVALID_ARGUMENT;
+  if (err && errlen) err[0] = 0;
+  if (!in)
+    return fg_bad(INV, err, errlen,
+                  "args is NULL; pass a pointer to a zero-initialised fg_attention_backward_args");
+  const size_t known = sizeof(fg_attention_backward_args);
+  const size_t size = in->size ? in->size : known;
+  if (size < known || size > FG_ARGS_MAX_SIZE)
+    return fg_bad(INV, err, errlen,
+                  "args->size = %zu is not the size of an fg_attention_backward_args of flashgen "
+                  "%s (%zu bytes); set it to sizeof(fg_attention_backward_args), or 0",
+                  in->size, FG_VERSION_STRING, known);
+  for (size_t i = known; i < size; i++)
+    if (((const unsigned char *)in)[i])
+      return fg_bad(INV, err, errlen,
+                    "args->size = %zu: the caller's fg_attention_backward_args has fields after "
+                    "byte %zu that flashgen %s does not know, and byte %zu of them is set; "
+                    "upgrade flashgen, or leave those fields zero",
+                    in->size, known, FG_VERSION_STRING, i);
+  fg_attention_backward_args b;
+  memcpy(&b, in, sizeof b);
+  b.size = sizeof b;
+  b.causal = b.causal != 0;
+
+  /* Everything the forward checks, on the forward's view (q, k, v, o, lse). */
+  fg_attention_args f, fn;
+  fg_backward_forward_args(&b, &f);
+  fg_status st = fg_validate_args(&f, mode, &fn, err, errlen);
+  if (st != FG_OK) return st;
+  memcpy(b.q_stride, fn.q_stride, sizeof b.q_stride);
+  memcpy(b.k_stride, fn.k_stride, sizeof b.k_stride);
+  memcpy(b.v_stride, fn.v_stride, sizeof b.v_stride);
+  memcpy(b.o_stride, fn.o_stride, sizeof b.o_stride);
+  b.scale = fn.scale;
+  if (b.deterministic)
+    return fg_bad(FG_ERROR_UNSUPPORTED, err, errlen,
+                  "args->deterministic = %d: the deterministic backward is not implemented yet "
+                  "(dQ is accumulated with atomic adds, whose order varies); set it to 0",
+                  b.deterministic);
+  if (fg_args_empty(&fn)) {
+    *out = b;
+    return FG_OK;
+  }
+  if (!b.lse && mode == FG_VALIDATE_CALL)
+    return fg_bad(INV, err, errlen,
+                  "args->lse is NULL; the backward pass needs the forward's log-sum-exp: set "
+                  "fg_attention_args.lse in the forward call and pass the same buffer here");
+
+  const int kv = b.seqlen_k > 0;
+  fg_range r[9];
+  st = fg_bwd_tensor("d_o", "do_stride", "dO [batch, heads_q, seqlen_q, head_dim]", b.d_o, b.do_stride, b.batch,
+                     b.heads_q, b.seqlen_q, b.head_dim, 1, mode, &r[0], err, errlen);
+  if (st == FG_OK)
+    st = fg_bwd_tensor("dq", "dq_stride", "dQ [batch, heads_q, seqlen_q, head_dim]", b.dq, b.dq_stride, b.batch,
+                       b.heads_q, b.seqlen_q, b.head_dim, 1, mode, &r[1], err, errlen);
+  if (st == FG_OK)
+    st = fg_bwd_tensor("dk", "dk_stride", "dK [batch, heads_kv, seqlen_k, head_dim]", b.dk, b.dk_stride,
+                       b.batch, b.heads_kv, b.seqlen_k, b.head_dim, kv, mode, &r[2], err, errlen);
+  if (st == FG_OK)
+    st = fg_bwd_tensor("dv", "dv_stride", "dV [batch, heads_kv, seqlen_k, head_dim]", b.dv, b.dv_stride,
+                       b.batch, b.heads_kv, b.seqlen_k, b.head_dim, kv, mode, &r[3], err, errlen);
+  if (st != FG_OK) return st;
+  /* The gradients: each element its own address, and no sharing with anything else. */
+  struct {
+    const char *name;
+    const int64_t *s;
+    int64_t h, n;
+  } outs[3] = {{"dq", b.dq_stride, b.heads_q, b.seqlen_q},
+               {"dk", b.dk_stride, b.heads_kv, b.seqlen_k},
+               {"dv", b.dv_stride, b.heads_kv, b.seqlen_k}};
+  for (int i = 0; i < 3; i++) {
+    const int64_t n[3] = {b.batch, outs[i].h, outs[i].n};
+    if (n[2] > 0 && !fg_no_overlap(n, outs[i].s, b.head_dim))
+      return fg_bad(INV, err, errlen,
+                    "args->%s_stride = {%" PRId64 ", %" PRId64 ", %" PRId64
+                    "} makes elements of %s overlap: every row needs its own head_dim elements",
+                    outs[i].name, outs[i].s[0], outs[i].s[1], outs[i].s[2], outs[i].name);
+  }
+  /* Inputs' ranges (q, k, v, o, lse) for the aliasing check. */
+  const int64_t lse_n = b.batch * b.heads_q * b.seqlen_q; /* no overflow: checked above */
+  const struct {
+    const char *name;
+    const void *p;
+    int64_t ext, elem;
+  } ins[5] = {{"q", b.q, fg_tensor_extent(b.batch, b.heads_q, b.seqlen_q, b.head_dim, b.q_stride), 2},
+              {"k", kv ? b.k : NULL, fg_tensor_extent(b.batch, b.heads_kv, b.seqlen_k, b.head_dim, b.k_stride), 2},
+              {"v", kv ? b.v : NULL, fg_tensor_extent(b.batch, b.heads_kv, b.seqlen_k, b.head_dim, b.v_stride), 2},
+              {"o", b.o, fg_tensor_extent(b.batch, b.heads_q, b.seqlen_q, b.head_dim, b.o_stride), 2},
+              {"lse", b.lse, lse_n, 4}};
+  int nr = 4;
+  for (int i = 0; i < 5; i++) {
+    if (!ins[i].p) continue;
+    r[nr].name = ins[i].name;
+    r[nr].lo = (uintptr_t)ins[i].p;
+    r[nr].hi = r[nr].lo + (uintptr_t)(ins[i].ext * ins[i].elem);
+    nr++;
+  }
+  for (int i = 1; i < 4; i++) { /* dq, dk, dv against everything after them and d_o */
+    if (r[i].lo == r[i].hi) continue;
+    for (int j = 0; j < nr; j++) {
+      if (j == i || (j >= 1 && j < i) || r[j].lo == r[j].hi) continue;
+      if (r[i].lo < r[j].hi && r[j].lo < r[i].hi)
+        return fg_bad(INV, err, errlen,
+                      "args->%s and args->%s overlap in memory ([%p, %p) and [%p, %p)); a "
+                      "gradient must not share memory with another tensor",
+                      r[i].name, r[j].name, (void *)r[i].lo, (void *)r[i].hi, (void *)r[j].lo,
+                      (void *)r[j].hi);
+    }
+  }
+  if (b.workspace && (uintptr_t)b.workspace % 16 != 0)
+    return fg_bad(INV, err, errlen,
+                  "args->workspace = %p is not 16-byte aligned; pass NULL to let flashgen "
+                  "allocate it, or a 16-byte aligned device buffer",
+                  b.workspace);
+  *out = b;
+  return FG_OK;
+}
+
+fg_status fg_validate_backward_pointers(fg_context *ctx, const fg_attention_backward_args *b,
+                                        char *err, size_t errlen) {
+  fg_attention_args f;
+  fg_backward_forward_args(b, &f);
+  if (fg_args_empty(&f)) return FG_OK;
+  fg_status s = fg_validate_pointers(ctx, &f, err, errlen);
+  if (s != FG_OK) return s;
+  if ((s = fg_check_pointer(ctx, "d_o", b->d_o, err, errlen)) != FG_OK) return s;
+  if ((s = fg_check_pointer(ctx, "dq", b->dq, err, errlen)) != FG_OK) return s;
+  if (b->seqlen_k > 0) {
+    if ((s = fg_check_pointer(ctx, "dk", b->dk, err, errlen)) != FG_OK) return s;
+    if ((s = fg_check_pointer(ctx, "dv", b->dv, err, errlen)) != FG_OK) return s;
+  }
+  if (b->workspace && (s = fg_check_pointer(ctx, "workspace", b->workspace, err, errlen)) != FG_OK)
+    return s;
+  return FG_OK;
+}
+
+void fg_bwd_params_from_args(const fg_attention_backward_args *a, fg_bwd_params *p) {
+  memset(p, 0, sizeof *p);
+  p->q = (unsigned long long)(uintptr_t)a->q;
+  p->k = (unsigned long long)(uintptr_t)a->k;
+  p->v = (unsigned long long)(uintptr_t)a->v;
+  p->o = (unsigned long long)(uintptr_t)a->o;
+  p->d_o = (unsigned long long)(uintptr_t)a->d_o;
+  p->lse = (unsigned long long)(uintptr_t)a->lse;
+  p->dq = (unsigned long long)(uintptr_t)a->dq;
+  p->dk = (unsigned long long)(uintptr_t)a->dk;
+  p->dv = (unsigned long long)(uintptr_t)a->dv;
+  p->workspace = (unsigned long long)(uintptr_t)a->workspace;
+  long long *dst[8] = {&p->q_sb, &p->k_sb, &p->v_sb, &p->o_sb, &p->do_sb, &p->dq_sb, &p->dk_sb, &p->dv_sb};
+  const int64_t *src[8] = {a->q_stride, a->k_stride, a->v_stride, a->o_stride,
+                           a->do_stride, a->dq_stride, a->dk_stride, a->dv_stride};
+  for (int i = 0; i < 8; i++)
+    for (int j = 0; j < 3; j++) dst[i][j] = src[i][j];
+  p->batch = a->batch;
+  p->heads_q = a->heads_q;
+  p->heads_kv = a->heads_kv;
+  p->seqlen_q = a->seqlen_q;
+  p->seqlen_k = a->seqlen_k;
+  p->head_dim = a->head_dim;
+  p->hq_per_hkv = a->heads_kv > 0 ? a->heads_q / a->heads_kv : 1;
+  p->scale = (double)a->scale;
+  p->scale_log2 = (double)a->scale * FG_LOG2E;
+  p->causal = a->causal != 0;
+}

@@ -59,12 +59,17 @@ int fg_dtype_parse(const char *s, fg_dtype *out) {
   return -1;
 }
 
+const char *fg_pass_name(fg_pass p) {
+  return p == FG_PASS_FWD ? "fwd" : p == FG_PASS_BWD ? "bwd" : "?";
+}
+
 int fg_variant_name(const fg_variant *v, char *buf, size_t len) {
-  if (v->pass != FG_PASS_FWD || (v->dtype != FG_DTYPE_F16 && v->dtype != FG_DTYPE_BF16) ||
+  if ((v->pass != FG_PASS_FWD && v->pass != FG_PASS_BWD) || (v->dtype != FG_DTYPE_F16 && v->dtype != FG_DTYPE_BF16) ||
       (int)v->loop < 0 || v->loop >= FG_LOOP_COUNT || v->arch < 0 ||
       v->arch >= FG_ARCH_COUNT)
     return -1;
-  int n = snprintf(buf, len, "fwd_d%d_br%d_bc%d_%s_%s_%s_w%d_s%d_%s", v->d, v->br, v->bc,
+  int n = snprintf(buf, len, "%s_d%d_br%d_bc%d_%s_%s_%s_w%d_s%d_%s", fg_pass_name(v->pass),
+                   v->d, v->br, v->bc,
                    fg_dtype_name(v->dtype), v->causal ? "causal" : "noncausal",
                    fg_loop_token(v->loop), v->warps, v->stages,
                    arch_tokens[v->arch]);
@@ -87,7 +92,7 @@ static int parse_num(const char *tok, const char *prefix, int *val) {
 int fg_variant_parse(const char *name, fg_variant *out, char *err, size_t errlen) {
   enum { NFIELDS = 10 };
   static const char *const what[NFIELDS] = {
-      "pass (expected 'fwd')",       "head dim (expected d<N>, e.g. d128)",
+      "pass (expected fwd or bwd)",      "head dim (expected d<N>, e.g. d128)",
       "Br (expected br<N>)",         "Bc (expected bc<N>)",
       "dtype (expected f16 or bf16)", "masking (expected causal or noncausal)",
       "loop order (expected qouter, kvouter, qwgmma or qwgmmaov)", "warps (expected w<N>)",
@@ -115,7 +120,9 @@ int fg_variant_parse(const char *name, fg_variant *out, char *err, size_t errlen
   fg_variant v;
   memset(&v, 0, sizeof v);
   int bad = -1;
-  if (strcmp(tok[0], "fwd") == 0) v.pass = FG_PASS_FWD; else bad = 0;
+  if (strcmp(tok[0], "fwd") == 0) v.pass = FG_PASS_FWD;
+  else if (strcmp(tok[0], "bwd") == 0) v.pass = FG_PASS_BWD;
+  else bad = 0;
   if (bad < 0 && parse_num(tok[1], "d", &v.d)) bad = 1;
   if (bad < 0 && parse_num(tok[2], "br", &v.br)) bad = 2;
   if (bad < 0 && parse_num(tok[3], "bc", &v.bc)) bad = 3;
@@ -159,7 +166,15 @@ int fg_variant_check(const fg_variant *v, char *err, size_t errlen) {
     snprintf(err, errlen, "warps = %d: must be 1, 2, 4 or 8", v->warps);
     return -1;
   }
-  if (v->br <= 0 || v->br % (16 * v->warps) != 0 || v->br / (16 * v->warps) > 4) {
+  if (v->pass == FG_PASS_BWD) {
+    /* The backward kernel tiles Br and Bc over its warps itself (templates/bwd.lua). */
+    if (v->br <= 0 || v->br % 16 != 0 || v->br > 128 || v->bc <= 0 || v->bc % 16 != 0 ||
+        v->bc > 128) {
+      snprintf(err, errlen, "Br = %d, Bc = %d: the backward pass takes multiples of 16 up to 128",
+               v->br, v->bc);
+      return -1;
+    }
+  } else if (v->br <= 0 || v->br % (16 * v->warps) != 0 || v->br / (16 * v->warps) > 4) {
     snprintf(err, errlen,
              "Br = %d with %d warps: each warp takes 16, 32, 48 or 64 rows, so Br must be "
              "16*warps*k with k in 1..4",
@@ -208,5 +223,28 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
     v.br = 64;
     v.bc = d == 128 ? 64 : 128;
   }
+  return v;
+}
+
+fg_variant fg_builtin_backward_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
+  fg_variant v;
+  memset(&v, 0, sizeof v);
+  v.pass = FG_PASS_BWD;
+  v.d = d;
+  v.dtype = dtype;
+  v.causal = causal;
+  v.loop = FG_LOOP_KV_OUTER;
+  v.arch = arch;
+  const int small_smem = arch == FG_ARCH_SM86 || arch == FG_ARCH_SM89; /* 99 KB per block */
+  /* Eight warps and key blocks of 64 (dK and dV split over two warps along d). Query blocks of
+   * 64, double-buffered, up to d = 96; of 32 above (64 double-buffered put d = 104..128 at 255
+   * registers with spills on sm_90a), single-buffered above d = 128 so K, V, Q, dO, P and dS fit.
+   * sm_86/89 (99 KB per block): one Q/dO buffer, and above d = 128 four warps on 32 x 32 tiles.
+   * No spills on sm_80, sm_86 and sm_90a (tests/test_compile.c). */
+  v.bc = 64;
+  v.warps = 8;
+  v.br = d <= 96 ? 64 : 32;
+  v.stages = d <= 128 && !small_smem ? 2 : 1;
+  if (small_smem && d > 128) v.bc = 32, v.warps = 4;
   return v;
 }

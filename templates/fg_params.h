@@ -16,4 +16,22 @@ typedef struct fg_fwd_params {
   double scale_log2;    /* scale * log2(e): exp(scale*s) = exp2(scale_log2*s) */
   long long causal;     /* read by the reference kernel only; generated kernels fix it */
 } fg_fwd_params;
+
+/* The backward plan's argument block (templates/bwd.cu, runtime/backward.c): the forward's
+ * tensors, dO, the gradients dQ, dK, dV, and the fp32 workspace (the dQ accumulator, then D). */
+typedef struct fg_bwd_params {
+  unsigned long long q, k, v, o, d_o, lse, dq, dk, dv, workspace; /* device addresses */
+  long long q_sb, q_sh, q_sn;                                    /* element strides */
+  long long k_sb, k_sh, k_sn;
+  long long v_sb, v_sh, v_sn;
+  long long o_sb, o_sh, o_sn;
+  long long do_sb, do_sh, do_sn;
+  long long dq_sb, dq_sh, dq_sn;
+  long long dk_sb, dk_sh, dk_sn;
+  long long dv_sb, dv_sh, dv_sn;
+  long long batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+  long long hq_per_hkv;
+  double scale, scale_log2;
+  long long causal;
+} fg_bwd_params;
 #endif

@@ -127,3 +127,28 @@ Test(compile, wgmma_candidates_d64_d256_h100, .timeout = 1800) {
   compile_all(v, m, "wgmma d=64/256 on H100");
 }
 Test(compile, candidates_d128_bf16_a100_sm80, .timeout = 1800) { candidate_set(FG_ARCH_SM80, &fg_limits_a100); }
+
+/* The backward pass: the built-in variant of every (d, dtype, causal) fits the arch's typical
+ * device and compiles with no spills (the plan's three kernels are one module). */
+static void backward_set(fg_arch arch, int both_dtypes) {
+  char err[4096];
+  fg_generator *g;
+  cr_assert_eq(fg_generator_create(&g, err, sizeof err), 0, "%s", err);
+  fg_variant v[256];
+  int n = 0;
+  for (int d = 32; d <= 256; d += 8)
+    for (int t = 0; t < (both_dtypes ? 2 : 1); t++)
+      for (int causal = 0; causal <= 1; causal++) {
+        v[n] = fg_builtin_backward_variant(d, t ? FG_DTYPE_F16 : FG_DTYPE_BF16, causal, arch);
+        char why[512];
+        cr_assert_eq(fg_variant_fits(g, &v[n], fg_limits_for_arch(arch), why, sizeof why), 1,
+                     "d = %d on %s: %s", d, fg_arch_name(arch), why);
+        n++;
+      }
+  fg_generator_destroy(g);
+  compile_all(v, n, "backward");
+}
+
+Test(compile, backward_sm80, .timeout = 1800) { backward_set(FG_ARCH_SM80, 1); }
+Test(compile, backward_sm90a, .timeout = 1800) { backward_set(FG_ARCH_SM90A, 1); }
+Test(compile, backward_sm86, .timeout = 1800) { backward_set(FG_ARCH_SM86, 0); }

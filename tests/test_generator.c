@@ -31,6 +31,7 @@ Test(variant, names_round_trip) {
       "fwd_d256_br64_bc32_bf16_noncausal_qouter_w4_s3_sm89",
       "fwd_d40_br128_bc128_f16_causal_qouter_w8_s2_sm86",
       "fwd_d96_br64_bc64_bf16_causal_kvouter_w4_s1_sm90",
+      "bwd_d128_br64_bc64_bf16_causal_kvouter_w8_s2_sm90a",
   };
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     fg_variant v = parse(names[i]);
@@ -58,7 +59,7 @@ static void expect_bad(const char *name, const char *needle) {
 }
 
 Test(variant, bad_names_say_which_field) {
-  expect_bad("bwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm80", "field 1 'bwd' is not a valid pass");
+  expect_bad("xwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm80", "field 1 'xwd' is not a valid pass");
   expect_bad("fwd_dx_br128_bc64_bf16_causal_qouter_w4_s2_sm80", "field 2 'dx' is not a valid head dim");
   expect_bad("fwd_d128_b128_bc64_bf16_causal_qouter_w4_s2_sm80", "field 3 'b128' is not a valid Br");
   expect_bad("fwd_d128_br128_bc_bf16_causal_qouter_w4_s2_sm80", "field 4 'bc' is not a valid Bc");
@@ -191,7 +192,8 @@ static void make_template_dir(char *dir, const char *file, int line, const char 
   const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
   cr_assert_not_null(src, "FLASHGEN_TEST_SOURCE_DIR must point at the source tree");
   static const char *const files[] = {"engine.lua", "fwd.lua", "common.cuh", "fg_params.h",
-                                      "fwd_q_outer.cu", "fwd_kv_outer.cu", "reference.cu"};
+                                      "fwd_q_outer.cu", "fwd_kv_outer.cu", "reference.cu",
+                                      "fwd_wgmma.cu", "bwd.lua", "bwd.cu"};
   for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
     char in[1024], out[1024], buf[4096];
     snprintf(in, sizeof in, "%s/templates/%s", src, files[i]);

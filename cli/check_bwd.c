@@ -1,0 +1,456 @@
+/* check_bwd.c: the backward cases of `flashgen check` (names start with "bwd/"). For each case:
+ * fresh random Q, K, V, dO (a seed per case, never zeros), O and LSE from flashgen's forward,
+ * dQ, dK, dV poisoned with NaN, the backward call, then every element of the gradients checked
+ * finite and compared with the host's fp64 reference: max|x - ref| <= 2 * max|naive - ref| +
+ * eps(dtype) * max|ref| per tensor, where naive is the same-dtype computation
+ * (fg_reference_backward). Also the bad-input cases that need a GPU: the call fails and the
+ * gradients stay untouched. */
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fg_autotune.h"
+#include "fg_check.h"
+#include "fg_runtime_internal.h"
+
+enum { B_RUN = 0, B_BAD_NULL_DO, B_BAD_NULL_LSE, B_BAD_DQ_ALIASES_Q, B_BAD_DK_ALIASES_DV,
+       B_BAD_DETERMINISTIC, B_BAD_MISALIGNED_DQ, B_BAD_DO_STRIDE, B_BAD_HOST_DK };
+
+typedef struct bwd_case {
+  char name[128];
+  int kind, quick, bnhd;
+  fg_dtype dt;
+  int causal, d;
+  int64_t b, hq, hkv, nq, nk;
+} bwd_case;
+
+typedef struct bwd_list {
+  bwd_case *c;
+  int n, cap;
+} bwd_list;
+
+static bwd_case *add(bwd_list *l, int kind, fg_dtype dt, int causal, int d, int64_t b, int64_t hq,
+                     int64_t hkv, int64_t nq, int64_t nk, int quick, const char *fmt, ...)
+    FG_PRINTF(12, 13);
+static bwd_case *add(bwd_list *l, int kind, fg_dtype dt, int causal, int d, int64_t b, int64_t hq,
+                     int64_t hkv, int64_t nq, int64_t nk, int quick, const char *fmt, ...) {
+  if (l->n == l->cap) {
+    int cap = l->cap ? 2 * l->cap : 256;
+    bwd_case *c = realloc(l->c, (size_t)cap * sizeof *c);
+    if (!c) return NULL;
+    l->c = c;
+    l->cap = cap;
+  }
+  bwd_case *c = &l->c[l->n++];
+  memset(c, 0, sizeof *c);
+  c->kind = kind;
+  c->dt = dt;
+  c->causal = causal;
+  c->d = d;
+  c->b = b, c->hq = hq, c->hkv = hkv, c->nq = nq, c->nk = nk;
+  c->quick = quick;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->name, sizeof c->name, fmt, ap);
+  va_end(ap);
+  return c;
+}
+
+static const char *dtn(fg_dtype t) { return fg_dtype_name(t); }
+static const char *cw(int causal) { return causal ? "causal" : "noncausal"; }
+
+static void build(bwd_list *l) {
+  const fg_dtype dts[2] = {FG_DTYPE_BF16, FG_DTYPE_F16};
+  /* Every head dimension, both dtypes, both masks: the built-in variant of each. */
+  for (int d = 32; d <= 256; d += 8)
+    for (int t = 0; t < 2; t++)
+      for (int c = 0; c < 2; c++)
+        add(l, B_RUN, dts[t], c, d, 2, 4, 2, 129, 129, (d == 64 || d == 128) && t == 0,
+            "bwd/head_dim/d%d_%s_%s", d, dtn(dts[t]), cw(c));
+  /* Odd shapes at d = 64 and 128. */
+  static const int64_t nn[][2] = {{1, 1},     {1, 17},    {17, 1},     {17, 129},
+                                  {127, 128}, {128, 128}, {129, 127},  {129, 17},
+                                  {17, 1000}, {1000, 1000}, {1000, 17}};
+  for (int d = 64; d <= 128; d += 64)
+    for (size_t i = 0; i < sizeof nn / sizeof nn[0]; i++)
+      for (int c = 0; c < 2; c++)
+        add(l, B_RUN, FG_DTYPE_BF16, c, d, 1, 2, 2, nn[i][0], nn[i][1], i == 7 && c,
+            "bwd/seqlen/d%d_nq%" PRId64 "_nk%" PRId64 "_%s", d, nn[i][0], nn[i][1], cw(c));
+  add(l, B_RUN, FG_DTYPE_BF16, 1, 64, 1, 1, 1, 4097, 4097, 0, "bwd/seqlen/d64_nq4097_nk4097_causal");
+  /* GQA and MQA: dK, dV sum over the query heads of a KV head. */
+  add(l, B_RUN, FG_DTYPE_BF16, 0, 128, 2, 8, 2, 257, 257, 1, "bwd/gqa/hq8_hkv2_d128");
+  add(l, B_RUN, FG_DTYPE_F16, 1, 64, 2, 8, 1, 200, 300, 0, "bwd/gqa/mqa_hq8_d64_causal");
+  /* (B, N, H, d) strides for every tensor. */
+  bwd_case *c = add(l, B_RUN, FG_DTYPE_BF16, 1, 64, 2, 4, 2, 200, 200, 1, "bwd/layout/bnhd_d64");
+  if (c) c->bnhd = 1;
+  c = add(l, B_RUN, FG_DTYPE_F16, 0, 128, 1, 3, 3, 129, 65, 0, "bwd/layout/bnhd_d128_nq129_nk65");
+  if (c) c->bnhd = 1;
+  /* seqlen_k = 0: dQ = 0. B * H past the grid's 65535. */
+  add(l, B_RUN, FG_DTYPE_BF16, 0, 64, 2, 2, 2, 33, 0, 1, "bwd/empty/nk0");
+  add(l, B_RUN, FG_DTYPE_BF16, 1, 32, 66000, 1, 1, 16, 16, 0, "bwd/grid/batch66000");
+  /* Bad input: an error, and the gradients untouched. */
+  static const struct {
+    int kind;
+    const char *name;
+  } bad[] = {{B_BAD_NULL_DO, "d_o_null"},         {B_BAD_NULL_LSE, "lse_null"},
+             {B_BAD_DQ_ALIASES_Q, "dq_aliases_q"}, {B_BAD_DK_ALIASES_DV, "dk_aliases_dv"},
+             {B_BAD_DETERMINISTIC, "deterministic"}, {B_BAD_MISALIGNED_DQ, "dq_misaligned"},
+             {B_BAD_DO_STRIDE, "do_stride_odd"},  {B_BAD_HOST_DK, "dk_host_memory"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    add(l, bad[i].kind, FG_DTYPE_BF16, 0, 64, 1, 2, 2, 64, 64, 1, "bwd/bad/%s", bad[i].name);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+typedef struct rng {
+  uint64_t s;
+} rng;
+static uint64_t rng_next(rng *r) {
+  uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static double uni(rng *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; }
+static double gauss(rng *r) {
+  double u1 = uni(r), u2 = uni(r);
+  if (u1 < 1e-300) u1 = 1e-300;
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+static void fill(uint16_t *h, int64_t n, rng *r, fg_dtype dt, int normal) {
+  for (int64_t i = 0; i < n; i++) {
+    uint16_t x = fg_f32_to_half((float)(normal ? gauss(r) : 2.0 * uni(r) - 1.0), dt);
+    h[i] = (x & 0x7fffu) ? x : (dt == FG_DTYPE_BF16 ? 0x3b80 : 0x1c00); /* never zero */
+  }
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* One strided device tensor with its logical host copy [n0][n1][n2][d]. */
+typedef struct dtensor {
+  int64_t n[3], d, s[3], ext; /* ext: elements from the base */
+  CUdeviceptr p;
+} dtensor;
+
+static void tensor_init(dtensor *t, int64_t n0, int64_t n1, int64_t n2, int64_t d, int bnhd) {
+  memset(t, 0, sizeof *t);
+  t->n[0] = n0, t->n[1] = n1, t->n[2] = n2, t->d = d;
+  if (bnhd) {
+    t->s[0] = n2 * n1 * d, t->s[1] = d, t->s[2] = n1 * d;
+  } else {
+    t->s[0] = n1 * n2 * d, t->s[1] = n2 * d, t->s[2] = d;
+  }
+  t->ext = fg_tensor_extent(n0, n1, n2, d, t->s);
+}
+
+/* Logical index -> offset. */
+static int64_t toff(const dtensor *t, int64_t i) {
+  const int64_t x = i % t->d, r = i / t->d, n = r % t->n[2], h = (r / t->n[2]) % t->n[1],
+                b = r / (t->n[2] * t->n[1]);
+  return b * t->s[0] + h * t->s[1] + n * t->s[2] + x;
+}
+
+static fg_status tensor_alloc(fg_context *ctx, dtensor *t, uint16_t poison) {
+  const size_t bytes = (size_t)(t->ext > 0 ? t->ext : 1) * 2;
+  fg_status st = fg_dev_alloc(ctx, &t->p, bytes);
+  if (st == FG_OK) st = fg_dev_fill16(ctx, t->p, poison, bytes / 2);
+  return st;
+}
+
+static fg_status tensor_upload(fg_context *ctx, dtensor *t, const uint16_t *h, uint16_t fillv) {
+  const int64_t n = t->n[0] * t->n[1] * t->n[2] * t->d;
+  uint16_t *buf = malloc((size_t)(t->ext > 0 ? t->ext : 1) * 2);
+  if (!buf) return FG_ERROR_OUT_OF_MEMORY;
+  for (int64_t i = 0; i < t->ext; i++) buf[i] = fillv;
+  for (int64_t i = 0; i < n; i++) buf[toff(t, i)] = h[i];
+  fg_status st = fg_dev_upload(ctx, t->p, buf, (size_t)t->ext * 2);
+  free(buf);
+  return st;
+}
+
+static fg_status tensor_download(fg_context *ctx, const dtensor *t, uint16_t *h) {
+  const int64_t n = t->n[0] * t->n[1] * t->n[2] * t->d;
+  uint16_t *buf = malloc((size_t)(t->ext > 0 ? t->ext : 1) * 2);
+  if (!buf) return FG_ERROR_OUT_OF_MEMORY;
+  fg_status st = t->ext > 0 ? fg_dev_download(ctx, buf, t->p, (size_t)t->ext * 2) : FG_OK;
+  for (int64_t i = 0; st == FG_OK && i < n; i++) h[i] = buf[toff(t, i)];
+  free(buf);
+  return st;
+}
+
+typedef struct bwd_result {
+  int pass;
+  double err[3], tol[3];
+  char variant[FG_VARIANT_NAME_MAX];
+  char reason[1024];
+} bwd_result;
+
+static void bfail(bwd_result *r, const char *fmt, ...) FG_PRINTF(2, 3);
+static void bfail(bwd_result *r, const char *fmt, ...) {
+  if (!r->pass && r->reason[0]) return;
+  r->pass = 0;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->reason, sizeof r->reason, fmt, ap);
+  va_end(ap);
+}
+
+/* Compares one gradient with the references. */
+static void compare(const char *what, const uint16_t *x, const double *ex, const double *nv,
+                    int64_t n, fg_dtype dt, bwd_result *r, int slot) {
+  double err = 0, nerr = 0, mag = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const double v = fg_half_to_f32(x[i], dt);
+    if (!isfinite(v)) {
+      bfail(r, "%s[%" PRId64 "] = %g is not finite (poison left, or NaN)", what, i, v);
+      return;
+    }
+    err = fmax(err, fabs(v - ex[i]));
+    nerr = fmax(nerr, fabs(nv[i] - ex[i]));
+    mag = fmax(mag, fabs(ex[i]));
+  }
+  const double eps = dt == FG_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
+  r->err[slot] = err;
+  r->tol[slot] = 2 * nerr + eps * mag + 1e-6;
+  if (err > r->tol[slot])
+    bfail(r, "%s: max error %.3e over the tolerance %.3e (naive same-dtype error %.3e, max|ref| "
+          "%.3e)", what, err, r->tol[slot], nerr, mag);
+}
+
+typedef struct bwd_env {
+  fg_context *ctx;
+  CUstream stream;
+  uint64_t seed;
+  int threads;
+} bwd_env;
+
+static uint64_t hash_name(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+static void run_case(bwd_env *env, const bwd_case *c, bwd_result *r) {
+  fg_context *ctx = env->ctx;
+  r->pass = 1;
+  const fg_variant v = fg_builtin_backward_variant(c->d, c->dt, c->causal, fg_context_arch(ctx));
+  fg_variant_name(&v, r->variant, sizeof r->variant);
+  dtensor q, k, vv, o, dout, dq, dk, dv;
+  tensor_init(&q, c->b, c->hq, c->nq, c->d, c->bnhd);
+  tensor_init(&o, c->b, c->hq, c->nq, c->d, c->bnhd);
+  tensor_init(&dout, c->b, c->hq, c->nq, c->d, c->bnhd);
+  tensor_init(&dq, c->b, c->hq, c->nq, c->d, c->bnhd);
+  tensor_init(&k, c->b, c->hkv, c->nk, c->d, c->bnhd);
+  tensor_init(&vv, c->b, c->hkv, c->nk, c->d, c->bnhd);
+  tensor_init(&dk, c->b, c->hkv, c->nk, c->d, c->bnhd);
+  tensor_init(&dv, c->b, c->hkv, c->nk, c->d, c->bnhd);
+  const int64_t nq_el = c->b * c->hq * c->nq * c->d, nk_el = c->b * c->hkv * c->nk * c->d;
+  const int64_t nrows = c->b * c->hq * c->nq;
+  const uint16_t nan16 = c->dt == FG_DTYPE_BF16 ? 0x7fc0 : 0x7e00;
+  uint16_t *hq = malloc((size_t)(nq_el + 1) * 2), *hdo = malloc((size_t)(nq_el + 1) * 2);
+  uint16_t *hk = malloc((size_t)(nk_el + 1) * 2), *hv = malloc((size_t)(nk_el + 1) * 2);
+  uint16_t *gq = malloc((size_t)(nq_el + 1) * 2), *gk = malloc((size_t)(nk_el + 1) * 2),
+           *gv = malloc((size_t)(nk_el + 1) * 2);
+  double *ex = malloc((size_t)(nq_el + 2 * nk_el + 1) * sizeof(double));
+  double *nv = malloc((size_t)(nq_el + 2 * nk_el + 1) * sizeof(double));
+  CUdeviceptr lse = 0;
+  dtensor *all[8] = {&q, &k, &vv, &o, &dout, &dq, &dk, &dv};
+  if (!hq || !hdo || !hk || !hv || !gq || !gk || !gv || !ex || !nv) {
+    bfail(r, "out of host memory");
+    goto done;
+  }
+  rng g = {env->seed ^ hash_name(c->name)};
+  fill(hq, nq_el, &g, c->dt, 1);
+  fill(hk, nk_el, &g, c->dt, 1);
+  fill(hv, nk_el, &g, c->dt, 0);
+  fill(hdo, nq_el, &g, c->dt, 0);
+  fg_status st = FG_OK;
+  for (int i = 0; i < 8 && st == FG_OK; i++) st = tensor_alloc(ctx, all[i], nan16);
+  if (st == FG_OK) st = fg_dev_alloc(ctx, &lse, (size_t)(nrows > 0 ? nrows : 1) * 4);
+  if (st == FG_OK) st = tensor_upload(ctx, &q, hq, nan16);
+  if (st == FG_OK) st = tensor_upload(ctx, &k, hk, nan16);
+  if (st == FG_OK) st = tensor_upload(ctx, &vv, hv, nan16);
+  if (st == FG_OK) st = tensor_upload(ctx, &dout, hdo, nan16);
+  if (st != FG_OK) {
+    bfail(r, "setting up device memory: %s", fg_context_last_error(ctx));
+    goto done;
+  }
+  fg_attention_backward_args a;
+  memset(&a, 0, sizeof a);
+  a.size = sizeof a;
+  a.dtype = c->dt;
+  a.causal = c->causal;
+  a.batch = c->b, a.heads_q = c->hq, a.heads_kv = c->hkv, a.seqlen_q = c->nq,
+  a.seqlen_k = c->nk, a.head_dim = c->d;
+  a.q = (const void *)(uintptr_t)q.p, a.k = (const void *)(uintptr_t)k.p;
+  a.v = (const void *)(uintptr_t)vv.p, a.o = (const void *)(uintptr_t)o.p;
+  a.d_o = (const void *)(uintptr_t)dout.p, a.lse = (const float *)(uintptr_t)lse;
+  a.dq = (void *)(uintptr_t)dq.p, a.dk = (void *)(uintptr_t)dk.p, a.dv = (void *)(uintptr_t)dv.p;
+  memcpy(a.q_stride, q.s, sizeof q.s), memcpy(a.k_stride, k.s, sizeof k.s);
+  memcpy(a.v_stride, vv.s, sizeof vv.s), memcpy(a.o_stride, o.s, sizeof o.s);
+  memcpy(a.do_stride, dout.s, sizeof dout.s), memcpy(a.dq_stride, dq.s, sizeof dq.s);
+  memcpy(a.dk_stride, dk.s, sizeof dk.s), memcpy(a.dv_stride, dv.s, sizeof dv.s);
+  fg_attention_args f;
+  fg_backward_forward_args(&a, &f);
+  if (fg_attention_forward(ctx, &f, env->stream) != FG_OK) {
+    bfail(r, "the forward call failed: %s", fg_context_last_error(ctx));
+    goto done;
+  }
+  if (c->kind != B_RUN) {
+    /* Bad input: make it bad, call, expect an error and the gradients untouched. */
+    fg_status want = FG_ERROR_INVALID_ARGUMENT;
+    void *host = NULL;
+    switch (c->kind) {
+      case B_BAD_NULL_DO: a.d_o = NULL; break;
+      case B_BAD_NULL_LSE: a.lse = NULL; break;
+      case B_BAD_DQ_ALIASES_Q: a.dq = (void *)(uintptr_t)q.p; break;
+      case B_BAD_DK_ALIASES_DV: a.dk = a.dv; break;
+      case B_BAD_DETERMINISTIC: a.deterministic = 1, want = FG_ERROR_UNSUPPORTED; break;
+      case B_BAD_MISALIGNED_DQ: a.dq = (void *)(uintptr_t)(dq.p + 8); break;
+      case B_BAD_DO_STRIDE: a.do_stride[2] = c->d + 4; break;
+      case B_BAD_HOST_DK:
+        host = malloc((size_t)dk.ext * 2 + 16);
+        a.dk = host ? (void *)(((uintptr_t)host + 15) & ~(uintptr_t)15) : NULL;
+        break;
+    }
+    fg_status got = fg_attention_backward_variant(ctx, &a, env->stream, &v);
+    free(host);
+    if (got != want)
+      bfail(r, "expected %s, got %s (%s)", fg_status_string(want), fg_status_string(got),
+            fg_context_last_error(ctx));
+    else if (!strstr(fg_context_last_error(ctx), "args->"))
+      bfail(r, "the message does not name the argument: %s", fg_context_last_error(ctx));
+    fg_stream_synchronize(ctx, env->stream);
+    if (tensor_download(ctx, &dq, gq) == FG_OK)
+      for (int64_t i = 0; i < nq_el; i++)
+        if (gq[i] != nan16) {
+          bfail(r, "dQ was written by a call that failed");
+          break;
+        }
+    goto done;
+  }
+  st = fg_attention_backward_variant(ctx, &a, env->stream, &v);
+  if (st == FG_OK) st = fg_stream_synchronize(ctx, env->stream);
+  if (st != FG_OK) {
+    bfail(r, "the backward call failed: %s: %s", fg_status_string(st), fg_context_last_error(ctx));
+    goto done;
+  }
+  if (tensor_download(ctx, &dq, gq) != FG_OK || tensor_download(ctx, &dk, gk) != FG_OK ||
+      tensor_download(ctx, &dv, gv) != FG_OK) {
+    bfail(r, "downloading the gradients: %s", fg_context_last_error(ctx));
+    goto done;
+  }
+  fg_bwd_host_problem hp = {c->dt, c->causal, c->b, c->hq, c->hkv, c->nq, c->nk, c->d,
+                            1.0 / sqrt((double)c->d), hq, hk, hv, hdo};
+  if (fg_reference_backward(&hp, 1, ex, ex + nq_el, ex + nq_el + nk_el, NULL, env->threads) ||
+      fg_reference_backward(&hp, 0, nv, nv + nq_el, nv + nq_el + nk_el, NULL, env->threads)) {
+    bfail(r, "the host reference failed (out of memory?)");
+    goto done;
+  }
+  compare("dQ", gq, ex, nv, nq_el, c->dt, r, 0);
+  compare("dK", gk, ex + nq_el, nv + nq_el, nk_el, c->dt, r, 1);
+  compare("dV", gv, ex + nq_el + nk_el, nv + nq_el + nk_el, nk_el, c->dt, r, 2);
+done:
+  for (int i = 0; i < 8; i++) fg_dev_free(ctx, all[i]->p);
+  fg_dev_free(ctx, lse);
+  free(hq), free(hdo), free(hk), free(hv), free(gq), free(gk), free(gv), free(ex), free(nv);
+}
+
+/* Compiles the variants of the selected cases on `jobs` threads before the cases run. */
+typedef struct preload_job {
+  fg_context *ctx;
+  fg_variant *v;
+  int n, next;
+  pthread_mutex_t mu;
+} preload_job;
+
+static void *preload_worker(void *arg) {
+  preload_job *j = arg;
+  for (;;) {
+    pthread_mutex_lock(&j->mu);
+    int i = j->next++;
+    pthread_mutex_unlock(&j->mu);
+    if (i >= j->n) return NULL;
+    const fg_loaded_kernel *k;
+    (void)fg_registry_get(j->ctx, &j->v[i], &k); /* a failure shows in its case */
+  }
+}
+
+static void preload(fg_context *ctx, const bwd_list *l, const char *sel, int jobs) {
+  preload_job j;
+  memset(&j, 0, sizeof j);
+  j.ctx = ctx;
+  j.v = calloc((size_t)l->n + 1, sizeof *j.v);
+  if (!j.v) return;
+  for (int i = 0; i < l->n; i++) {
+    if (!sel[i]) continue;
+    const bwd_case *c = &l->c[i];
+    fg_variant v = fg_builtin_backward_variant(c->d, c->dt, c->causal, fg_context_arch(ctx));
+    int dup = 0;
+    for (int x = 0; x < j.n && !dup; x++) dup = !memcmp(&j.v[x], &v, sizeof v);
+    if (!dup) j.v[j.n++] = v;
+  }
+  pthread_mutex_init(&j.mu, NULL);
+  if (jobs < 1) jobs = 1;
+  if (jobs > 32) jobs = 32;
+  pthread_t t[32];
+  int started = 0;
+  for (int i = 0; i < jobs; i++)
+    if (pthread_create(&t[started], NULL, preload_worker, &j) == 0) started++;
+  if (!started) preload_worker(&j);
+  for (int i = 0; i < started; i++) pthread_join(t[i], NULL);
+  pthread_mutex_destroy(&j.mu);
+  free(j.v);
+}
+
+int fg_check_backward(const fg_check_options *o, int *passed, int *failed) {
+  bwd_list l = {0};
+  build(&l);
+  char *sel = calloc((size_t)l.n + 1, 1);
+  int nsel = 0;
+  for (int i = 0; sel && i < l.n; i++) {
+    sel[i] = (!o->quick || l.c[i].quick) && (!o->filter || strstr(l.c[i].name, o->filter));
+    nsel += sel[i];
+  }
+  if (o->list || !nsel) {
+    for (int i = 0; o->list && i < l.n; i++)
+      if (sel[i]) printf("%s\n", l.c[i].name);
+    free(sel);
+    free(l.c);
+    return nsel;
+  }
+  preload(o->ctx, &l, sel, o->jobs);
+  bwd_env env = {o->ctx, o->stream, o->seed, o->jobs > 0 ? o->jobs : 1};
+  for (int i = 0; i < l.n; i++) {
+    if (!sel[i]) continue;
+    const bwd_case *c = &l.c[i];
+    bwd_result r;
+    memset(&r, 0, sizeof r);
+    const double t0 = now_ms();
+    run_case(&env, c, &r);
+    const double ms = now_ms() - t0;
+    if (c->kind == B_RUN)
+      printf("%-64s err dQ %.2e/%.2e dK %.2e/%.2e dV %.2e/%.2e %7.1f ms  %s\n", c->name, r.err[0],
+             r.tol[0], r.err[1], r.tol[1], r.err[2], r.tol[2], ms, r.pass ? "PASS" : "FAIL");
+    else
+      printf("%-64s %-42s %7.1f ms  %s\n", c->name, "expected error, output untouched", ms,
+             r.pass ? "PASS" : "FAIL");
+    if (!r.pass || o->verbose) printf("    variant %s\n", r.variant[0] ? r.variant : "?");
+    if (!r.pass) printf("    %s\n", r.reason);
+    fflush(stdout);
+    if (r.pass) (*passed)++;
+    else (*failed)++;
+  }
+  free(sel);
+  free(l.c);
+  return nsel;
+}

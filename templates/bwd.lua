@@ -1,0 +1,86 @@
+-- bwd.lua: the backward template's plan, launch contracts and resource formulas (bwd.cu). The
+-- fit rule and the renderer read only this file for backward variants, so a change to the
+-- template's shared-memory layout is made here, next to the template, and nowhere else.
+--
+-- The plan (runtime/backward.c launches it in order on the caller's stream):
+--   <entry>_pre   grid (ceil(Nq / 64), B * Hq), 128 threads: D = rowsum(dO * O), dQ accumulator := 0
+--   <entry>       grid (ceil(Nk / Bc), B * Hkv): the main kernel below
+--   <entry>_post  grid (ceil(Nq / 64), B * Hq), 128 threads: dQ = scale * accumulator
+-- Workspace: d + 1 floats per (batch, query head, query row): the fp32 dQ accumulator and D.
+local M = {}
+
+local function round_up(x, m) return (x + m - 1) // m * m end
+
+-- Warp tiles: WM warps along the Bc keys of S^T, dK and dV (16 rows each at least), the rest (WN)
+-- along the queries of S^T and the columns of dK and dV; WQ warps along the Br rows of dQ, WD
+-- along its columns. The head dimension is padded (with zeros, in shared memory) to 16 columns
+-- per warp along it: d_pad = d rounded up to 16 * max(WN, WD).
+function M.layout(v)
+  local wm = math.min(v.warps, v.bc // 16)
+  local wq = math.min(v.warps, v.br // 16)
+  local split = math.max(v.warps // math.max(wm, 1), v.warps // math.max(wq, 1))
+  local d_pad = round_up(v.d, 16 * split)
+  return { d_pad = d_pad, row = d_pad + 8, wm = wm, wq = wq }
+end
+
+-- Registers per thread: the dK and dV accumulators (kept across the whole loop), S^T and dP^T
+-- (one query block), the dQ block (after S^T and dP^T die), and about 56 for addresses, loop
+-- control and fragments in flight. A first fit (NVRTC 13.0): the built-in variants compile
+-- without spills at estimates of 120-248; ptxas takes up to 255 at 8 warps whatever the
+-- estimate, and spilled 8-20 B at d = 104..128 with Br 64 double-buffered (estimate 216).
+local function regs_estimate(v, L)
+  local wn, wd = v.warps // L.wm, v.warps // L.wq
+  local mt = v.bc // (16 * L.wm)
+  local dkv = 2 * mt * (L.d_pad // (8 * wn)) * 4
+  local sdp = 2 * mt * (v.br // (8 * wn)) * 4
+  local dq = (v.br // (16 * L.wq)) * (L.d_pad // (8 * wd)) * 4
+  return dkv + math.max(sdp, dq) + 56
+end
+
+function M.resources(v)
+  local L = M.layout(v)
+  local tile = v.bc * L.row * 2
+  local stage = 2 * v.br * L.row * 2 + 2 * v.br * 4
+  local pds = 2 * v.bc * (v.br + 8) * 2
+  return { threads = 32 * v.warps, smem = 2 * tile + v.stages * stage + pds,
+           regs = regs_estimate(v, L) }
+end
+
+-- Rules the template adds to the shared structural ones (runtime/variant.c).
+function M.check(v)
+  if v.loop ~= "kv_outer" then
+    return "the backward pass has one loop order, kv_outer (K/V blocks outer, seed 003)"
+  end
+  if v.stages ~= 1 and v.stages ~= 2 then
+    return "backward takes 1 or 2 stages (Q/dO single- or double-buffered)"
+  end
+  if v.warps ~= 4 and v.warps ~= 8 then return "backward takes 4 or 8 warps" end
+  if v.br > 128 or v.bc > 128 then return "backward takes Br and Bc up to 128" end
+  local L = M.layout(v)
+  local wn = v.warps // L.wm
+  if L.wm * wn ~= v.warps or (v.bc // 16) % L.wm ~= 0 then
+    return "backward needs Bc / 16 to be a multiple or a divisor of the warp count"
+  end
+  if v.br % (16 * wn) ~= 0 then
+    return "backward with " .. v.warps .. " warps and Bc = " .. v.bc .. " splits the Br = " ..
+           v.br .. " queries of S^T over " .. wn .. " warps: Br must be a multiple of " .. 16 * wn
+  end
+  if (v.br // 16) % L.wq ~= 0 or v.warps % L.wq ~= 0 then
+    return "backward needs Br / 16 to be a multiple or a divisor of the warp count"
+  end
+  return nil
+end
+
+function M.entry(v) return "fg_" .. v.name end
+
+-- The main kernel's launch contract (runtime/fg_kernel.h). grid "kv_tiles": (ceil(Nk / br),
+-- B * Hkv), so br here is the variant's Bc. The _pre and _post kernels are fixed by the plan.
+function M.launch(v)
+  local r = M.resources(v)
+  return { template = "bwd.cu", entry = M.entry(v), threads = r.threads, smem = r.smem,
+           grid = "kv_tiles", br = v.bc, workspace = v.d + 1 }
+end
+
+function M.q_in_regs(v) return false end
+
+return M
