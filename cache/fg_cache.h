@@ -27,8 +27,12 @@ typedef struct fg_device_id {
 } fg_device_id;
 
 /* The directory the cache uses: dir if not NULL, else $FLASHGEN_CACHE_DIR, else
- * $XDG_CACHE_HOME/flashgen, else $HOME/.cache/flashgen. Writes into buf; 0 or -1. */
+ * $XDG_CACHE_HOME/flashgen, else $HOME/.cache/flashgen; made absolute (a relative path is taken
+ * from the current directory) and without trailing slashes. Writes into buf; 0, or -1 when
+ * there is none or it is longer than buf or than the cache can use (SQLite's file names).
+ * fg_cache_resolve_dir_why also writes why (what is wrong, the limit, what to do) on -1. */
 int fg_cache_resolve_dir(const char *dir, char *buf, size_t len);
+int fg_cache_resolve_dir_why(const char *dir, char *buf, size_t len, char *why, size_t whylen);
 
 /* Opens (creating with mode 0700 when missing) the cache in dir (NULL: fg_cache_resolve_dir).
  * Returns the cache, or NULL with the reason in warn when the cache cannot be used: directory
