@@ -13,7 +13,7 @@ static void cache_usage(FILE *f) {
           "actions:\n"
           "  ls       list the compiled kernels (variant, arch, NVRTC version, bytes, created)\n"
           "  stats    database path, size on disk, schema version, counts\n"
-          "  verify   check the checksum of every kernel; exit 1 if any entry is bad\n"
+          "  verify   check every kernel's checksum and entry point; exit 1 if any is bad\n"
           "  clear    delete every kernel and tuning record (asks nothing) and say what went\n"
           "  tuning   list the tuning records (device, bucket, winner, TFLOP/s, candidates)\n\n"
           "options:\n"
