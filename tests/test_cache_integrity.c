@@ -242,7 +242,7 @@ Test(cache_integrity, uri_like_cache_dir_is_a_plain_directory) {
   free(after);
 
   snprintf(want, sizeof want, "%s/%s/flashgen.sqlite3", g_tmp, env);
-  cr_assert_str_eq(path, want, "the database must be <dir>/flashgen.sqlite3, the dir made absolute");
+  cr_assert_str_eq(path, want, "the database must be <dir>/flashgen.sqlite3, <dir> absolute");
   struct stat st;
   cr_assert_eq(lstat(want, &st), 0, "no database at %s", want);
   cr_assert(S_ISREG(st.st_mode));
