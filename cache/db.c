@@ -244,11 +244,9 @@ fg_cache *fg_cache_open(const char *dir, char *warn, size_t warnlen) {
     fg_cache_warnf(warn, warnlen, "flashgen: out of memory opening the cache; compiling in memory");
     return NULL;
   }
-  if (fg_cache_resolve_dir(dir, c->dir, sizeof c->dir) != 0) {
-    fg_cache_warnf(warn, warnlen,
-                   "flashgen: no cache directory (HOME is not set and no FLASHGEN_CACHE_DIR, or "
-                   "the path is too long); set FLASHGEN_CACHE_DIR to a private directory; "
-                   "compiling in memory");
+  char why[512];
+  if (fg_cache_resolve_dir_why(dir, c->dir, sizeof c->dir, why, sizeof why) != 0) {
+    fg_cache_warnf(warn, warnlen, "flashgen: %s; compiling in memory", why);
     free(c);
     return NULL;
   }

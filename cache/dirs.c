@@ -1,6 +1,7 @@
-/* dirs.c: where the cache lives (FLASHGEN_CACHE_DIR, XDG_CACHE_HOME, HOME) and the rules a
- * directory must meet before the cache is put in it: created 0700, a real directory (not a
- * symlink), owned by the caller, not group- or world-writable, writable. */
+/* dirs.c: where the cache lives (FLASHGEN_CACHE_DIR, XDG_CACHE_HOME, HOME), the form of that
+ * path (absolute, no trailing slashes, short enough for SQLite) and the rules a directory must
+ * meet before the cache is put in it: created 0700, a real directory (not a symlink), owned by
+ * the caller, not group- or world-writable, writable. */
 #include <errno.h>
 #include <pwd.h>
 #include <stdarg.h>
@@ -25,21 +26,96 @@ static int join(char *buf, size_t len, const char *a, const char *b) {
   return (n < 0 || (size_t)n >= len) ? -1 : 0;
 }
 
-int fg_cache_resolve_dir(const char *dir, char *buf, size_t len) {
-  if (!buf || len == 0) return -1;
-  if (dir && dir[0]) return join(buf, len, dir, "");
-  const char *env = getenv("FLASHGEN_CACHE_DIR");
-  if (env && env[0]) return join(buf, len, env, "");
-  /* The XDG base directory spec says relative values are to be ignored. */
-  env = getenv("XDG_CACHE_HOME");
-  if (env && env[0] == '/') return join(buf, len, env, "/flashgen");
-  env = getenv("HOME");
-  if (!env || !env[0]) {
-    struct passwd *pw = getpwuid(geteuid());
-    env = pw ? pw->pw_dir : NULL;
+/* The longest cache directory the database path can be built on: SQLite's Unix VFS refuses a
+ * file name longer than its mxPathname (512) less the 8 bytes of its "-journal" suffix, and
+ * the directory is followed by "/flashgen.sqlite3". */
+static size_t dir_max(void) {
+  sqlite3_vfs *vfs = sqlite3_vfs_find(NULL);
+  size_t name_max = vfs && vfs->mxPathname > 8 ? (size_t)vfs->mxPathname - 8 : 504;
+  if (name_max > PATH_MAX - 1) name_max = PATH_MAX - 1;
+  return name_max - (sizeof "/" FG_CACHE_DB_NAME - 1);
+}
+
+/* "dir/", "dir//", "dir/." and "dir/./" all name dir. Without this lstat("link/") would follow
+ * a symlink the directory rules refuse. "/" stays "/". */
+static void strip_trailing(char *p) {
+  size_t n = strlen(p);
+  for (;;) {
+    if (n > 1 && p[n - 1] == '/')
+      n--;
+    else if (n > 2 && p[n - 1] == '.' && p[n - 2] == '/')
+      n -= 2;
+    else
+      break;
+    p[n] = '\0';
   }
-  if (!env || !env[0]) return -1;
-  return join(buf, len, env, "/.cache/flashgen");
+}
+
+int fg_cache_resolve_dir_why(const char *dir, char *buf, size_t len, char *why, size_t whylen) {
+  if (why && whylen) why[0] = '\0';
+  if (!buf || len == 0) return -1;
+  const char *base = NULL, *tail = "", *from = "given";
+  const char *env = getenv("FLASHGEN_CACHE_DIR");
+  if (dir && dir[0]) {
+    base = dir;
+  } else if (env && env[0]) {
+    base = env;
+    from = "from FLASHGEN_CACHE_DIR";
+  } else if ((env = getenv("XDG_CACHE_HOME")) && env[0] == '/') {
+    /* The XDG base directory spec says relative values are to be ignored. */
+    base = env;
+    tail = "/flashgen";
+    from = "from XDG_CACHE_HOME";
+  } else {
+    env = getenv("HOME");
+    from = "from HOME";
+    if (!env || !env[0]) {
+      struct passwd *pw = getpwuid(geteuid());
+      env = pw ? pw->pw_dir : NULL;
+      from = "from your home directory";
+    }
+    if (!env || !env[0]) {
+      fg_cache_warnf(why, whylen,
+                     "no cache directory: neither FLASHGEN_CACHE_DIR nor HOME is set; set "
+                     "FLASHGEN_CACHE_DIR to a private directory");
+      return -1;
+    }
+    base = env;
+    tail = "/.cache/flashgen";
+  }
+  /* A relative path is made absolute. SQLite (built with URI file names on, as Debian's is)
+   * reads a file name that starts with "file:" as a URI whatever the open flags say, so
+   * FLASHGEN_CACHE_DIR='file:/x/victim.db#' would open /x/victim.db; an absolute path is always
+   * a plain file name. Without a current directory, "./" does the same. */
+  char cwd[PATH_MAX];
+  const char *pre = "";
+  if (base[0] != '/') pre = getcwd(cwd, sizeof cwd) ? cwd : ".";
+  size_t need = strlen(pre) + (pre[0] ? 1 : 0) + strlen(base) + strlen(tail);
+  char *full = malloc(need + 1);
+  if (!full) {
+    fg_cache_warnf(why, whylen, "out of memory resolving the cache directory");
+    return -1;
+  }
+  snprintf(full, need + 1, "%s%s%s%s", pre, pre[0] ? "/" : "", base, tail);
+  strip_trailing(full);
+  size_t n = strlen(full), limit = dir_max();
+  if (limit > len - 1) limit = len - 1;
+  if (n > limit) {
+    fg_cache_warnf(why, whylen,
+                   "the cache directory %s (%.48s...) is too long: %zu bytes, the limit is %zu "
+                   "bytes (the database path must fit SQLite's file names); set "
+                   "FLASHGEN_CACHE_DIR to a shorter private directory",
+                   from, full, n, limit);
+    free(full);
+    return -1;
+  }
+  memcpy(buf, full, n + 1);
+  free(full);
+  return 0;
+}
+
+int fg_cache_resolve_dir(const char *dir, char *buf, size_t len) {
+  return fg_cache_resolve_dir_why(dir, buf, len, NULL, 0);
 }
 
 /* mkdir -p: missing parents and the leaf are created 0700 (the XDG spec asks for 0700). */

@@ -27,8 +27,12 @@ typedef struct fg_device_id {
 } fg_device_id;
 
 /* The directory the cache uses: dir if not NULL, else $FLASHGEN_CACHE_DIR, else
- * $XDG_CACHE_HOME/flashgen, else $HOME/.cache/flashgen. Writes into buf; 0 or -1. */
+ * $XDG_CACHE_HOME/flashgen, else $HOME/.cache/flashgen; made absolute (a relative path is taken
+ * from the current directory) and without trailing slashes. Writes into buf; 0, or -1 when
+ * there is none or it is longer than buf or than the cache can use (SQLite's file names).
+ * fg_cache_resolve_dir_why also writes why (what is wrong, the limit, what to do) on -1. */
 int fg_cache_resolve_dir(const char *dir, char *buf, size_t len);
+int fg_cache_resolve_dir_why(const char *dir, char *buf, size_t len, char *why, size_t whylen);
 
 /* Opens (creating with mode 0700 when missing) the cache in dir (NULL: fg_cache_resolve_dir).
  * Returns the cache, or NULL with the reason in warn when the cache cannot be used: directory
@@ -39,7 +43,10 @@ void fg_cache_close(fg_cache *c); /* NULL is a no-op */
 const char *fg_cache_path(const fg_cache *c); /* the database file */
 
 /* Looks a kernel up. Returns 1 and fills img (caller frees with fg_kernel_image_free) on a hit;
- * 0 on a miss. An entry whose checksum fails is deleted, counts as a miss and sets warn. */
+ * 0 on a miss. An entry that is damaged (its checksum fails) or is not the key's (the key
+ * recorded in its row differs, or its entry point is named after another kernel: "fg_" + that
+ * kernel's variant name) is deleted, counts as a miss and sets warn. This guards against
+ * mix-ups, not against someone who can write to the cache directory. */
 int fg_cache_get_kernel(fg_cache *c, const fg_cache_key *key, fg_kernel_image *img, char *warn,
                         size_t warnlen);
 /* Stores a kernel (replacing an entry with the same key). Safe when several processes write
@@ -126,10 +133,11 @@ int fg_cache_count(fg_cache *c, fg_cache_counts *s);
  * Returns 0 or -1. */
 int fg_cache_stats(fg_cache *c, FILE *out);
 
-/* Checks the checksum of every kernel entry; prints one line per bad entry (variant, arch,
- * NVRTC and flashgen versions, what is wrong) and a summary to out (NULL: prints nothing).
- * Bad entries are reported, not deleted (a lookup deletes them). Returns the number of bad
- * entries, or -1 when the database cannot be read. */
+/* Checks the checksum of every kernel entry, and that its entry point is not named after
+ * another kernel; prints one line per bad entry (variant, arch, NVRTC and flashgen versions,
+ * what is wrong) and a summary to out (NULL: prints nothing). Bad entries are reported, not
+ * deleted (a lookup deletes them). Returns the number of bad entries, or -1 when the database
+ * cannot be read. */
 int fg_cache_verify(fg_cache *c, FILE *out);
 
 /* Deletes every kernel entry and tuning record, then gives the space back when no other process

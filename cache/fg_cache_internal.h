@@ -72,8 +72,10 @@ uint64_t fg_cache_kernel_checksum(const char *variant, const char *arch, int nvr
  * or what is wrong with them. */
 const char *fg_cache_read_meta(sqlite3_stmt *st, int col, fg_kernel_meta *m);
 
-/* Checks an entry as read against the size and checksum stored with it. Returns NULL when it
- * is whole, or what is wrong with it. */
+/* Checks an entry as read against the size and checksum stored with it, and that its entry
+ * point is not named after another kernel than variant. Returns NULL when it is whole and
+ * variant's, or what is wrong with it (a static string, or one kept per thread until the next
+ * call). */
 const char *fg_cache_check_entry(const char *variant, const char *arch, int nvrtc_version,
                                  uint64_t template_hash, const char *flashgen_version,
                                  const fg_kernel_meta *m, const void *cubin, size_t cubin_size,

@@ -1,12 +1,15 @@
-/* kernels.c: compiled kernels in the cache: the entry checksum, looking an entry up (a failed
- * checksum deletes it and counts as a miss) and storing one (INSERT OR REPLACE, one entry per
- * key however many processes write it). */
+/* kernels.c: compiled kernels in the cache: the entry checksum (over the key, the launch meta
+ * and the blobs), the check that an entry is its key's (its recorded key is the key looked up;
+ * its entry point is not named after another variant), looking an entry up (a failed check
+ * deletes it and counts as a miss) and storing one (INSERT OR REPLACE, one entry per key
+ * however many processes write it). */
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "fg_cache_internal.h"
+#include "fg_variant.h"
 
 /* The header the checksum covers before the blobs: every field a fixed 8 bytes (strings 16:
  * length and hash), about 200 bytes in all. */
@@ -95,11 +98,42 @@ const char *fg_cache_read_meta(sqlite3_stmt *st, int col, fg_kernel_meta *m) {
   return NULL;
 }
 
+/* 1 if name is one of flashgen's kernels: a variant name, or a reference kernel's
+ * (ref_f64_<dtype>, ref_lowp_<dtype>). */
+static int is_kernel_name(const char *name) {
+  fg_variant v;
+  char err[160];
+  if (fg_variant_parse(name, &v, err, sizeof err) == 0) return 1;
+  fg_dtype t;
+  if (strncmp(name, "ref_f64_", 8) == 0) return fg_dtype_parse(name + 8, &t) == 0;
+  if (strncmp(name, "ref_lowp_", 9) == 0) return fg_dtype_parse(name + 9, &t) == 0;
+  return 0;
+}
+
+/* The reasons below name the entry point; one buffer per thread, read before the next check. */
+static _Thread_local char g_why[FG_VARIANT_NAME_MAX + sizeof ((fg_kernel_meta *)0)->entry + 96];
+
+/* The templates name a kernel's entry point "fg_" + its variant (templates/fwd.lua, M.entry):
+ * an entry point named after another kernel means the row holds that kernel (a mix-up, or a
+ * planted row whose checksum was recomputed), and its launch contract is that kernel's too.
+ * Entry points not named after any kernel (a template of one's own) are not judged. */
+static const char *entry_of_another_kernel(const char *variant, const fg_kernel_meta *m) {
+  char entry[sizeof m->entry + 1];
+  memcpy(entry, m->entry, sizeof m->entry);
+  entry[sizeof m->entry] = '\0';
+  if (strncmp(entry, "fg_", 3) != 0 || strcmp(entry + 3, variant) == 0) return NULL;
+  if (!is_kernel_name(entry + 3)) return NULL;
+  snprintf(g_why, sizeof g_why, "its entry point %s is another kernel's", entry);
+  return g_why;
+}
+
 const char *fg_cache_check_entry(const char *variant, const char *arch, int nvrtc_version,
                                  uint64_t template_hash, const char *flashgen_version,
                                  const fg_kernel_meta *m, const void *cubin, size_t cubin_size,
                                  const void *ptx, size_t ptx_size, long long size,
                                  uint64_t checksum) {
+  const char *why = entry_of_another_kernel(variant, m);
+  if (why) return why;
   if ((long long)(cubin_size + ptx_size) != size)
     return "size differs from the recorded size (truncated?)";
   uint64_t got = fg_cache_kernel_checksum(variant, arch, nvrtc_version, template_hash,
@@ -112,7 +146,8 @@ const char *fg_cache_check_entry(const char *variant, const char *arch, int nvrt
 static const char select_sql[] =
     "SELECT id, " FG_CACHE_META_COLS
     ", size, checksum,"
-    " typeof(cubin) = 'blob' AND typeof(ptx) = 'blob' FROM kernels"
+    " typeof(cubin) = 'blob' AND typeof(ptx) = 'blob',"
+    " variant, arch, nvrtc_version, template_hash, flashgen_version FROM kernels"
     " WHERE variant = ?1 AND arch = ?2 AND nvrtc_version = ?3 AND template_hash = ?4"
     " AND flashgen_version = ?5";
 
@@ -147,11 +182,39 @@ static int read_blob(sqlite3 *db, const char *col, sqlite3_int64 id, unsigned ch
 
 enum { LOOKUP_MISS, LOOKUP_HIT, LOOKUP_BAD };
 
+static int text_is(sqlite3_stmt *st, int col, const char *want) {
+  const char *s = (const char *)sqlite3_column_text(st, col);
+  return s && strcmp(s, want) == 0;
+}
+
+/* The key recorded in the row (columns 14..18 of select_sql) against the key it was found by.
+ * The WHERE clause makes them equal in a database flashgen wrote; a table rebuilt with another
+ * collation, say, would match rows of other keys (and the checksum, computed over the key
+ * looked up, would not notice). Returns NULL, or what differs. */
+static const char *recorded_key_differs(sqlite3_stmt *st, const fg_cache_key *key) {
+  if (!text_is(st, 14, key->variant)) {
+    const char *rec = (const char *)sqlite3_column_text(st, 14);
+    snprintf(g_why, sizeof g_why, "its recorded variant %.*s differs from the key's",
+             FG_VARIANT_NAME_MAX, rec ? rec : "(none)");
+    return g_why;
+  }
+  if (!text_is(st, 15, fg_arch_name(key->arch))) return "its recorded arch differs from the key's";
+  if (sqlite3_column_type(st, 16) != SQLITE_INTEGER ||
+      sqlite3_column_int64(st, 16) != key->nvrtc_version)
+    return "its recorded NVRTC version differs from the key's";
+  if (sqlite3_column_type(st, 17) != SQLITE_INTEGER ||
+      fg_cache_i64_to_u64(sqlite3_column_int64(st, 17)) != key->template_hash)
+    return "its recorded template hash differs from the key's";
+  if (!text_is(st, 18, key->flashgen_version))
+    return "its recorded flashgen version differs from the key's";
+  return NULL;
+}
+
 /* One try at reading key's entry, in a read transaction so the row and its blobs are one
- * snapshot. Sets *state (and fills img on a hit, *bad_id for a bad entry); returns an SQLite
- * code. */
+ * snapshot. Sets *state (and fills img on a hit; *bad_id and bad_why, what is wrong, for a bad
+ * entry); returns an SQLite code. */
 static int lookup(fg_cache *c, const fg_cache_key *key, fg_kernel_image *img, int *state,
-                  sqlite3_int64 *bad_id) {
+                  sqlite3_int64 *bad_id, char *bad_why, size_t bad_why_len) {
   *state = LOOKUP_MISS;
   int rc = sqlite3_exec(c->db, "BEGIN", NULL, NULL, NULL);
   if (rc != SQLITE_OK) return rc;
@@ -169,7 +232,8 @@ static int lookup(fg_cache *c, const fg_cache_key *key, fg_kernel_image *img, in
     rc = SQLITE_OK;
     sqlite3_int64 id = sqlite3_column_int64(st, 0);
     fg_kernel_meta m;
-    const char *why = fg_cache_read_meta(st, 1, &m);
+    const char *why = recorded_key_differs(st, key);
+    if (!why) why = fg_cache_read_meta(st, 1, &m);
     if (!why && !sqlite3_column_int(st, 13)) why = "cubin or PTX missing";
     if (!why) rc = read_blob(c->db, "cubin", id, &cubin, &cubin_size);
     if (!why && rc == SQLITE_OK) rc = read_blob(c->db, "ptx", id, &ptx, &ptx_size);
@@ -181,6 +245,7 @@ static int lookup(fg_cache *c, const fg_cache_key *key, fg_kernel_image *img, in
     if (rc == SQLITE_OK && why) {
       *state = LOOKUP_BAD;
       *bad_id = id;
+      snprintf(bad_why, bad_why_len, "%s", why);
     } else if (rc == SQLITE_OK) {
       *state = LOOKUP_HIT;
       memset(img, 0, sizeof *img);
@@ -225,16 +290,18 @@ int fg_cache_get_kernel(fg_cache *c, const fg_cache_key *key, fg_kernel_image *i
   pthread_mutex_lock(&c->mu);
   int state = LOOKUP_MISS, rc = SQLITE_OK;
   sqlite3_int64 bad_id = -1;
+  char why[sizeof g_why] = "";
   for (int attempt = 0; attempt < 5; attempt++) {
-    rc = lookup(c, key, img, &state, &bad_id);
+    rc = lookup(c, key, img, &state, &bad_id, why, sizeof why);
     if (!fg_cache_is_busy(rc)) break;
   }
   if (state == LOOKUP_BAD) {
     int drc = fg_cache_write_txn(c, delete_bad_txn, &bad_id);
     fg_cache_warnf(warn, warnlen,
-                   "flashgen: cache entry %s (%s) in %s failed its checksum and %s; it counts as a "
-                   "miss and will be compiled again (`flashgen cache verify` checks every entry)",
-                   key->variant, fg_arch_name(key->arch), c->path,
+                   "flashgen: cache entry %s (%s) in %s failed its checksum and key check (%s) "
+                   "and %s; it counts as a miss and will be compiled again (`flashgen cache "
+                   "verify` checks every entry)",
+                   key->variant, fg_arch_name(key->arch), c->path, why,
                    drc == SQLITE_OK ? "was deleted" : "could not be deleted");
   } else if (rc != SQLITE_OK) {
     fg_cache_warnf(warn, warnlen,

@@ -13,7 +13,7 @@ static void cache_usage(FILE *f) {
           "actions:\n"
           "  ls       list the compiled kernels (variant, arch, NVRTC version, bytes, created)\n"
           "  stats    database path, size on disk, schema version, counts\n"
-          "  verify   check the checksum of every kernel; exit 1 if any entry is bad\n"
+          "  verify   check every kernel's checksum and entry point; exit 1 if any is bad\n"
           "  clear    delete every kernel and tuning record (asks nothing) and say what went\n"
           "  tuning   list the tuning records (device, bucket, winner, TFLOP/s, candidates)\n\n"
           "options:\n"
@@ -60,9 +60,8 @@ int fg_cmd_cache(int argc, char **argv) {
   }
 
   char resolved[4096], warn[1024] = "";
-  if (fg_cache_resolve_dir(dir, resolved, sizeof resolved) != 0) {
-    fprintf(stderr, "flashgen cache: no cache directory: give --dir, or set FLASHGEN_CACHE_DIR, "
-                    "XDG_CACHE_HOME or HOME\n");
+  if (fg_cache_resolve_dir_why(dir, resolved, sizeof resolved, warn, sizeof warn) != 0) {
+    fprintf(stderr, "flashgen cache: %s (or give --dir)\n", warn);
     return 1;
   }
   fg_cache *c = fg_cache_open(resolved, warn, sizeof warn);
