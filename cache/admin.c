@@ -175,12 +175,12 @@ static const char *check_row(sqlite3_stmt *st, sqlite3_int64 id, int *gone, char
       (sqlite3_column_type(st, 17) != SQLITE_BLOB || sqlite3_column_type(st, 18) != SQLITE_BLOB))
     why = "cubin or PTX missing";
   if (!why)
-    why = fg_cache_check_entry(text_or(st, 0, "?"), text_or(st, 1, "?"), sqlite3_column_int(st, 2),
-                               fg_cache_i64_to_u64(sqlite3_column_int64(st, 3)), text_or(st, 4, ""),
-                               &m, sqlite3_column_blob(st, 17), (size_t)sqlite3_column_bytes(st, 17),
-                               sqlite3_column_blob(st, 18), (size_t)sqlite3_column_bytes(st, 18),
-                               sqlite3_column_int64(st, 15),
-                               fg_cache_i64_to_u64(sqlite3_column_int64(st, 16)));
+    why = fg_cache_check_entry(
+        text_or(st, 0, "?"), text_or(st, 1, "?"), sqlite3_column_int(st, 2),
+        fg_cache_i64_to_u64(sqlite3_column_int64(st, 3)), text_or(st, 4, ""), &m,
+        sqlite3_column_blob(st, 17), (size_t)sqlite3_column_bytes(st, 17),
+        sqlite3_column_blob(st, 18), (size_t)sqlite3_column_bytes(st, 18),
+        sqlite3_column_int64(st, 15), fg_cache_i64_to_u64(sqlite3_column_int64(st, 16)));
   return why;
 }
 

@@ -85,11 +85,12 @@ int fg_cache_each_winner(fg_cache *c, const fg_device_id *dev, const char *prefi
  * file flashgen.sqlite3.lock next to it exclusively; the others wait for it (at most 10 s) and
  * open the rebuilt database. A lock held by another process costs one wait of at most 3 s per
  * handle: the put that waited fails with a warning naming the database and, when it can be
- * found (Linux), the process holding the lock; writing is then off for that handle. A database written by a newer schema is
- * left untouched and refused; an older one is migrated, or dropped and rebuilt.
+ * found (Linux), the process holding the lock; writing is then off for that handle. A database
+ * written by a newer schema is left untouched and refused; an older one is migrated, or dropped
+ * and rebuilt.
  * fg_cache_put_kernel / fg_cache_put_tuning: a failure that will not go away by itself (disk
- * full, read-only database, I/O error, damage, a held lock) turns writing off for this handle, so the caller warns
- * once: later puts return -1 with warn set to "" (see fg_cache_writable).
+ * full, read-only database, I/O error, damage, a held lock) turns writing off for this handle,
+ * so the caller warns once: later puts return -1 with warn set to "" (see fg_cache_writable).
  * fg_cache_put_tuning also fails (-1, warn) when winner is not a candidate recorded with ok = 1
  * for that bucket after the merge; nothing is stored then.
  * fg_cache_get_winner returns -1 when len cannot hold the name (FG_VARIANT_NAME_MAX always can);

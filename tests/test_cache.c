@@ -2,7 +2,10 @@
  * input misses; truncated, zeroed and bit-flipped entries are caught, deleted and can be stored
  * again; 8 processes writing the same entries; unusable directories and a full disk degrade with
  * a warning; the directory rules (0700, group/world-writable, symlink, other owner); the schema
- * version; tuning records merge; ls / stats / verify / clear. No GPU.
+ * version; tuning records merge; ls / stats / verify / clear. Issue 11: 8 processes opening a
+ * garbage database at once lose no store (FG_TEST_RACE_ROUNDS rounds, default 50); a held write
+ * lock costs one bounded wait and one warning naming the holder; verify names every unreadable
+ * row; clear repairs a zeroed page and says "full" on a full disk. No GPU.
  *
  * Build and run: cmake --build build --target test_cache && build/tests/test_cache */
 #include <criterion/criterion.h>
@@ -1183,7 +1186,8 @@ static int race_round(int round, int *failed) {
   unsigned char done[RACE_PROCS * RACE_PUTS];
   int ndone = 0;
   ssize_t got;
-  while (ndone < (int)sizeof done && (got = read(report[0], done + ndone, sizeof done - (size_t)ndone)) > 0)
+  while (ndone < (int)sizeof done &&
+         (got = read(report[0], done + ndone, sizeof done - (size_t)ndone)) > 0)
     ndone += (int)got;
   close(report[0]);
   for (int p = 0; p < RACE_PROCS; p++) {
