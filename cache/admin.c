@@ -1,8 +1,9 @@
 /* admin.c: what `flashgen cache ls | stats | verify | clear` and `flashgen tune --list` show and
- * do: list the kernel entries and tuning records, count and size them, check every checksum,
- * empty the cache. */
+ * do: list the kernel entries and tuning records, count and size them, check every row (and the
+ * file) for damage, empty the cache (rebuilding it when it is damaged). */
 #include <assert.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -100,54 +101,164 @@ int fg_cache_stats(fg_cache *c, FILE *out) {
   return 0;
 }
 
-int fg_cache_verify(fg_cache *c, FILE *out) {
-  assert(c);
-  pthread_mutex_lock(&c->mu);
+/* One kernel row as listed by verify: its id and the key columns that name it. */
+typedef struct vrow {
+  sqlite3_int64 id;
+  int nvrtc;
+  char variant[FG_VARIANT_NAME_MAX], arch[16], fgver[32];
+} vrow;
+
+typedef struct vrows {
+  vrow *v;
+  size_t n, cap;
+} vrows;
+
+/* Appends the rows sql lists (id, variant, arch, nvrtc_version, flashgen_version) until the end
+ * or the first error, which it returns (SQLITE_OK at the end). */
+static int list_rows(sqlite3 *db, const char *sql, vrows *r) {
   sqlite3_stmt *st = NULL;
-  int bad = 0;
-  long long checked = 0;
-  int rc = sqlite3_prepare_v2(
-      c->db,
-      "SELECT variant, arch, nvrtc_version, template_hash, flashgen_version, " FG_CACHE_META_COLS
-      ", size, checksum, cubin, ptx"
-      " FROM kernels ORDER BY variant, arch",
-      -1, &st, NULL);
+  int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
   while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
     rc = SQLITE_OK;
-    checked++;
-    const char *variant = text_or(st, 0, "?"), *arch = text_or(st, 1, "?");
-    fg_kernel_meta m;
-    const char *why = fg_cache_read_meta(st, 5, &m);
-    if (!why &&
-        (sqlite3_column_type(st, 17) != SQLITE_BLOB || sqlite3_column_type(st, 18) != SQLITE_BLOB))
-      why = "cubin or PTX missing";
-    if (!why)
-      why = fg_cache_check_entry(variant, arch, sqlite3_column_int(st, 2),
-                                 fg_cache_i64_to_u64(sqlite3_column_int64(st, 3)),
-                                 text_or(st, 4, ""), &m, sqlite3_column_blob(st, 17),
-                                 (size_t)sqlite3_column_bytes(st, 17), sqlite3_column_blob(st, 18),
-                                 (size_t)sqlite3_column_bytes(st, 18), sqlite3_column_int64(st, 15),
-                                 fg_cache_i64_to_u64(sqlite3_column_int64(st, 16)));
-    if (why) {
-      bad++;
-      if (out)
-        fprintf(out, "BAD  %s %s nvrtc %d flashgen %s: %s\n", variant, arch,
-                sqlite3_column_int(st, 2), text_or(st, 4, "?"), why);
+    if (r->n == r->cap) {
+      size_t cap = r->cap ? 2 * r->cap : 64;
+      vrow *v = realloc(r->v, cap * sizeof *v);
+      if (!v) {
+        rc = SQLITE_NOMEM;
+        break;
+      }
+      r->v = v;
+      r->cap = cap;
     }
+    vrow *w = &r->v[r->n++];
+    w->id = sqlite3_column_int64(st, 0);
+    snprintf(w->variant, sizeof w->variant, "%s", text_or(st, 1, "?"));
+    snprintf(w->arch, sizeof w->arch, "%s", text_or(st, 2, "?"));
+    w->nvrtc = sqlite3_column_int(st, 3);
+    snprintf(w->fgver, sizeof w->fgver, "%s", text_or(st, 4, "?"));
   }
   if (rc == SQLITE_DONE) rc = SQLITE_OK;
   sqlite3_finalize(st);
-  pthread_mutex_unlock(&c->mu);
-  if (rc != SQLITE_OK) {
-    if (out)
-      fprintf(out,
-              "flashgen: cache %s could not be read to the end (%s); run `flashgen cache "
-              "clear`\n",
-              c->path, sqlite3_errstr(rc));
-    return -1;
+  return rc;
+}
+
+static int by_id(const void *a, const void *b) {
+  sqlite3_int64 x = ((const vrow *)a)->id, y = ((const vrow *)b)->id;
+  return (x > y) - (x < y);
+}
+
+static int by_name(const void *a, const void *b) {
+  const vrow *x = a, *y = b;
+  int d = strcmp(x->variant, y->variant);
+  if (!d) d = strcmp(x->arch, y->arch);
+  return d ? d : by_id(a, b);
+}
+
+/* Checks the row with id; returns NULL when it is whole, else what is wrong (in buf). */
+static const char *check_row(sqlite3_stmt *st, sqlite3_int64 id, int *gone, char *buf,
+                             size_t len) {
+  *gone = 0;
+  sqlite3_reset(st);
+  sqlite3_bind_int64(st, 1, id);
+  int rc = sqlite3_step(st);
+  if (rc == SQLITE_DONE) {
+    *gone = 1; /* deleted since it was listed */
+    return NULL;
   }
+  if (rc != SQLITE_ROW) {
+    snprintf(buf, len, "cannot be read (%s)", sqlite3_errstr(rc));
+    return buf;
+  }
+  fg_kernel_meta m;
+  const char *why = fg_cache_read_meta(st, 5, &m);
+  if (!why &&
+      (sqlite3_column_type(st, 17) != SQLITE_BLOB || sqlite3_column_type(st, 18) != SQLITE_BLOB))
+    why = "cubin or PTX missing";
+  if (!why)
+    why = fg_cache_check_entry(
+        text_or(st, 0, "?"), text_or(st, 1, "?"), sqlite3_column_int(st, 2),
+        fg_cache_i64_to_u64(sqlite3_column_int64(st, 3)), text_or(st, 4, ""), &m,
+        sqlite3_column_blob(st, 17), (size_t)sqlite3_column_bytes(st, 17),
+        sqlite3_column_blob(st, 18), (size_t)sqlite3_column_bytes(st, 18),
+        sqlite3_column_int64(st, 15), fg_cache_i64_to_u64(sqlite3_column_int64(st, 16)));
+  return why;
+}
+
+int fg_cache_verify(fg_cache *c, FILE *out) {
+  assert(c);
+  pthread_mutex_lock(&c->mu);
+  /* One read transaction: a consistent snapshot of the rows and of the file. */
+  sqlite3_exec(c->db, "BEGIN", NULL, NULL, NULL);
+  /* The rows are listed twice, from the unique index and from the table, and then read one by
+   * one: damage to a page of the table (even its root) costs the rows on that page, which are
+   * still named from the index, and not every row after it. */
+  vrows rows = {NULL, 0, 0};
+  int rc_index = list_rows(c->db,
+                           "SELECT id, variant, arch, nvrtc_version, flashgen_version FROM kernels"
+                           " INDEXED BY sqlite_autoindex_kernels_1",
+                           &rows);
+  int rc_table = list_rows(c->db,
+                           "SELECT id, variant, arch, nvrtc_version, flashgen_version FROM kernels"
+                           " NOT INDEXED",
+                           &rows);
+  if (rows.n) qsort(rows.v, rows.n, sizeof *rows.v, by_id);
+  size_t n = 0;
+  for (size_t i = 0; i < rows.n; i++)
+    if (n == 0 || rows.v[n - 1].id != rows.v[i].id) rows.v[n++] = rows.v[i];
+  rows.n = n;
+  if (rows.n) qsort(rows.v, rows.n, sizeof *rows.v, by_name);
+
+  sqlite3_stmt *st = NULL;
+  int rc = sqlite3_prepare_v2(
+      c->db,
+      "SELECT variant, arch, nvrtc_version, template_hash, flashgen_version, " FG_CACHE_META_COLS
+      ", size, checksum, cubin, ptx FROM kernels WHERE id = ?1",
+      -1, &st, NULL);
+  int bad = 0;
+  long long checked = 0;
+  for (size_t i = 0; rc == SQLITE_OK && i < rows.n; i++) {
+    char buf[128];
+    int gone;
+    const char *why = check_row(st, rows.v[i].id, &gone, buf, sizeof buf);
+    if (gone) continue;
+    checked++;
+    if (why) {
+      bad++;
+      if (out)
+        fprintf(out, "BAD  %s %s nvrtc %d flashgen %s: %s\n", rows.v[i].variant, rows.v[i].arch,
+                rows.v[i].nvrtc, rows.v[i].fgver, why);
+    }
+  }
+  sqlite3_finalize(st);
+
+  /* The file as a whole: pages no row leads to, broken indexes, tuning tables. */
+  int problems = 0;
+  int rc_check = sqlite3_prepare_v2(c->db, "PRAGMA integrity_check(20)", -1, &st, NULL);
+  while (rc_check == SQLITE_OK && (rc_check = sqlite3_step(st)) == SQLITE_ROW) {
+    rc_check = SQLITE_OK;
+    const char *msg = text_or(st, 0, "?");
+    if (strcmp(msg, "ok") == 0) continue;
+    problems++;
+    if (out) fprintf(out, "DAMAGED  %s\n", msg);
+  }
+  if (rc_check == SQLITE_DONE) rc_check = SQLITE_OK;
+  sqlite3_finalize(st);
+  sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL);
+  pthread_mutex_unlock(&c->mu);
+  free(rows.v);
+
+  int first_err = rc_index != SQLITE_OK ? rc_index : rc_table != SQLITE_OK ? rc_table : rc;
+  if (first_err == SQLITE_OK) first_err = rc_check;
+  int damaged = problems > 0 || first_err != SQLITE_OK;
   if (out) {
-    if (bad)
+    if (damaged)
+      fprintf(out,
+              "%d of %lld entries bad; the database file %s is damaged (%s); run `flashgen "
+              "cache clear` (it empties a damaged cache)\n",
+              bad, checked, c->path,
+              first_err != SQLITE_OK ? sqlite3_errstr(first_err)
+                                     : "SQLite's integrity check failed");
+    else if (bad)
       fprintf(out,
               "%d of %lld entries bad; they are deleted and recompiled when next used, or run "
               "`flashgen cache clear`\n",
@@ -155,7 +266,10 @@ int fg_cache_verify(fg_cache *c, FILE *out) {
     else
       fprintf(out, "all %lld entries ok\n", checked);
   }
-  return bad;
+  /* Nothing could be read at all (not even the list of tables). */
+  if (rc_index != SQLITE_OK && rc_table != SQLITE_OK && rc_check != SQLITE_OK && !rows.n)
+    return -1;
+  return bad ? bad : damaged;
 }
 
 static int clear_txn(fg_cache *c, void *ud) {
@@ -166,14 +280,36 @@ static int clear_txn(fg_cache *c, void *ud) {
                       NULL, NULL, NULL);
 }
 
-int fg_cache_clear(fg_cache *c) {
+int fg_cache_clear(fg_cache *c, char *msg, size_t len) {
   assert(c);
+  if (msg && len) msg[0] = '\0';
   pthread_mutex_lock(&c->mu);
+  /* Under the lock file, so no process opens the database while a damaged one is rebuilt. */
+  char why[768];
+  if (fg_cache_lock_file(c, why, sizeof why) != 0) {
+    fg_cache_warnf(msg, len, "clearing %s failed: %s", c->path, why);
+    pthread_mutex_unlock(&c->mu);
+    return -1;
+  }
   int rc = fg_cache_write_txn(c, clear_txn, NULL);
   if (rc == SQLITE_OK) {
-    /* Give the space back; both fail harmlessly while another process is reading. */
+    /* Give the space back; both fail harmlessly while another process is reading. VACUUM reads
+     * every page, so it also finds damage that the DELETEs did not touch. */
     sqlite3_exec(c->db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL);
-    sqlite3_exec(c->db, "VACUUM", NULL, NULL, NULL);
+    int vrc = sqlite3_exec(c->db, "VACUUM", NULL, NULL, NULL);
+    if (fg_cache_is_damaged(vrc)) rc = vrc;
+  }
+  int rebuilt = 0;
+  if (fg_cache_is_damaged(rc)) {
+    rc = fg_cache_rebuild_locked(c);
+    rebuilt = rc == SQLITE_OK;
+  }
+  fg_cache_unlock_file(c);
+  if (rc != SQLITE_OK) {
+    fg_cache_describe_failure(c, rc, why, sizeof why);
+    fg_cache_warnf(msg, len, "clearing %s failed (%s): %s", c->path, sqlite3_errstr(rc), why);
+  } else if (rebuilt) {
+    fg_cache_warnf(msg, len, "%s was damaged: it has been emptied and rebuilt", c->path);
   }
   pthread_mutex_unlock(&c->mu);
   return rc == SQLITE_OK ? 0 : -1;

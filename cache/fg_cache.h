@@ -88,11 +88,16 @@ int fg_cache_each_winner(fg_cache *c, const fg_device_id *dev, const char *prefi
 
 /* Notes on the calls above.
  * fg_cache_open also leaves a warning in warn on success when it found the database damaged
- * and rebuilt it empty (warn[0] == '\0' otherwise). A database written by a newer schema is
- * left untouched and refused; an older one is migrated, or dropped and rebuilt.
+ * and rebuilt it empty (warn[0] == '\0' otherwise). One process rebuilds it, holding the lock
+ * file flashgen.sqlite3.lock next to it exclusively; the others wait for it (at most 10 s) and
+ * open the rebuilt database. A lock held by another process costs one wait of at most 3 s per
+ * handle: the put that waited fails with a warning naming the database and, when it can be
+ * found (Linux), the process holding the lock; writing is then off for that handle. A database
+ * written by a newer schema is left untouched and refused; an older one is migrated, or dropped
+ * and rebuilt.
  * fg_cache_put_kernel / fg_cache_put_tuning: a failure that will not go away by itself (disk
- * full, read-only database, I/O error) turns writing off for this handle, so the caller warns
- * once: later puts return -1 with warn set to "" (see fg_cache_writable).
+ * full, read-only database, I/O error, damage, a held lock) turns writing off for this handle,
+ * so the caller warns once: later puts return -1 with warn set to "" (see fg_cache_writable).
  * fg_cache_put_tuning also fails (-1, warn) when winner is not a candidate recorded with ok = 1
  * for that bucket after the merge; nothing is stored then.
  * fg_cache_get_winner returns -1 when len cannot hold the name (FG_VARIANT_NAME_MAX always can);
@@ -133,16 +138,22 @@ int fg_cache_count(fg_cache *c, fg_cache_counts *s);
  * Returns 0 or -1. */
 int fg_cache_stats(fg_cache *c, FILE *out);
 
-/* Checks the checksum of every kernel entry, and that its entry point is not named after
- * another kernel; prints one line per bad entry (variant, arch, NVRTC and flashgen versions,
- * what is wrong) and a summary to out (NULL: prints nothing). Bad entries are reported, not
- * deleted (a lookup deletes them). Returns the number of bad entries, or -1 when the database
- * cannot be read. */
+/* Checks every kernel entry (each row is read on its own, so a damaged page costs the rows on
+ * it, not the rest): its checksum, its size, and that its entry point is not named after another
+ * kernel; and the file (SQLite's integrity check). Prints one line per bad entry (variant, arch,
+ * NVRTC and flashgen versions, what is wrong), one line per problem of the file, and a summary
+ * to out (NULL: prints nothing). Bad entries are reported, not deleted (a lookup deletes them).
+ * Returns the number of bad entries (at least 1 when the file is damaged), or -1 when nothing in
+ * the database can be read. */
 int fg_cache_verify(fg_cache *c, FILE *out);
 
 /* Deletes every kernel entry and tuning record, then gives the space back when no other process
- * is reading. Returns 0 or -1. */
-int fg_cache_clear(fg_cache *c);
+ * is reading. A damaged database (one SQLite calls malformed) is emptied and rebuilt instead, so
+ * clear always repairs the cache; it runs under the lock file, like a rebuild at open. Returns 0
+ * (msg: "" or a note that the database was damaged and rebuilt), or -1 with what failed and what
+ * to do in msg: locked (by which process, when it can be found), disk full, read-only... msg may
+ * be NULL. */
+int fg_cache_clear(fg_cache *c, char *msg, size_t len);
 
 /* Prints one line per tuning record (device, bucket, winner, its TFLOP/s, candidates measured
  * and how many were rejected) after a header line to out (NULL: prints nothing). Returns the

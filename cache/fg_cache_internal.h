@@ -1,6 +1,6 @@
 /* fg_cache_internal.h: what the files of cache/ share and nothing outside cache/ may use: the
- * handle's layout, the schema version, the checksum, the write-transaction loop and the message
- * helpers. */
+ * handle's layout, the schema version, the checksum, the write-transaction loop, the lock file
+ * and the message helpers. */
 #ifndef FG_CACHE_INTERNAL_H
 #define FG_CACHE_INTERNAL_H
 #include <limits.h>
@@ -18,14 +18,27 @@
  * it rebuild: every table is a cache of something that can be measured again). */
 #define FG_CACHE_SCHEMA_VERSION 1
 #define FG_CACHE_DB_NAME "flashgen.sqlite3"
-#define FG_CACHE_BUSY_TIMEOUT_MS 5000
+#define FG_CACHE_LOCK_NAME FG_CACHE_DB_NAME ".lock"
+/* The longest one wait for a lock held by another process may last. A handle gives up after the
+ * first wait that runs out: its writes are switched off (one warning) and it never waits again,
+ * so a held lock costs a process this much in all, not this much per kernel. */
+#define FG_CACHE_LOCK_WAIT_MS 3000
+/* The longest a process waits on the lock file while another one rebuilds or clears the
+ * database (those are short; a holder that takes longer is stuck). */
+#define FG_CACHE_REBUILD_WAIT_MS 10000
 
 struct fg_cache {
   sqlite3 *db;
   pthread_mutex_t mu; /* one operation (and its transaction) at a time per handle */
   int write_failed;   /* a put failed for good (disk full, read-only): later puts are quiet */
+  int lock_gave_up;   /* a lock wait ran out: lock waits return at once from then on */
+  int lock_fd;        /* the lock file, flock()ed: shared to open, exclusive to rebuild */
+  long long busy_since_ms; /* when the current wait for an SQLite lock began */
+  unsigned long long db_dev, db_ino; /* the database file db has open */
+  int reset_next_open; /* the next open_db empties the database first (a rebuild) */
   char dir[PATH_MAX];
-  char path[PATH_MAX]; /* dir/flashgen.sqlite3 */
+  char path[PATH_MAX];          /* dir/flashgen.sqlite3 */
+  char lock_path[PATH_MAX + 8]; /* dir/flashgen.sqlite3.lock */
 };
 
 /* snprintf into warn (NULL or 0 length: nothing). */
@@ -56,6 +69,25 @@ void fg_cache_write_failed(fg_cache *c, int rc, const char *what, char *warn, si
 
 /* 1 if rc (primary code) means "another connection holds a lock". */
 int fg_cache_is_busy(int rc);
+
+/* 1 if rc (primary code) means the database file is damaged (SQLITE_CORRUPT, SQLITE_NOTADB). */
+int fg_cache_is_damaged(int rc);
+
+/* Writes what failed with SQLite code rc and what to do into buf: a held lock names the process
+ * holding it when it can be found, a full disk says so, a damaged file says `cache clear`. */
+void fg_cache_describe_failure(fg_cache *c, int rc, char *buf, size_t len);
+
+/* Takes the lock file exclusively (waiting at most FG_CACHE_REBUILD_WAIT_MS), so that no other
+ * process opens, rebuilds or clears the database meanwhile. Returns 0, or -1 with the reason in
+ * why. fg_cache_unlock_file releases it. */
+int fg_cache_lock_file(fg_cache *c, char *why, size_t len);
+void fg_cache_unlock_file(fg_cache *c);
+
+/* With the lock file held: empties a damaged database in place (SQLite's reset, which keeps
+ * other processes' connections consistent), or removes its files when even that fails, then
+ * opens it anew with the schema. Call with c->mu held (or before the handle is shared). Returns
+ * an SQLite code; c->db is the new connection on success, NULL otherwise. */
+int fg_cache_rebuild_locked(fg_cache *c);
 
 /* The checksum of a kernel entry: covers the key, every meta field, the cubin and the PTX. */
 uint64_t fg_cache_kernel_checksum(const char *variant, const char *arch, int nvrtc_version,

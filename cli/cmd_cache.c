@@ -13,8 +13,10 @@ static void cache_usage(FILE *f) {
           "actions:\n"
           "  ls       list the compiled kernels (variant, arch, NVRTC version, bytes, created)\n"
           "  stats    database path, size on disk, schema version, counts\n"
-          "  verify   check every kernel's checksum and entry point; exit 1 if any is bad\n"
-          "  clear    delete every kernel and tuning record (asks nothing) and say what went\n"
+          "  verify   check every kernel (checksum, size, entry point, readable) and the database\n"
+          "           file; list each bad entry; exit 1 if any entry is bad or the file is damaged\n"
+          "  clear    delete every kernel and tuning record (asks nothing) and say what went;\n"
+          "           a damaged database is emptied and rebuilt\n"
           "  tuning   list the tuning records (device, bucket, winner, TFLOP/s, candidates)\n\n"
           "options:\n"
           "  --dir DIR    the cache directory (default $FLASHGEN_CACHE_DIR, else\n"
@@ -96,11 +98,13 @@ int fg_cmd_cache(int argc, char **argv) {
     }
   } else if (strcmp(action, "clear") == 0) {
     fg_cache_counts before;
-    int counted = fg_cache_count(c, &before) == 0;
-    if (fg_cache_clear(c) != 0) {
-      fprintf(stderr, "flashgen cache: clearing %s failed (read-only, or locked by another "
-                      "process?)\n", fg_cache_path(c));
+    int counted = fg_cache_count(c, &before) == 0; /* fails on a damaged database */
+    char msg[1536];
+    if (fg_cache_clear(c, msg, sizeof msg) != 0) {
+      fprintf(stderr, "flashgen cache: %s\n", msg);
       rc = 1;
+    } else if (msg[0]) {
+      printf("%s; every kernel and tuning record in it is gone\n", msg);
     } else if (counted) {
       printf("removed %lld kernel%s (%lld bytes of cubin and PTX) and %lld tuning record%s "
              "(%lld candidates, %lld device%s) from %s\n",
