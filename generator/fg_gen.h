@@ -32,12 +32,19 @@ typedef struct fg_resources {
 typedef struct fg_generator fg_generator;
 
 /* Creates a generator: a sandboxed Lua state with the templates, embedded or, when
- * FLASHGEN_TEMPLATE_DIR is set, read from that directory. Returns 0, or -1 with err filled.
+ * FLASHGEN_TEMPLATE_DIR is set, every regular file of that directory, read once here (so what
+ * is hashed is what is rendered; at most 1024 files, 16 MiB each, 64 MiB in all). The sandbox
+ * has base, string, table and math, text chunks only, and per call (render, resources, fit,
+ * loading engine.lua and fwd.lua) a budget of Lua instructions (100 times what the largest
+ * real variant needs), 256 MiB of Lua memory and 16 MiB of output; a call that passes one
+ * fails with "template:line: ..." naming the limit. Returns 0, or -1 with err filled.
  * A generator is safe to use from several threads (calls are serialised inside). */
 int fg_generator_create(fg_generator **out, char *err, size_t errlen);
 void fg_generator_destroy(fg_generator *g);
 
-/* 64-bit hash of every template text the generator uses (a cache-key input). */
+/* 64-bit hash of every file the renderer can read (a cache-key input): the embedded table or
+ * the directory's files, sorted by name, each file's name, length and text. A directory
+ * holding exactly the embedded files hashes like the embedded table. */
 uint64_t fg_generator_template_hash(const fg_generator *g);
 /* Where the templates come from: "embedded" or the directory. */
 const char *fg_generator_template_source(const fg_generator *g);
@@ -53,8 +60,11 @@ int fg_variant_fits(fg_generator *g, const fg_variant *v, const fg_device_limits
                     size_t whylen);
 
 /* Renders the CUDA source of v. On success returns 0, *src is malloc'd (caller frees) and *meta
- * holds the launch contract (resource fields -1). On failure returns -1 and err holds
- * "template:line: message" or the rule that rejected the variant. */
+ * holds the launch contract (resource fields -1). The source carries #line directives naming
+ * the template file and line wherever its lines stop following one template line by line (not
+ * before its first line, the header comment), so NVRTC's diagnostics name template lines.
+ * On failure returns -1 and err holds "template:line: message" or the rule that rejected the
+ * variant. */
 int fg_generator_render(fg_generator *g, const fg_variant *v, char **src, fg_kernel_meta *meta,
                         char *err, size_t errlen);
 
@@ -79,8 +89,9 @@ const char *fg_nvrtc_path(void);
 
 /* Compiles src for arch into img (cubin + PTX + ptxas resource usage + compile time); img->meta
  * must already hold the launch contract (it is copied in from meta). name names the program in
- * messages (the variant name). Returns 0; or -1 with err holding the variant name, the options
- * and the full NVRTC log (err is malloc'd into *errlog when errlog is not NULL). */
+ * messages (the variant name). Returns 0; or -1 with err holding the variant name, each
+ * diagnostic located as "template:line (generated line N)" (from src's #line directives), the
+ * options and the full NVRTC log (err is malloc'd into *errlog when errlog is not NULL). */
 int fg_nvrtc_compile(const char *src, const char *name, fg_arch arch, const fg_kernel_meta *meta,
                      fg_kernel_image *img, char **errlog);
 

@@ -1,5 +1,7 @@
 /* nvrtc.c: NVRTC loaded with dlopen ($FLASHGEN_NVRTC_LIBRARY, libnvrtc.so.13, libnvrtc.so.12),
- * compilation of generated source to cubin + PTX, and the resource usage ptxas reports. */
+ * compilation of generated source to cubin + PTX, the resource usage ptxas reports, and compile
+ * errors located in both the template (through the source's #line directives) and the
+ * generated source. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -143,6 +145,88 @@ static char *dupf(const char *fmt, const char *a, const char *b, const char *c, 
   return s;
 }
 
+/* Follows src's lines and #line directives. With gen > 0: the template file and line of
+ * generated line gen (file "" when no directive precedes it). Otherwise: the generated lines
+ * that come from file:line (up to max, in out) and how many there are. */
+static int walk_lines(const char *src, int gen, const char *file, int line, char *fout,
+                      size_t foutlen, int *out, int max) {
+  char cur[256] = "";
+  int cur_line = 0, found = 0, g = 1;
+  for (const char *p = src; *p; g++) {
+    const char *nl = strchr(p, '\n');
+    size_t len = nl ? (size_t)(nl - p) : strlen(p);
+    int n;
+    char f[256];
+    if (gen > 0 && g == gen) {
+      snprintf(fout, foutlen, "%s", cur);
+      return cur_line;
+    }
+    if (len > 6 && strncmp(p, "#line ", 6) == 0 && sscanf(p + 6, "%d \"%255[^\"\n]\"", &n, f) == 2) {
+      snprintf(cur, sizeof cur, "%s", f);
+      cur_line = n;
+    } else {
+      if (gen <= 0 && cur_line == line && strcmp(cur, file) == 0) {
+        if (found < max) out[found] = g;
+        found++;
+      }
+      if (cur_line) cur_line++;
+    }
+    if (!nl) break;
+    p = nl + 1;
+  }
+  return gen > 0 ? 0 : found;
+}
+
+/* For each diagnostic "FILE(LINE): ..." in log, a line "  template:line (generated line G):
+ * ...": NVRTC names the template where the source has #line directives, the generated source
+ * (program) otherwise; the other side is found from the directives. malloc'd. */
+static char *locate_diagnostics(const char *log, const char *src, const char *program) {
+  size_t cap = 4096, w = 0;
+  char *out = malloc(cap);
+  if (!out) return NULL;
+  out[0] = 0;
+  int shown = 0;
+  for (const char *p = log; *p && shown < 20;) {
+    const char *nl = strchr(p, '\n');
+    size_t len = nl ? (size_t)(nl - p) : strlen(p);
+    const char *open = memchr(p, '(', len);
+    char file[256];
+    int line = 0, used = 0;
+    if (open && open > p && (size_t)(open - p) < sizeof file &&
+        sscanf(open, "(%d): %n", &line, &used) == 1 && used > 0 && line > 0) {
+      snprintf(file, sizeof file, "%.*s", (int)(open - p), p);
+      const char *what = open + used;
+      int wlen = (int)(len - (size_t)(what - p));
+      char where[512];
+      if (strcmp(file, program) == 0) { /* a generated line: find its template line */
+        char tf[256];
+        int tl = walk_lines(src, line, NULL, 0, tf, sizeof tf, NULL, 0);
+        if (tl > 0) snprintf(where, sizeof where, "%s:%d (generated line %d)", tf, tl, line);
+        else snprintf(where, sizeof where, "generated line %d", line);
+      } else { /* a template line: find the generated line(s) */
+        int g[4];
+        int n = walk_lines(src, 0, file, line, NULL, 0, g, 4);
+        size_t k = (size_t)snprintf(where, sizeof where, "%s:%d", file, line);
+        for (int i = 0; i < n && i < 4 && k < sizeof where; i++)
+          k += (size_t)snprintf(where + k, sizeof where - k, "%s%d", i ? ", " : " (generated line ", g[i]);
+        if (n > 4 && k < sizeof where) k += (size_t)snprintf(where + k, sizeof where - k, ", ...");
+        if (n && k < sizeof where) snprintf(where + k, sizeof where - k, ")");
+      }
+      size_t need = strlen(where) + (size_t)wlen + 8;
+      if (w + need >= cap) {
+        char *no = realloc(out, cap = 2 * (w + need));
+        if (!no) break;
+        out = no;
+      }
+      w += (size_t)snprintf(out + w, cap - w, "  %s: %.*s\n", where, wlen, what);
+      shown++;
+    }
+    if (!nl) break;
+    p = nl + 1;
+  }
+  return out;
+}
+
 int fg_nvrtc_compile(const char *src, const char *name, fg_arch arch, const fg_kernel_meta *meta,
                      fg_kernel_image *img, char **errlog) {
   if (errlog) *errlog = NULL;
@@ -175,8 +259,18 @@ int fg_nvrtc_compile(const char *src, const char *name, fg_arch arch, const fg_k
     if (errlog) {
       char optline[512];
       snprintf(optline, sizeof optline, "%s %s %s %s %s", opts[0], opts[1], opts[2], opts[3], opts[4]);
-      *errlog = dupf("NVRTC failed to compile %s (%s)\noptions: %s\nlog:\n%s", name,
-                     nv.GetErrorString(r), optline, log);
+      char *where = locate_diagnostics(log, src, file);
+      size_t n = strlen(name) + strlen(optline) + strlen(log) + (where ? strlen(where) : 0) + 300;
+      *errlog = malloc(n);
+      if (*errlog)
+        snprintf(*errlog, n,
+                 "NVRTC failed to compile %s (%s)\n%s%soptions: %s\nlog:\n%s", name,
+                 nv.GetErrorString(r),
+                 where && *where ? "where (template:line, and the line of the generated source "
+                                   "as `flashgen render` prints it):\n"
+                                 : "",
+                 where ? where : "", optline, log);
+      free(where);
     }
     free(log);
     nv.DestroyProgram(&prog);

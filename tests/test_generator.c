@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fg_autotune.h"
@@ -185,30 +187,72 @@ Test(render, source_is_self_contained_and_names_itself) {
   fg_generator_destroy(g);
 }
 
-/* Copies the embedded templates into a directory, replacing one file's line with text. */
+/* Copies every regular file of the source tree's templates/ (listed at test time, so a new
+ * template is covered without editing this test) into a new directory, replacing line `line` of
+ * `file` with text (which may hold several lines); file NULL copies unchanged. */
 static void make_template_dir(char *dir, const char *file, int line, const char *text) {
   strcpy(dir, "/tmp/fg-tpl-XXXXXX");
   cr_assert_not_null(mkdtemp(dir));
   const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
   cr_assert_not_null(src, "FLASHGEN_TEST_SOURCE_DIR must point at the source tree");
-  static const char *const files[] = {"engine.lua", "fwd.lua", "common.cuh", "fg_params.h",
-                                      "fwd_q_outer.cu", "fwd_kv_outer.cu", "reference.cu",
-                                      "fwd_wgmma.cu", "bwd.lua", "bwd.cu"};
-  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-    char in[1024], out[1024], buf[4096];
-    snprintf(in, sizeof in, "%s/templates/%s", src, files[i]);
-    snprintf(out, sizeof out, "%s/%s", dir, files[i]);
+  char tdir[1024];
+  snprintf(tdir, sizeof tdir, "%s/templates", src);
+  DIR *d = opendir(tdir);
+  cr_assert_not_null(d, "cannot list %s", tdir);
+  int copied = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    char in[2048], out[2048], buf[4096];
+    snprintf(in, sizeof in, "%s/%s", tdir, e->d_name);
+    struct stat st;
+    if (stat(in, &st) || !S_ISREG(st.st_mode)) continue;
+    snprintf(out, sizeof out, "%s/%s", dir, e->d_name);
     FILE *fi = fopen(in, "r"), *fo = fopen(out, "w");
     cr_assert(fi && fo);
     int n = 0;
     while (fgets(buf, sizeof buf, fi)) {
       n++;
-      if (strcmp(files[i], file) == 0 && n == line) fprintf(fo, "%s\n", text);
+      if (file && strcmp(e->d_name, file) == 0 && n == line) fprintf(fo, "%s\n", text);
       else fputs(buf, fo);
     }
     fclose(fi);
     fclose(fo);
+    copied++;
   }
+  closedir(d);
+  cr_assert_gt(copied, 5, "templates/ under %s looks empty", src);
+}
+
+static void write_file(const char *dir, const char *name, const char *mode, const char *text) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, mode);
+  cr_assert_not_null(f, "cannot write %s", path);
+  fputs(text, f);
+  fclose(f);
+}
+
+static void remove_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    unlink(path);
+  }
+  closedir(d);
+  rmdir(dir);
+}
+
+/* The template hash of a generator made from dir (NULL: the embedded templates). */
+static uint64_t hash_of(const char *dir) {
+  if (dir) setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
+  else unsetenv("FLASHGEN_TEMPLATE_DIR");
+  fg_generator *g = gen();
+  uint64_t h = fg_generator_template_hash(g);
+  fg_generator_destroy(g);
+  unsetenv("FLASHGEN_TEMPLATE_DIR");
+  return h;
 }
 
 static void expect_render_error(const char *file, int line, const char *text, const char *needle) {
@@ -223,6 +267,7 @@ static void expect_render_error(const char *file, int line, const char *text, co
   cr_assert(strstr(err, needle) != NULL, "expected '%s' in: %s", needle, err);
   fg_generator_destroy(g);
   unsetenv("FLASHGEN_TEMPLATE_DIR");
+  remove_dir(dir);
 }
 
 Test(render, errors_name_template_and_line) {
@@ -253,6 +298,196 @@ Test(render, template_dir_override_changes_hash) {
   cr_assert_neq(fg_generator_template_hash(g), h0, "any template change must change the hash");
   fg_generator_destroy(g);
   unsetenv("FLASHGEN_TEMPLATE_DIR");
+  remove_dir(dir);
+}
+
+/* Issue 11, item 1: the hash covers every file the renderer can read, so an edit to any of them
+ * (fwd_wgmma.cu was once left out) or a new file a template could include changes every cache
+ * key. The templates are listed at test time: a new template is covered without editing this. */
+Test(template_hash, an_edit_to_any_template_file_changes_it) {
+  char base[64];
+  make_template_dir(base, NULL, 0, NULL);
+  uint64_t h0 = hash_of(base);
+  cr_assert_eq(hash_of(base), h0, "the hash must be deterministic");
+  char names[128][256];
+  int n = 0;
+  DIR *d = opendir(base);
+  cr_assert_not_null(d);
+  for (struct dirent *e; (e = readdir(d));)
+    if (e->d_name[0] != '.' && n < 128) snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+  closedir(d);
+  cr_assert_gt(n, 8);
+  int wgmma = 0;
+  for (int i = 0; i < n; i++) {
+    char dir[64];
+    make_template_dir(dir, NULL, 0, NULL);
+    cr_assert_eq(hash_of(dir), h0, "an unedited copy (%s) must hash like the first", dir);
+    write_file(dir, names[i], "a", " \n"); /* a whitespace edit at the end */
+    cr_expect_neq(hash_of(dir), h0, "an edit to %s must change the template hash", names[i]);
+    wgmma += strcmp(names[i], "fwd_wgmma.cu") == 0;
+    remove_dir(dir);
+  }
+  cr_assert_eq(wgmma, 1, "fwd_wgmma.cu must be among the files tried");
+  /* A file a template could include, added to the directory. */
+  write_file(base, "extra_helpers.cuh", "w", "// a helper a template may include\n");
+  cr_assert_neq(hash_of(base), h0, "a file added to the template directory must change the hash");
+  remove_dir(base);
+}
+
+/* The embedded table (every file cmake/embed_templates.cmake globs) hashes like a directory
+ * holding exactly those files: so the embedded hash covers each of them too. */
+Test(template_hash, embedded_hash_covers_every_embedded_file) {
+  char dir[64];
+  make_template_dir(dir, NULL, 0, NULL);
+  DIR *d = opendir(dir);
+  cr_assert_not_null(d);
+  for (struct dirent *e; (e = readdir(d));) {
+    const char *x = strrchr(e->d_name, '.');
+    int embedded = x && (strcmp(x, ".cu") == 0 || strcmp(x, ".cuh") == 0 || strcmp(x, ".lua") == 0);
+    embedded |= strcmp(e->d_name, "fg_params.h") == 0;
+    if (!embedded && e->d_name[0] != '.') {
+      char path[1024];
+      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+      unlink(path);
+    }
+  }
+  closedir(d);
+  cr_assert_eq(hash_of(dir), hash_of(NULL),
+               "a directory holding the embedded files must hash like the embedded table");
+  remove_dir(dir);
+}
+
+/* ---- The sandbox's limits (issue 11, item 6) ---- */
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* The line of templates/file that contains needle (1-based). */
+static int line_of(const char *file, const char *needle) {
+  char path[1024], buf[4096];
+  snprintf(path, sizeof path, "%s/templates/%s", getenv("FLASHGEN_TEST_SOURCE_DIR"), file);
+  FILE *f = fopen(path, "r");
+  cr_assert_not_null(f, "%s", path);
+  int n = 0, found = 0;
+  while (!found && fgets(buf, sizeof buf, f)) n++, found = strstr(buf, needle) != NULL;
+  fclose(f);
+  cr_assert(found, "no '%s' in %s", needle, path);
+  return n;
+}
+
+/* Renders variant from a copy whose file:line is replaced by text; expects a failure (of the
+ * render, or of creating the generator when at_create) within max_s, with each needle (up to
+ * 3, NULL-ended) in the message. */
+static void expect_limit(const char *file, int line, const char *text, const char *variant,
+                         int at_create, double max_s, const char *n1, const char *n2,
+                         const char *n3) {
+  char dir[64];
+  make_template_dir(dir, file, line, text);
+  setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
+  char err[4096] = "";
+  double t0 = now_s();
+  fg_generator *g = NULL;
+  int rc = fg_generator_create(&g, err, sizeof err);
+  if (!at_create) {
+    cr_assert_eq(rc, 0, "generator: %s", err);
+    fg_variant v = parse(variant);
+    char *src = NULL;
+    fg_kernel_meta meta;
+    rc = fg_generator_render(g, &v, &src, &meta, err, sizeof err);
+    free(src);
+  }
+  double dt = now_s() - t0;
+  cr_assert_neq(rc, 0, "%s:%d '%s' should have failed", file, line, text);
+  const char *needles[] = {n1, n2, n3};
+  for (int i = 0; i < 3; i++)
+    if (needles[i]) cr_assert(strstr(err, needles[i]) != NULL, "expected '%s' in: %s", needles[i], err);
+  cr_assert_lt(dt, max_s, "stopping took %.1f s (limit %.0f s): %s", dt, max_s, err);
+  printf("%s:%d stopped in %.2f s: %s\n", file, line, dt, err);
+  fg_generator_destroy(g);
+  unsetenv("FLASHGEN_TEMPLATE_DIR");
+  remove_dir(dir);
+}
+
+#define V64 "fwd_d64_br64_bc64_f16_causal_qouter_w4_s2_sm80"
+
+Test(sandbox, endless_template_loop_stops_with_template_line, .timeout = 120) {
+  expect_limit("fwd_q_outer.cu", 20, "{% while true do end %}", V64, 0, 5.0, "fwd_q_outer.cu:20:",
+               "instructions", NULL);
+  /* in an included file, and in a loop a pcall would catch */
+  expect_limit("common.cuh", 9, "{% local x = 0 while true do x = x + 1 end %}", V64, 0, 5.0,
+               "common.cuh:9:", "instructions", NULL);
+}
+
+Test(sandbox, endless_loop_in_the_manifest_stops, .timeout = 120) {
+  /* at load time (top level of fwd.lua) */
+  expect_limit("fwd.lua", 5, "while true do end", V64, 1, 5.0, "fwd.lua:5:", "instructions", NULL);
+  /* in a function the renderer calls, caught and retried by pcall: still stops */
+  int l = line_of("fwd.lua", "function M.entry");
+  char at[32];
+  snprintf(at, sizeof at, "fwd.lua:%d:", l);
+  expect_limit("fwd.lua", l,
+               "function M.entry(v) while true do pcall(function() while true do end end) end end",
+               V64, 0, 5.0, at, "instructions", NULL);
+}
+
+/* The budget is per call: a generator that hit it renders the next variant. */
+Test(sandbox, the_budget_is_per_call, .timeout = 120) {
+  char dir[64];
+  make_template_dir(dir, "fwd_q_outer.cu", 20, "{% if d == 64 then while true do end end %}");
+  setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
+  fg_generator *g = gen();
+  char *src = NULL, err[4096];
+  fg_kernel_meta meta;
+  fg_variant v = parse(V64);
+  cr_assert_neq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0);
+  cr_assert(strstr(err, "fwd_q_outer.cu:20:"), "%s", err);
+  v = parse("fwd_d128_br128_bc64_bf16_causal_qouter_w8_s2_sm80");
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
+    free(src);
+  }
+  fg_generator_destroy(g);
+  unsetenv("FLASHGEN_TEMPLATE_DIR");
+  remove_dir(dir);
+}
+
+Test(sandbox, huge_output_and_memory_are_capped, .timeout = 120) {
+  /* 100 M lines of 100 kB: the output cap */
+  expect_limit("fwd_q_outer.cu", 20,
+               "{% for i = 1, 100000000 do %}\n{{ string.rep('x', 100000) }}\n{% end %}", V64, 0,
+               10.0, "fwd_q_outer.cu:21:", "output", NULL);
+  /* 100 M short lines (the issue's 2 GB): whichever limit comes first (instructions) */
+  expect_limit("fwd_q_outer.cu", 20, "{% for i = 1, 100000000 do %}\n;\n{% end %}", V64, 0, 10.0,
+               "fwd_q_outer.cu:", "the sandbox's limit", NULL);
+  /* a table of 10 kB strings that grows without bound: the memory cap */
+  expect_limit("fwd_q_outer.cu", 20,
+               "{% local t = {} for i = 1, 1e9 do t[#t + 1] = string.rep('x', 10000) .. i end %}",
+               V64, 0, 10.0, "fwd_q_outer.cu:20:", "Lua memory reached", NULL);
+  /* one allocation over the cap, and a string that doubles */
+  expect_limit("fwd_q_outer.cu", 20, "{{ #string.rep('x', 1 << 30) }}", V64, 0, 10.0,
+               "fwd_q_outer.cu:20:", "Lua memory reached", NULL);
+  expect_limit("fwd_q_outer.cu", 20, "{% local s = 'x' while true do s = s .. s end %}", V64, 0,
+               10.0, "fwd_q_outer.cu:20:", "Lua memory reached", NULL);
+}
+
+Test(sandbox, binary_chunks_are_refused) {
+  expect_limit("fwd.lua", 5,
+               "local f, e = load(string.dump(function() return 1 end), 'x', 'b') "
+               "if f then error('a binary chunk was loaded') end error('refused: ' .. e)",
+               V64, 1, 5.0, "refused: ", "binary", NULL);
+  /* mode "bt" or none asks for binary too */
+  expect_limit("fwd.lua", 5,
+               "local f, e = load(string.dump(function() return 1 end)) "
+               "if f then error('a binary chunk was loaded') end error('refused: ' .. e)",
+               V64, 1, 5.0, "refused: ", "binary", NULL);
+  /* text still loads */
+  expect_limit("fwd.lua", 5, "error('text: ' .. load('return 41 + 1', 'x', 'bt')())", V64, 1, 5.0,
+               "text: 42", NULL, NULL);
+  /* templates have no load at all */
+  expect_render_error("fwd_q_outer.cu", 20, "{{ load('return 1')() }}",
+                      "fwd_q_outer.cu:20: undefined template name 'load'");
 }
 
 Test(nvrtc, missing_library_is_reported) {
@@ -277,6 +512,47 @@ Test(nvrtc, compile_error_carries_log_and_variant) {
   cr_assert(strstr(log, "undefined_thing") != NULL, "the NVRTC log must be included: %s", log);
   cr_assert(strstr(log, "--gpu-architecture=sm_80") != NULL, "the options must be included: %s", log);
   free(log);
+}
+
+/* NVRTC's diagnostics point at the template file and line, and at the generated line. */
+static void expect_nvrtc_error_at(const char *file, const char *needle, const char *variant) {
+  int l = line_of(file, needle);
+  char dir[64], at[64];
+  make_template_dir(dir, file, l, "  undefined_thing_here();");
+  snprintf(at, sizeof at, "%s:%d", file, l);
+  setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
+  fg_generator *g = gen();
+  fg_variant v = parse(variant);
+  fg_kernel_image img;
+  char *log = NULL;
+  cr_assert_neq(fg_generator_build(g, &v, &img, &log), 0, "the broken template compiled");
+  cr_assert_not_null(log);
+  cr_assert(strstr(log, at) != NULL, "expected '%s' in:\n%s", at, log);
+  cr_assert(strstr(log, "undefined_thing_here") != NULL, "%s", log);
+  cr_assert(strstr(log, "generated line ") != NULL, "the generated line must be named too:\n%s", log);
+  /* ... and the generated line is the right one */
+  char *src = NULL, err[4096];
+  fg_kernel_meta meta;
+  cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
+  int gl = atoi(strstr(log, "generated line ") + strlen("generated line "));
+  const char *p = src;
+  for (int i = 1; i < gl && p; i++) p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL;
+  cr_assert(p && strncmp(p, "  undefined_thing_here();", 25) == 0, "generated line %d is: %.80s", gl,
+            p ? p : "(past the end)");
+  free(src);
+  free(log);
+  fg_generator_destroy(g);
+  unsetenv("FLASHGEN_TEMPLATE_DIR");
+  remove_dir(dir);
+}
+
+Test(nvrtc, compile_error_names_the_template_line) {
+  char err[256];
+  if (fg_nvrtc_load(err, sizeof err)) cr_skip_test("NVRTC not installed: %s", err);
+  /* in the kernel body, after a {% %} block (fwd_q_outer.cu) */
+  expect_nvrtc_error_at("fwd_q_outer.cu", "// Mask keys past the end and, when causal", V64);
+  /* in an included file */
+  expect_nvrtc_error_at("common.cuh", "// 32-bit division: blockIdx.y and heads_q", V64);
 }
 
 Test(variant, arch_for_compute_capability) {
