@@ -90,6 +90,34 @@ Test(sanitizer, undefined_behavior_sanitizer_stops_a_signed_overflow) {
   cr_assert(strstr(out, "signed integer overflow"), "no UBSan report: %s", out);
 }
 
+/* Criterion runs each test in a forked worker and records the result before the worker exits,
+ * where LeakSanitizer reports: tests/support_sanitizer.c makes that report fail the program.
+ * The probe leaks only when this test runs it in a child program. */
+static void *volatile g_leak;
+
+Test(sanitizer_probe, leaks_when_asked) {
+  if (!getenv("FG_SANITIZER_PROBE")) cr_skip_test("run by sanitizer::a_leak_in_a_test_fails_the_program");
+  g_leak = malloc(4096);
+  g_leak = NULL;
+}
+
+Test(sanitizer, a_leak_in_a_test_fails_the_program) {
+  if (!FG_EXPECT_ASAN) cr_skip_test("not the Asan build type");
+  char cmd[512], out[1 << 14];
+  /* The environment's ASAN_OPTIONS (scripts/test: detect_leaks=1 only) are kept; BXFI_MAP
+   * would make the child believe it is a Criterion worker. */
+  snprintf(cmd, sizeof cmd,
+           "env -u BXFI_MAP FG_SANITIZER_PROBE=1 /proc/%ld/exe --jobs 1 --filter 'sanitizer_probe/*' 2>&1",
+           (long)getpid());
+  FILE *p = popen(cmd, "r");
+  cr_assert(p != NULL);
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = '\0';
+  int st = pclose(p);
+  cr_assert(strstr(out, "LeakSanitizer"), "the probe's leak was not reported: %s", out);
+  cr_assert(!exited_cleanly(st), "a leak in a test was reported but the program exited 0: %s", out);
+}
+
 /* Every object of the build (the library, the command, the tests) was compiled with both
  * sanitizers in the Asan build, and none was in another build. */
 Test(sanitizer, every_object_is_compiled_with_the_flags) {
