@@ -33,8 +33,8 @@ static void export_usage(FILE *f) {
           "  --default         the kernel set: the built-in rule's variant for every head_dim\n"
           "                    32..256, f16 and bf16, causal or not (116 per arch); the default\n"
           "  --variants FILE   the kernel set: the variants named in FILE, one canonical name per\n"
-          "                    line ('#' starts a comment); the arch in each name is replaced by\n"
-          "                    each ARCH\n"
+          "                    line ('#' starts a comment; a text file of at most 1 MiB); the\n"
+          "                    arch in each name is replaced by each ARCH\n"
           "  --tuned           also the winners recorded by `flashgen tune` in the kernel cache,\n"
           "                    as tuned choices per problem bucket (the kernel set above stays\n"
           "                    as fallbacks), for the live GPU or, with no GPU or with\n"
@@ -117,19 +117,69 @@ static void set_free(export_set *s) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* --variants FILE. Returns 0, or 2 with the message printed (naming the file and line). */
-static int read_variant_list(const char *path, const fg_arch *archs, int narch, export_set *s,
-                             int *nnames) {
-  FILE *f = fopen(path, "r");
+/* --variants FILE. A list names at most a few thousand variants: anything longer than this is
+ * not a list (e.g. /dev/zero, which would otherwise be read forever). */
+#define VARIANT_LIST_MAX (1 << 20)
+
+/* Reads all of path (at most VARIANT_LIST_MAX bytes) into a malloc'd NUL-terminated buffer.
+ * Returns 0, or 2 with the message printed. */
+static int slurp_variant_list(const char *path, char **out) {
+  *out = NULL;
+  FILE *f = fopen(path, "rb");
   if (!f) {
     fprintf(stderr, "flashgen export: cannot read the variant list %s: %s\n", path, strerror(errno));
     return 2;
   }
-  char line[1024];
-  int lineno = 0, names = 0, rc = 0;
+  char *buf = malloc(VARIANT_LIST_MAX + 2);
+  if (!buf) {
+    fclose(f);
+    fprintf(stderr, "flashgen export: out of memory\n");
+    return 1;
+  }
+  /* One byte more than the limit tells a file of exactly the limit from a longer one. */
+  size_t n = fread(buf, 1, VARIANT_LIST_MAX + 1, f);
+  int rerr = ferror(f);
+  fclose(f);
+  if (rerr) {
+    fprintf(stderr, "flashgen export: error reading the variant list %s\n", path);
+    free(buf);
+    return 1;
+  }
+  if (n > VARIANT_LIST_MAX) {
+    fprintf(stderr, "flashgen export: the variant list %s is larger than %d bytes (1 MiB), the "
+                    "limit for a list of variant names; give a text file with one canonical name "
+                    "per line\n", path, VARIANT_LIST_MAX);
+    free(buf);
+    return 2;
+  }
+  const char *nul = memchr(buf, '\0', n);
+  if (nul) {
+    fprintf(stderr, "flashgen export: the variant list %s is not a text file (a NUL byte at "
+                    "offset %zu); give one canonical name per line\n", path, (size_t)(nul - buf));
+    free(buf);
+    return 2;
+  }
+  buf[n] = '\0';
+  *out = buf;
+  return 0;
+}
+
+/* --variants FILE. Returns 0, or 2 with the message printed (naming the file and line). */
+static int read_variant_list(const char *path, const fg_arch *archs, int narch, export_set *s,
+                             int *nnames) {
+  char *text;
+  int rc = slurp_variant_list(path, &text);
+  if (rc) return rc;
+  int lineno = 0, names = 0;
   fg_generator *g = NULL;
   char gerr[4096];
-  while (fgets(line, sizeof line, f)) {
+  for (char *next = text; next;) {
+    /* Lines one by one, empty ones included (strtok_r would skip them and miscount). */
+    char *line = next;
+    char *nl = strchr(line, '\n');
+    if (nl) *nl = '\0';
+    next = nl ? nl + 1 : NULL;
+    if (!nl && !*line) break;
     lineno++;
     char *hash = strchr(line, '#');
     if (hash) *hash = 0;
@@ -141,7 +191,8 @@ static int read_variant_list(const char *path, const fg_arch *archs, int narch, 
     fg_variant v;
     char err[512];
     if (fg_variant_parse(p, &v, err, sizeof err) != 0 || fg_variant_check(&v, err, sizeof err) != 0) {
-      fprintf(stderr, "flashgen export: %s:%d: '%s' is not a variant: %s\n", path, lineno, p, err);
+      fprintf(stderr, "flashgen export: %s:%d: '%.160s' is not a variant: %s\n", path, lineno, p,
+              err);
       rc = 2;
       break;
     }
@@ -168,11 +219,7 @@ static int read_variant_list(const char *path, const fg_arch *archs, int narch, 
     if (rc) break;
     names++;
   }
-  if (!rc && ferror(f)) {
-    fprintf(stderr, "flashgen export: error reading %s\n", path);
-    rc = 1;
-  }
-  fclose(f);
+  free(text);
   fg_generator_destroy(g);
   if (!rc && names == 0) {
     fprintf(stderr,
@@ -674,19 +721,10 @@ int fg_cmd_export(int argc, char **argv) {
   /* The arches, in a fixed order whatever the order given. */
   int want[FG_ARCH_COUNT] = {0};
   {
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", arch_list);
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-      while (isspace((unsigned char)*tok)) tok++;
-      fg_arch a;
-      if (fg_arch_parse(tok, &a) != 0) {
-        fprintf(stderr, "flashgen export: unknown arch '%s' (sm_80, sm_86, sm_89, sm_90, sm_90a)\n",
-                tok);
-        return 2;
-      }
-      want[a] = 1;
-    }
+    fg_arch given[FG_ARCH_COUNT];
+    int ngiven = 0;
+    if (fg_cli_arch_list("export", arch_list, given, &ngiven) != 0) return 2;
+    for (int i = 0; i < ngiven; i++) want[given[i]] = 1;
   }
   fg_arch archs[EXPORT_MAX_ARCHS];
   int narch = 0;
@@ -698,10 +736,6 @@ int fg_cmd_export(int argc, char **argv) {
       size_t l = strlen(in.archs);
       snprintf(in.archs + l, sizeof in.archs - l, "%s%s", l ? "," : "", fg_arch_name((fg_arch)a));
     }
-  if (narch == 0) {
-    fprintf(stderr, "flashgen export: --arch names no arch\n");
-    return 2;
-  }
 
   export_set s;
   memset(&s, 0, sizeof s);

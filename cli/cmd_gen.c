@@ -1,8 +1,10 @@
 /* cmd_gen.c: the generator's subcommands: list, render, compile, info, build-default. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fg_cli.h"
@@ -152,12 +154,74 @@ int fg_cmd_render(int argc, char **argv) {
   return rc ? 1 : 0;
 }
 
+static int write_all(int fd, const void *data, size_t size) {
+  const char *p = data;
+  while (size > 0) {
+    ssize_t w = write(fd, p, size);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      if (w == 0) errno = EIO;
+      return -1;
+    }
+    p += w;
+    size -= (size_t)w;
+  }
+  return 0;
+}
+
+/* Writes data to path whole or not at all: into a temporary file in the same directory, then
+ * renamed over path, so a full disk or a size limit never leaves a truncated cubin (nor harms
+ * an older one); the temporary file is removed on any error. A path that exists and is not a
+ * regular file (/dev/stdout, a pipe) is written directly. 0, or -1 with the reason in why. */
+static int write_whole_file(const char *path, const void *data, size_t size, char *why,
+                            size_t whylen) {
+  struct stat st;
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    FILE *f = fopen(path, "wb");
+    int ok = f && fwrite(data, 1, size, f) == size;
+    if (f && fclose(f) != 0) ok = 0;
+    if (!ok) snprintf(why, whylen, "%s", strerror(errno));
+    return ok ? 0 : -1;
+  }
+  const char *slash = strrchr(path, '/');
+  char tmp[4096];
+  int n = slash ? snprintf(tmp, sizeof tmp, "%.*s/.%s.tmpXXXXXX", (int)(slash - path), path, slash + 1)
+                : snprintf(tmp, sizeof tmp, ".%s.tmpXXXXXX", path);
+  if (n < 0 || (size_t)n >= sizeof tmp) {
+    snprintf(why, whylen, "the path is too long");
+    return -1;
+  }
+  int fd = mkstemp(tmp);
+  if (fd < 0) {
+    snprintf(why, whylen, "cannot create a temporary file next to it: %s", strerror(errno));
+    return -1;
+  }
+  /* mkstemp makes the file 0600; give it the mode fopen would have (0666 less the umask). */
+  mode_t mask = umask(0);
+  umask(mask);
+  int rc = fchmod(fd, 0666 & ~mask) == 0 && write_all(fd, data, size) == 0 ? 0 : -1;
+  int err = errno;
+  if (close(fd) != 0 && rc == 0) {
+    rc = -1;
+    err = errno;
+  }
+  if (rc == 0 && rename(tmp, path) != 0) {
+    rc = -1;
+    err = errno;
+  }
+  if (rc != 0) {
+    unlink(tmp);
+    snprintf(why, whylen, "%s", strerror(err));
+  }
+  return rc;
+}
+
 int fg_cmd_compile(int argc, char **argv) {
   if (has_help(argc, argv)) {
     printf("usage: flashgen compile VARIANT [--arch ARCH] [-o FILE.cubin]\n\n"
            "Compiles VARIANT with NVRTC for ARCH (default: the arch in the name), writes the cubin\n"
-           "to FILE (default VARIANT.cubin) and prints compile time, registers, shared memory and\n"
-           "spills.\n");
+           "to FILE (default VARIANT.cubin; whole or not at all: through a temporary file in the\n"
+           "same directory) and prints compile time, registers, shared memory and spills.\n");
     return 0;
   }
   const char *name = NULL, *arch_s = NULL, *outpath = NULL;
@@ -200,9 +264,10 @@ int fg_cmd_compile(int argc, char **argv) {
   char defpath[FG_VARIANT_NAME_MAX + 8];
   snprintf(defpath, sizeof defpath, "%s.cubin", canon);
   if (!outpath) outpath = defpath;
-  FILE *f = fopen(outpath, "wb");
-  if (!f || fwrite(img.cubin, 1, img.cubin_size, f) != img.cubin_size || fclose(f) != 0) {
-    fprintf(stderr, "flashgen compile: cannot write %s\n", outpath);
+  char why[512];
+  if (write_whole_file(outpath, img.cubin, img.cubin_size, why, sizeof why) != 0) {
+    fprintf(stderr, "flashgen compile: cannot write %s: %s; it was neither created nor changed "
+                    "(free some space or choose another file with -o)\n", outpath, why);
     fg_kernel_image_free(&img);
     return 1;
   }
@@ -274,10 +339,10 @@ int fg_cmd_build_default(int argc, char **argv) {
            "prints variant, NVRTC time, registers, shared memory and spills.\n");
     return 0;
   }
-  char archs[128] = "";
+  const char *arch_list = NULL;
   int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), kv = 0;
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--arch") == 0 && i + 1 < argc) snprintf(archs, sizeof archs, "%s", argv[++i]);
+    if (strcmp(argv[i], "--arch") == 0 && i + 1 < argc) arch_list = argv[++i];
     else if (strcmp(argv[i], "-j") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
     else if (strcmp(argv[i], "--kv-outer") == 0) kv = 1;
     else {
@@ -285,12 +350,20 @@ int fg_cmd_build_default(int argc, char **argv) {
       return 2;
     }
   }
-  if (!archs[0]) {
-    fg_arch a;
+  fg_arch archs[FG_ARCH_COUNT];
+  int narch = 0;
+  if (!arch_list) {
     fg_device_limits lim;
     char name[256];
-    snprintf(archs, sizeof archs, "%s",
-             live_device(&a, &lim, name, sizeof name) == 0 ? fg_arch_name(a) : "sm_80,sm_90a");
+    if (live_device(&archs[0], &lim, name, sizeof name) == 0) {
+      narch = 1;
+    } else {
+      archs[0] = FG_ARCH_SM80;
+      archs[1] = FG_ARCH_SM90A;
+      narch = 2;
+    }
+  } else if (fg_cli_arch_list("build-default", arch_list, archs, &narch) != 0) {
+    return 2;
   }
   if (threads < 1) threads = 1;
   if (threads > 64) threads = 64;
@@ -298,14 +371,8 @@ int fg_cmd_build_default(int argc, char **argv) {
   if (!g) return 1;
   int failed = 0, total = 0;
   printf("%-56s %-7s %8s %5s %9s %6s\n", "variant", "arch", "nvrtc ms", "regs", "smem(B)", "spill");
-  char *save = NULL;
-  for (char *tok = strtok_r(archs, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-    fg_arch arch;
-    if (fg_arch_parse(tok, &arch)) {
-      fprintf(stderr, "flashgen build-default: unknown arch '%s'\n", tok);
-      fg_generator_destroy(g);
-      return 2;
-    }
+  for (int ai = 0; ai < narch; ai++) {
+    const fg_arch arch = archs[ai];
     fg_variant v[512];
     int n = fg_default_variants(arch, kv, v, 512);
     build_job j = {g, v, calloc((size_t)n, sizeof(fg_kernel_image)), calloc((size_t)n, sizeof(char *)), n, 0,

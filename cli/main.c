@@ -1,4 +1,6 @@
-/* main.c: the flashgen command: dispatches to one function per subcommand (fg_cli.h). */
+/* main.c: the flashgen command: dispatches to one function per subcommand (fg_cli.h), and the
+ * argument parsing the subcommands share (the --arch list). */
+#include <ctype.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -21,6 +23,42 @@ static const struct {
     {"cache", fg_cmd_cache, "the kernel cache: ls, stats, verify, clear, tuning"},
     {"export", fg_cmd_export, "write kernels as C for builds that must not compile at run time"},
 };
+
+int fg_cli_arch_list(const char *cmd, const char *list, fg_arch *archs, int *narch) {
+  static const char known[] = "sm_80, sm_86, sm_89, sm_90, sm_90a";
+  *narch = 0;
+  const char *p = list ? list : "";
+  for (int elem = 1;; elem++) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    const char *b = p, *e = p + len;
+    while (b < e && isspace((unsigned char)*b)) b++;
+    while (e > b && isspace((unsigned char)e[-1])) e--;
+    if (b == e) {
+      if (!end && elem == 1)
+        fprintf(stderr, "flashgen %s: --arch names no arch; give one or more of %s, separated by "
+                        "commas (e.g. --arch sm_80,sm_90a)\n", cmd, known);
+      else
+        fprintf(stderr, "flashgen %s: --arch '%s': element %d is empty; give one or more of %s, "
+                        "separated by single commas (e.g. --arch sm_80,sm_90a)\n", cmd, list, elem,
+                known);
+      return 2;
+    }
+    char name[16];
+    fg_arch a;
+    if ((size_t)(e - b) >= sizeof name ||
+        (memcpy(name, b, (size_t)(e - b)), name[e - b] = '\0', fg_arch_parse(name, &a) != 0)) {
+      fprintf(stderr, "flashgen %s: --arch '%s': unknown arch '%.*s' (%s)\n", cmd, list,
+              (int)(e - b), b, known);
+      return 2;
+    }
+    int seen = 0;
+    for (int i = 0; i < *narch; i++) seen |= archs[i] == a;
+    if (!seen) archs[(*narch)++] = a;
+    if (!end) return 0;
+    p = end + 1;
+  }
+}
 
 static void usage(FILE *f) {
   fprintf(f,

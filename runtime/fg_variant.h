@@ -46,8 +46,9 @@ typedef struct fg_variant {
  * Returns the length, or -1 if the variant has a field out of its enum range. */
 int fg_variant_name(const fg_variant *v, char *buf, size_t len);
 
-/* Parses a canonical name. Returns 0 and fills *out, or -1 with a message naming the field that
- * is wrong in err. Values are checked for form (numbers, known words), not for whether the
+/* Parses a canonical name: only a name that fg_variant_name writes back unchanged is accepted
+ * (no empty fields, leading zeros, dtype aliases or sm_ spellings). Returns 0 and fills *out, or
+ * -1 with a message naming the field that is wrong (or the canonical spelling) in err. Values are checked for form (numbers, known words), not for whether the
  * template accepts them: see fg_variant_check. */
 int fg_variant_parse(const char *name, fg_variant *out, char *err, size_t errlen);
 

@@ -153,6 +153,18 @@ int fg_variant_parse(const char *name, fg_variant *out, char *err, size_t errlen
              tok[bad], what[bad]);
     return -1;
   }
+  /* One variant, one name: the fields above also match spellings that are not the name
+   * (empty fields from '_' at either end or doubled, leading zeros, dtype aliases), and a
+   * second spelling would be a second cache key and a second exported kernel. */
+  char canon[FG_VARIANT_NAME_MAX];
+  int cn = fg_variant_name(&v, canon, sizeof canon);
+  if (cn < 0 || (size_t)cn >= sizeof canon || strcmp(canon, name) != 0) {
+    snprintf(err, errlen,
+             "bad variant name '%s': not the canonical spelling of its fields (no empty "
+             "fields, leading zeros or aliases); write it '%s'",
+             name, cn > 0 && (size_t)cn < sizeof canon ? canon : "?");
+    return -1;
+  }
   *out = v;
   return 0;
 }

@@ -2,6 +2,7 @@
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,5 +35,12 @@ int fg_test_run_cli(const char *dir, const char *env, const char *args) {
   unlink(o);
   unlink(e);
   cr_assert(WIFEXITED(st), "'%s' did not exit", cmd);
+  /* In the Asan build a sanitizer report is a failure whatever the exit status the test
+   * expects (a leak at exit would otherwise hide behind an expected exit status of 1). */
+  static const char *const reports[] = {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+                                        "runtime error: "};
+  for (size_t i = 0; i < sizeof reports / sizeof reports[0]; i++)
+    cr_assert(strstr(fg_test_err, reports[i]) == NULL, "'%s' printed a sanitizer report:\n%s", cmd,
+              fg_test_err);
   return WEXITSTATUS(st);
 }
