@@ -593,7 +593,8 @@ static fg_status fg_load_by_compiling(fg_context *ctx, const char *name, fg_buil
         key.variant = name;
         key.arch = img.arch;
         if (fg_cache_put_kernel(c, &key, &img, warn, sizeof warn) == 0) stored = 1;
-        else fg_warn(ctx, "kernel cache: could not store %s: %s", name, warn);
+        else if (warn[0]) /* empty: writing was switched off after the one warning */
+          fg_warn(ctx, "kernel cache: could not store %s: %s", name, warn);
       }
     }
     snprintf(k->source, sizeof k->source, "compiled with NVRTC %d.%d in %.0f ms%s",
