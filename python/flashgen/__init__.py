@@ -1,4 +1,4 @@
-"""flashgen for PyTorch users: FlashAttention forward on CUDA tensors through libflashgen.so.
+"""flashgen for PyTorch users: FlashAttention on CUDA tensors through libflashgen.so.
 
 This file owns the Python binding: pure Python over ctypes (no compiled extension), mirroring
 include/flashgen.h. Importing it needs neither PyTorch nor the library; both are looked for at
@@ -8,6 +8,14 @@ first use.
     o = flashgen.attention(q, k, v, causal=True)             # q [B, Hq, Nq, d], k/v [B, Hkv, Nk, d]
     o, lse = flashgen.attention(q, k, v, return_lse=True)    # lse fp32 [B, Hq, Nq]
     print(flashgen.explain(q, k, v))                         # which kernel would run, and why
+    o = flashgen.attention(q, k, v)                          # q, k, v requiring grad:
+    o.float().sum().backward()                               # dQ, dK, dV from flashgen's kernels
+    dq, dk, dv = flashgen.attention_backward(do, q, k, v, o, lse)  # the backward call itself
+
+flashgen.attention is a torch.library custom op (flashgen::attention_fwd, with its backward
+flashgen::attention_bwd, fake/meta registrations and an autograd formula) whenever autograd or
+torch.compile needs one; a call that needs no gradient and is not being compiled goes straight
+to the library (no dispatcher cost).
 
 The library is found in this order: $FLASHGEN_LIBRARY (a path to libflashgen.so); a copy next to
 this file; <repo>/build/libflashgen.so (when running from a checkout); ctypes.util.find_library.
@@ -22,8 +30,8 @@ import os
 import sys
 import threading
 
-__all__ = ["FlashgenError", "Status", "attention", "explain", "version", "status_string",
-           "library_path"]
+__all__ = ["FlashgenError", "Status", "attention", "attention_backward", "explain", "version",
+           "status_string", "library_path"]
 
 
 class Status(enum.IntEnum):
@@ -110,6 +118,44 @@ class fg_attention_args(ctypes.Structure):
 _ARGS_SIZE = ctypes.sizeof(fg_attention_args)
 
 
+class fg_attention_backward_args(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("dtype", ctypes.c_int),
+        ("causal", ctypes.c_int),
+        ("batch", ctypes.c_int64),
+        ("heads_q", ctypes.c_int64),
+        ("heads_kv", ctypes.c_int64),
+        ("seqlen_q", ctypes.c_int64),
+        ("seqlen_k", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("q", ctypes.c_void_p),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        ("o", ctypes.c_void_p),
+        ("d_o", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p),
+        ("dq", ctypes.c_void_p),
+        ("dk", ctypes.c_void_p),
+        ("dv", ctypes.c_void_p),
+        ("q_stride", ctypes.c_int64 * 3),
+        ("k_stride", ctypes.c_int64 * 3),
+        ("v_stride", ctypes.c_int64 * 3),
+        ("o_stride", ctypes.c_int64 * 3),
+        ("do_stride", ctypes.c_int64 * 3),
+        ("dq_stride", ctypes.c_int64 * 3),
+        ("dk_stride", ctypes.c_int64 * 3),
+        ("dv_stride", ctypes.c_int64 * 3),
+        ("scale", ctypes.c_float),
+        ("deterministic", ctypes.c_int),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_size", ctypes.c_size_t),
+    ]
+
+
+_BWD_ARGS_SIZE = ctypes.sizeof(fg_attention_backward_args)
+
+
 # ---- loading the library ----
 
 _lib = None
@@ -141,6 +187,9 @@ _PROTOTYPES = {  # name: (restype, argtypes), as in include/flashgen.h
                                             ctypes.c_void_p]),
     "fg_explain": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(fg_attention_args),
                                   ctypes.c_char_p, ctypes.c_size_t]),
+    "fg_attention_backward": (ctypes.c_int, [ctypes.c_void_p,
+                                             ctypes.POINTER(fg_attention_backward_args),
+                                             ctypes.c_void_p]),
 }
 
 
@@ -360,6 +409,30 @@ def _outputs(q, return_lse):
     return o, lse
 
 
+def _forward(q, k, v, causal, scale, return_lse):
+    """The forward through the library: (O, lse or None)."""
+    code = _check(q, k, v, scale)
+    o, lse = _outputs(q, return_lse)
+    if o.numel() == 0 and (lse is None or lse.numel() == 0):
+        return o, lse  # nothing to compute
+    if k.shape[2] == 0:
+        # An empty softmax: O = 0 and lse = -inf (the library's documented result).
+        o.zero_()
+        if lse is not None:
+            lse.fill_(-math.inf)
+        return o, lse
+    import torch
+    device = q.get_device()
+    ctx = _context(device)
+    a = _pack(code, q, k, v, o, lse, causal, scale)
+    # The context makes its own CUDA context current; no device switch is needed here.
+    stream = torch.cuda.current_stream(device).cuda_stream
+    status = _fn("fg_attention_forward")(ctx, ctypes.byref(a), ctypes.c_void_p(stream))
+    if status != Status.OK:
+        raise FlashgenError(status, _text(_fn("fg_context_last_error")(ctx)))
+    return o, lse
+
+
 def attention(q, k, v, causal=False, scale=None, return_lse=False):
     """Exact attention O = softmax(scale * Q K^T) V on the GPU.
 
@@ -376,28 +449,150 @@ def attention(q, k, v, causal=False, scale=None, return_lse=False):
     [B, Hq, Nq] (natural log of the softmax denominator) when return_lse is true. The kernel is
     enqueued on torch.cuda.current_stream(). Raises TypeError/ValueError for arguments the Python
     side can check, FlashgenError with the library's message for the rest.
+
+    Autograd: when q, k or v requires grad (and grad mode is on), the call goes through the
+    custom op flashgen::attention_fwd, and backward() computes dQ, dK, dV with flashgen's
+    backward kernels (attention_backward). The lse output carries no gradient (a loss that uses
+    it raises in backward). Under torch.compile the same op is traced (with its fake kernel).
     """
-    code = _check(q, k, v, scale)
-    o, lse = _outputs(q, return_lse)
-    result = (o, lse) if return_lse else o
-    if o.numel() == 0 and (lse is None or lse.numel() == 0):
-        return result  # nothing to compute
-    if k.shape[2] == 0:
-        # An empty softmax: O = 0 and lse = -inf (the library's documented result).
-        o.zero_()
-        if lse is not None:
-            lse.fill_(-math.inf)
-        return result
     import torch
+    needs_op = (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
+                                             v.requires_grad)) or _compiling(torch)
+    if needs_op:
+        o, lse = _ops(torch).attention_fwd(q, k, v, bool(causal), None if scale is None
+                                           else float(scale))
+        return (o, lse) if return_lse else o
+    o, lse = _forward(q, k, v, causal, scale, return_lse)
+    return (o, lse) if return_lse else o
+
+
+def attention_backward(do, q, k, v, o, lse, causal=False, scale=None, dq=None, dk=None, dv=None):
+    """The backward pass (fg_attention_backward): dQ, dK, dV of a loss whose gradient with respect
+    to O = attention(q, k, v, causal, scale) is do.
+
+    q, k, v, causal and scale must be exactly the forward's; o and lse its outputs (lse from
+    attention(..., return_lse=True)); do has O's shape and dtype, any strides with a contiguous
+    last dimension. dq, dk, dv: tensors to write (shapes of q, k, v, same dtype and device), or
+    None to allocate them. With GQA/MQA, dK and dV of a KV head sum over the query heads it
+    serves. Returns (dq, dk, dv); the kernels are enqueued on torch.cuda.current_stream().
+    """
+    import torch
+    code = _check(q, k, v, scale)
+    for name, t, like in (("o", o, q), ("do", do, q)):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(like.shape) or \
+                t.dtype != like.dtype or t.device != like.device:
+            raise ValueError("flashgen: %s must be a tensor of q's shape %s, dtype and device"
+                             % (name, tuple(like.shape)))
+    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != tuple(q.shape[:3]) or \
+            lse.dtype != torch.float32 or lse.device != q.device:
+        raise ValueError("flashgen: lse must be the forward's fp32 [B, Hq, Nq] log-sum-exp on q's "
+                         "device (attention(..., return_lse=True))")
+    if do.dim() == 4 and (do.stride(3) != 1 or do.data_ptr() % 16 or
+                          any(do.stride(i) % 8 for i in range(3))):
+        do = do.contiguous()  # e.g. the expanded ones of loss = o.sum()
+    lse = lse.contiguous()
+    outs = []
+    for name, t, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        if t is None:
+            t = torch.empty(tuple(like.shape), dtype=like.dtype, device=like.device)
+        elif tuple(t.shape) != tuple(like.shape) or t.dtype != like.dtype or t.device != like.device:
+            raise ValueError("flashgen: %s must have the shape %s, dtype and device of %s"
+                             % (name, tuple(like.shape), name[1:]))
+        outs.append(t)
+    dq, dk, dv = outs
+    if q.numel() == 0:
+        dk.zero_(), dv.zero_()
+        return dq, dk, dv
+    qs, ks = q.shape, k.shape
+    a = fg_attention_backward_args(
+        size=_BWD_ARGS_SIZE, dtype=code, causal=1 if causal else 0,
+        batch=qs[0], heads_q=qs[1], heads_kv=ks[1], seqlen_q=qs[2], seqlen_k=ks[2],
+        head_dim=qs[3], q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
+        d_o=do.data_ptr(), lse=lse.data_ptr(), dq=dq.data_ptr(), dk=dk.data_ptr(),
+        dv=dv.data_ptr(), q_stride=_strides(q), k_stride=_strides(k), v_stride=_strides(v),
+        o_stride=_strides(o), do_stride=_strides(do), dq_stride=_strides(dq),
+        dk_stride=_strides(dk), dv_stride=_strides(dv),
+        scale=0.0 if scale is None else float(scale))
     device = q.get_device()
     ctx = _context(device)
-    a = _pack(code, q, k, v, o, lse, causal, scale)
-    # The context makes its own CUDA context current; no device switch is needed here.
     stream = torch.cuda.current_stream(device).cuda_stream
-    status = _fn("fg_attention_forward")(ctx, ctypes.byref(a), ctypes.c_void_p(stream))
+    status = _fn("fg_attention_backward")(ctx, ctypes.byref(a), ctypes.c_void_p(stream))
     if status != Status.OK:
         raise FlashgenError(status, _text(_fn("fg_context_last_error")(ctx)))
-    return result
+    return dq, dk, dv
+
+
+def _compiling(torch):
+    comp = getattr(torch, "compiler", None)
+    return bool(comp is not None and hasattr(comp, "is_compiling") and comp.is_compiling())
+
+
+_ops_ns = None
+_ops_lock = threading.Lock()
+
+
+def _ops(torch):
+    """Registers the custom ops once (torch.library.custom_op, PyTorch >= 2.4) and returns a
+    namespace with attention_fwd and attention_bwd."""
+    global _ops_ns
+    if _ops_ns is not None:
+        return _ops_ns
+    with _ops_lock:
+        if _ops_ns is not None:
+            return _ops_ns
+        from typing import Optional, Tuple
+        lib = torch.library
+        if not hasattr(lib, "custom_op"):
+            raise FlashgenError(None, "flashgen: autograd and torch.compile need "
+                                "torch.library.custom_op (PyTorch >= 2.4); this is %s"
+                                % torch.__version__)
+        Tensor = torch.Tensor
+
+        @lib.custom_op("flashgen::attention_fwd", mutates_args=())
+        def attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool,
+                          scale: Optional[float]) -> Tuple[Tensor, Tensor]:
+            return _forward(q, k, v, causal, scale, True)
+
+        @attention_fwd.register_fake
+        def _(q, k, v, causal, scale):
+            return (torch.empty(tuple(q.shape), dtype=q.dtype, device=q.device),
+                    torch.empty(tuple(q.shape[:3]), dtype=torch.float32, device=q.device))
+
+        @lib.custom_op("flashgen::attention_bwd", mutates_args=())
+        def attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+                          causal: bool, scale: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
+            return attention_backward(do, q, k, v, o, lse, causal, scale)
+
+        @attention_bwd.register_fake
+        def _(do, q, k, v, o, lse, causal, scale):
+            return tuple(torch.empty(tuple(t.shape), dtype=t.dtype, device=t.device)
+                         for t in (q, k, v))
+
+        def setup_context(ctx, inputs, output):
+            q, k, v, causal, scale = inputs
+            o, lse = output
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.causal, ctx.scale = causal, scale
+            ctx.set_materialize_grads(False)
+
+        def backward(ctx, do, dlse):
+            if dlse is not None:
+                raise FlashgenError(None, "flashgen: the log-sum-exp output of attention carries "
+                                    "no gradient; use it only outside the differentiated loss")
+            q, k, v, o, lse = ctx.saved_tensors
+            if do is None:
+                return None, None, None, None, None
+            dq, dk, dv = attention_bwd(do, q, k, v, o, lse, ctx.causal, ctx.scale)
+            return dq, dk, dv, None, None
+
+        attention_fwd.register_autograd(backward, setup_context=setup_context)
+
+        class _Ns:
+            pass
+        ns = _Ns()
+        ns.attention_fwd, ns.attention_bwd = attention_fwd, attention_bwd
+        _ops_ns = ns
+        return ns
 
 
 def explain(q, k, v, causal=False, scale=None, return_lse=False):

@@ -60,7 +60,8 @@ class HeaderLayoutTest(unittest.TestCase):
         cc = _cc()
         if cc is None:
             raise unittest.SkipTest("no C compiler (cc) to read the header's layout")
-        structs = (flashgen.fg_attention_args, flashgen.fg_context_options)
+        structs = (flashgen.fg_attention_args, flashgen.fg_context_options,
+                   flashgen.fg_attention_backward_args)
         lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "flashgen.h"',
                  "int main(void) {"]
         for s in structs:
@@ -117,6 +118,9 @@ class HeaderLayoutTest(unittest.TestCase):
             self.assertEqual(flashgen.fg_attention_args.q.offset, 64)
             self.assertEqual(flashgen.fg_attention_args.scale.offset, 200)
             self.assertEqual(ctypes.sizeof(flashgen.fg_attention_args), 208)
+
+    def test_attention_backward_args_layout(self):
+        self._check_struct(flashgen.fg_attention_backward_args)
 
     def test_context_options_layout(self):
         self._check_struct(flashgen.fg_context_options)
@@ -351,6 +355,109 @@ class CudaTest(unittest.TestCase):
         text = flashgen.explain(q, k, v, causal=True)
         self.assertIsInstance(text, str)
         self.assertRegex(text, r"d64|head_dim\W+64|d\s*=\s*64")
+
+
+def _grad_reference(q, k, v, do, causal, scale, dtype):
+    """dQ, dK, dV of sum(do * SDPA(q, k, v)) by autograd through the math SDPA, with the inputs
+    in `dtype` (float64: the yardstick; q's dtype: the naive same-precision computation)."""
+    B, Hq, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    qq, kk, vv = (t.detach().to(dtype).requires_grad_(True) for t in (q, k, v))
+    kr = kk.repeat_interleave(Hq // Hkv, dim=1)
+    vr = vv.repeat_interleave(Hq // Hkv, dim=1)
+    i = torch.arange(Nq, device=q.device).view(Nq, 1)
+    j = torch.arange(Nk, device=q.device).view(1, Nk)
+    mask = (j <= i + Nk - Nq) if causal else torch.ones(Nq, Nk, dtype=torch.bool, device=q.device)
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    with sdpa_kernel([SDPBackend.MATH]):
+        o = F.scaled_dot_product_attention(qq, kr, vr, attn_mask=mask, scale=scale)
+    o.backward(do.to(dtype))
+    return qq.grad, kk.grad, vv.grad
+
+
+@unittest.skipUnless(HAVE_CUDA, "PyTorch with CUDA is not available")
+class BackwardTest(unittest.TestCase):
+    """loss.backward() through flashgen.attention, against autograd of the math SDPA in float64
+    (error at most twice the same-dtype math SDPA's, plus eps(dtype) * max|ref|)."""
+
+    @classmethod
+    def setUpClass(cls):
+        why = _library_or_none()
+        if why:
+            raise unittest.SkipTest("libflashgen.so not found: " + why)
+
+    def _check(self, B, Hq, Hkv, Nq, Nk, d, dtype, causal, seed=0):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        mk = lambda H, N: torch.randn(B, H, N, d, generator=g, device="cuda").to(dtype)  # noqa
+        q, k, v = (t.requires_grad_(True) for t in (mk(Hq, Nq), mk(Hkv, Nk), mk(Hkv, Nk)))
+        do = torch.randn(B, Hq, Nq, d, generator=g, device="cuda").to(dtype)
+        o = flashgen.attention(q, k, v, causal=causal)
+        o.backward(do)
+        ref = _grad_reference(q, k, v, do, causal, None, torch.float64)
+        low = _grad_reference(q, k, v, do, causal, None, dtype)
+        for name, got, r, lo in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref, low):
+            self.assertEqual(got.shape, r.shape, name)
+            self.assertEqual(got.dtype, dtype, name)
+            self.assertFalse(bool(torch.isnan(got).any()), "NaN in " + name)
+            err = (got.double() - r).abs().max().item()
+            err_low = (lo.double() - r).abs().max().item()
+            # The floor: one rounding of the output in dtype (as flashgen check does).
+            floor = torch.finfo(dtype).eps * r.abs().max().item()
+            self.assertLessEqual(err, 2 * err_low + floor,
+                                 "%s: flashgen error %.3g, same-dtype math SDPA %.3g"
+                                 % (name, err, err_low))
+        # The direct call gives the same gradients as autograd did.
+        _, lse = flashgen.attention(q.detach(), k.detach(), v.detach(), causal=causal,
+                                    return_lse=True)
+        dq, dk, dv = flashgen.attention_backward(do, q.detach(), k.detach(), v.detach(),
+                                                 o.detach(), lse, causal=causal)
+        torch.cuda.synchronize()
+        for got, want in ((dq, q.grad), (dk, k.grad), (dv, v.grad)):
+            self.assertLessEqual((got.double() - want.double()).abs().max().item(),
+                                 4 * torch.finfo(dtype).eps * max(1.0, want.abs().max().item()))
+
+    def test_bf16_plain(self):
+        self._check(2, 4, 4, 128, 128, 64, torch.bfloat16, False)
+
+    def test_f16_causal_gqa_fewer_queries(self):
+        self._check(1, 8, 2, 100, 257, 128, torch.float16, True, seed=1)
+
+    def test_bf16_mqa_odd_d(self):
+        self._check(2, 4, 1, 77, 33, 40, torch.bfloat16, False, seed=2)
+
+    def test_bf16_d256_causal(self):
+        self._check(1, 2, 2, 130, 130, 256, torch.bfloat16, True, seed=3)
+
+    def test_loss_sum_expanded_grad(self):
+        # loss = o.sum() hands backward an expanded (all-zero-stride) gradient.
+        q, k, v = (torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16)
+                   .requires_grad_(True) for _ in range(3))
+        flashgen.attention(q, k, v).float().sum().backward()
+        self.assertFalse(bool(torch.isnan(q.grad).any()))
+
+    def test_lse_has_no_gradient(self):
+        q, k, v = (torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16)
+                   .requires_grad_(True) for _ in range(3))
+        o, lse = flashgen.attention(q, k, v, return_lse=True)
+        with self.assertRaises(Exception) as cm:
+            lse.sum().backward()
+        self.assertIn("log-sum-exp", str(cm.exception))
+
+    def test_torch_compile(self):
+        if not hasattr(torch, "compile"):
+            self.skipTest("no torch.compile")
+        def f(q, k, v):
+            return flashgen.attention(q, k, v, causal=True).float().square().sum()
+        g = torch.Generator(device="cuda").manual_seed(4)
+        base = [torch.randn(1, 4, 96, 64, generator=g, device="cuda").to(torch.bfloat16)
+                for _ in range(3)]
+        eager = [t.clone().requires_grad_(True) for t in base]
+        comp = [t.clone().requires_grad_(True) for t in base]
+        f(*eager).backward()
+        torch.compile(f, fullgraph=True)(*comp).backward()
+        for a, b in zip(eager, comp):
+            self.assertTrue(torch.equal(a.grad, b.grad), "compiled gradients differ from eager")
 
 
 def main():
