@@ -4,7 +4,9 @@
  * interleaved round by round (the order rotates each round), with CUDA events; it prints each
  * version's median, its spread and its ratio to the first. Every version's output is compared
  * with the first's (max |diff|): a rewritten kernel must compute the same function. This is a
- * timing tool; `flashgen check` is the correctness gate.
+ * timing tool; `flashgen check` is the correctness gate. Backward variants (bwd_...) time the
+ * backward plan on dO, O and LSE from the built-in forward (TFLOP/s count 2.5x the forward's;
+ * the diff is dQ's); the versions of one run are all forward or all backward.
  *
  * Run on a machine with a GPU (the kernels are compiled there, with NVRTC):
  *   build/fg_ab [--problem d=128,n=1k,dtype=bf16] [--rounds 7] [--reps 10] DIR:VARIANT ...
@@ -54,6 +56,25 @@ static double normal(uint64_t *s) {
 static int fail(const char *what, fg_context *ctx) {
   fprintf(stderr, "fg_ab: %s: %s\n", what, ctx ? fg_context_last_error(ctx) : fg_last_create_error());
   return 1;
+}
+
+/* The backward of version v on one input set (dQ into dq). */
+static fg_status ab_backward(fg_context *ctx, const fg_attention_args *f, CUdeviceptr q,
+                             CUdeviceptr k, CUdeviceptr v, CUdeviceptr o, CUdeviceptr d_o,
+                             CUdeviceptr lse, CUdeviceptr dq, CUdeviceptr dk, CUdeviceptr dv,
+                             CUstream st, const fg_variant *var) {
+  fg_attention_backward_args b;
+  memset(&b, 0, sizeof b);
+  b.size = sizeof b;
+  b.dtype = f->dtype;
+  b.causal = f->causal;
+  b.batch = f->batch, b.heads_q = f->heads_q, b.heads_kv = f->heads_kv;
+  b.seqlen_q = f->seqlen_q, b.seqlen_k = f->seqlen_k, b.head_dim = f->head_dim;
+  b.q = (const void *)(uintptr_t)q, b.k = (const void *)(uintptr_t)k;
+  b.v = (const void *)(uintptr_t)v, b.o = (const void *)(uintptr_t)o;
+  b.d_o = (const void *)(uintptr_t)d_o, b.lse = (const float *)(uintptr_t)lse;
+  b.dq = (void *)(uintptr_t)dq, b.dk = (void *)(uintptr_t)dk, b.dv = (void *)(uintptr_t)dv;
+  return fg_attention_backward_variant(ctx, &b, st, var);
 }
 
 int main(int argc, char **argv) {
@@ -140,6 +161,24 @@ int main(int argc, char **argv) {
   for (int i = 0; i < nv; i++)
     if (fg_dev_alloc(c0, &o[i], elems * 2) || fg_dev_fill16(c0, o[i], 0xFFFF, elems))
       return fail("allocating outputs", c0);
+  const int bwd = ver[0].v.pass == FG_PASS_BWD;
+  for (int i = 1; i < nv; i++)
+    if ((ver[i].v.pass == FG_PASS_BWD) != bwd) {
+      fprintf(stderr, "fg_ab: the versions of one run are all forward or all backward\n");
+      return 2;
+    }
+  /* Backward: dO per set, the forward's O and LSE per set, dK and dV per version (o[] is dQ). */
+  CUdeviceptr dO[8] = {0}, fo[8] = {0}, lse[8] = {0}, dk[AB_MAX] = {0}, dv[AB_MAX] = {0};
+  const size_t rows = (size_t)(pr.batch * pr.heads * pr.n);
+  for (int s2 = 0; bwd && s2 < sets; s2++) {
+    for (size_t e = 0; e < elems; e++) h[e] = fg_f32_to_half((float)normal(&seed), pr.dtype);
+    if (fg_dev_alloc(c0, &dO[s2], elems * 2) || fg_dev_upload(c0, dO[s2], h, elems * 2) ||
+        fg_dev_alloc(c0, &fo[s2], elems * 2) || fg_dev_alloc(c0, &lse[s2], rows * 4))
+      return fail("allocating backward inputs", c0);
+  }
+  for (int i = 0; bwd && i < nv; i++)
+    if (fg_dev_alloc(c0, &dk[i], elems * 2) || fg_dev_alloc(c0, &dv[i], elems * 2))
+      return fail("allocating gradients", c0);
   CUstream st;
   CUevent e0[AB_REPS], e1[AB_REPS];
   if (fg_stream_create(c0, &st)) return fail("creating a stream", c0);
@@ -153,16 +192,28 @@ int main(int argc, char **argv) {
   a.heads_q = a.heads_kv = pr.heads;
   a.seqlen_q = a.seqlen_k = pr.n;
   a.head_dim = pr.d;
-  /* Warm-up: compile and load every version, and write each one's output on set 0. */
-  for (int i = 0; i < nv; i++) {
-    a.q = (const void *)(uintptr_t)q[0];
-    a.k = (const void *)(uintptr_t)k[0];
-    a.v = (const void *)(uintptr_t)v[0];
-    a.o = (void *)(uintptr_t)o[i];
-    for (int w = 0; w < 3; w++)
-      if (fg_attention_forward_variant(ver[i].ctx, &a, st, &ver[i].v) != FG_OK)
-        return fail(ver[i].name, ver[i].ctx);
+  if (bwd) {
+    for (int s2 = 0; s2 < sets; s2++) {
+      a.q = (const void *)(uintptr_t)q[s2];
+      a.k = (const void *)(uintptr_t)k[s2];
+      a.v = (const void *)(uintptr_t)v[s2];
+      a.o = (void *)(uintptr_t)fo[s2];
+      a.lse = (float *)(uintptr_t)lse[s2];
+      if (fg_attention_forward(c0, &a, st) != FG_OK) return fail("the forward", c0);
+    }
+    a.lse = NULL;
   }
+  /* One timed call: version i on input set s2. */
+#define AB_CALL(i, s2)                                                                       \
+  (bwd ? ab_backward(ver[i].ctx, &a, q[s2], k[s2], v[s2], fo[s2], dO[s2], lse[s2], o[i], dk[i], \
+                     dv[i], st, &ver[i].v)                                                    \
+       : (a.q = (const void *)(uintptr_t)q[s2], a.k = (const void *)(uintptr_t)k[s2],         \
+          a.v = (const void *)(uintptr_t)v[s2], a.o = (void *)(uintptr_t)o[i],                \
+          fg_attention_forward_variant(ver[i].ctx, &a, st, &ver[i].v)))
+  /* Warm-up: compile and load every version, and write each one's output on set 0. */
+  for (int i = 0; i < nv; i++)
+    for (int w = 0; w < 3; w++)
+      if (AB_CALL(i, 0) != FG_OK) return fail(ver[i].name, ver[i].ctx);
   if (fg_stream_synchronize(c0, st)) return fail("warm-up", c0);
   if (fg_dev_download(c0, h0, o[0], elems * 2)) return fail("downloading", c0);
   double diff[AB_MAX] = {0};
@@ -180,13 +231,8 @@ int main(int argc, char **argv) {
     for (int jj = 0; jj < nv; jj++) {
       version *x = &ver[(jj + r) % nv];
       for (int k2 = 0; k2 < reps; k2++, call++) {
-        a.q = (const void *)(uintptr_t)q[call % sets];
-        a.k = (const void *)(uintptr_t)k[call % sets];
-        a.v = (const void *)(uintptr_t)v[call % sets];
-        a.o = (void *)(uintptr_t)o[x - ver];
         fg_event_record(c0, e0[k2], st);
-        if (fg_attention_forward_variant(x->ctx, &a, st, &x->v) != FG_OK)
-          return fail(x->name, x->ctx);
+        if (AB_CALL((int)(x - ver), call % sets) != FG_OK) return fail(x->name, x->ctx);
         fg_event_record(c0, e1[k2], st);
       }
       for (int k2 = 0; k2 < reps; k2++) {
@@ -196,7 +242,7 @@ int main(int argc, char **argv) {
       }
     }
 
-  const double flops = fg_tune_flops(&pr);
+  const double flops = fg_tune_flops(&pr) * (bwd ? 2.5 : 1.0);
   char pb[128];
   fg_tune_problem_format(&pr, pb, sizeof pb);
   printf("fg_ab: %s on %s, %d rounds x %d calls per version, %d input set%s\n", pb,

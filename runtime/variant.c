@@ -174,8 +174,10 @@ int fg_variant_check(const fg_variant *v, char *err, size_t errlen) {
     snprintf(err, errlen, "d = %d: head dimension must be a multiple of 8 from 32 to 256", v->d);
     return -1;
   }
-  if (v->warps != 1 && v->warps != 2 && v->warps != 4 && v->warps != 8) {
-    snprintf(err, errlen, "warps = %d: must be 1, 2, 4 or 8", v->warps);
+  if (v->warps != 1 && v->warps != 2 && v->warps != 4 && v->warps != 8 &&
+      !(v->warps == 16 && v->pass == FG_PASS_BWD)) {
+    snprintf(err, errlen, "warps = %d: must be 1, 2, 4 or 8 (16 too for the backward pass)",
+             v->warps);
     return -1;
   }
   if (v->pass == FG_PASS_BWD) {

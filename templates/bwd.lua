@@ -54,7 +54,9 @@ function M.check(v)
   if v.stages ~= 1 and v.stages ~= 2 then
     return "backward takes 1 or 2 stages (Q/dO single- or double-buffered)"
   end
-  if v.warps ~= 4 and v.warps ~= 8 then return "backward takes 4 or 8 warps" end
+  if v.warps ~= 4 and v.warps ~= 8 and v.warps ~= 16 then
+    return "backward takes 4, 8 or 16 warps"
+  end
   if v.br > 128 or v.bc > 128 then return "backward takes Br and Bc up to 128" end
   local L = M.layout(v)
   local wn = v.warps // L.wm
