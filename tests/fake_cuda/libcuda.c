@@ -5,7 +5,11 @@
  * named by its entry would: the references (fg_ref_f64_* exact, fg_ref_lowp_* rounded) write
  * fp64, the forward variants write f16/bf16. Planted faults, so rejection is tested too:
  * kv_outer variants leave the last output unwritten (NaN), br128_bc128 variants are wrong by
- * 0.25; variants with w8 spin 5x longer (early stop). Events are host timestamps. */
+ * 0.25; variants with w8 spin 5x longer (early stop). Events are host timestamps.
+ * Backward kernels (entries fg_bwd_*) compute nothing: their launches are recorded (entry,
+ * grid, block, shared memory, a copy of the fg_bwd_params block), and so are cuMemAlloc and
+ * cuMemFree; tests read the record through fake_launch_count/fake_launch_get/fake_mem_counts
+ * (dlopen the same library) and clear it with fake_reset (tests/test_backward.c). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -93,13 +97,45 @@ API CUresult cuPointerGetAttribute(void *data, int a, CUdeviceptr p) {
   else return 1;
   return 0;
 }
+/* The record of backward launches and of allocations. */
+#define FAKE_LAUNCH_MAX 64
+typedef struct fake_launch {
+  char entry[160];
+  unsigned grid[3], block[3], smem;
+  fg_bwd_params params;
+} fake_launch;
+static fake_launch fake_launches[FAKE_LAUNCH_MAX];
+static int fake_n_launches; /* may exceed FAKE_LAUNCH_MAX: only the first are kept */
+static int fake_n_allocs, fake_n_frees;
+static size_t fake_last_alloc_bytes;
+
+API void fake_reset(void) {
+  fake_n_launches = fake_n_allocs = fake_n_frees = 0;
+  fake_last_alloc_bytes = 0;
+}
+API int fake_launch_count(void) { return fake_n_launches; }
+API const fake_launch *fake_launch_get(int i) {
+  return i >= 0 && i < fake_n_launches && i < FAKE_LAUNCH_MAX ? &fake_launches[i] : NULL;
+}
+API void fake_mem_counts(int *allocs, int *frees, size_t *last_alloc_bytes) {
+  *allocs = fake_n_allocs;
+  *frees = fake_n_frees;
+  *last_alloc_bytes = fake_last_alloc_bytes;
+}
+
 API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t b) {
+  fake_n_allocs++;
+  fake_last_alloc_bytes = b;
   void *m = aligned_alloc(256, (b + 255) / 256 * 256);
   if (!m) return 2;
   *p = (CUdeviceptr)(uintptr_t)m;
   return 0;
 }
-API CUresult cuMemFree_v2(CUdeviceptr p) { free((void *)(uintptr_t)p); return 0; }
+API CUresult cuMemFree_v2(CUdeviceptr p) {
+  fake_n_frees++;
+  free((void *)(uintptr_t)p);
+  return 0;
+}
 API CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = *t = (size_t)80 << 30; return 0; }
 API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t b) {
   memcpy((void *)(uintptr_t)d, s, b);
@@ -178,6 +214,18 @@ API CUresult cuLaunchKernel(void *fnp, unsigned gx, unsigned gy, unsigned gz, un
                             void **extra) {
   (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)st; (void)extra;
   const fake_fn *f = fnp;
+  if (strncmp(f->name, "fg_bwd_", 7) == 0) {
+    if (fake_n_launches < FAKE_LAUNCH_MAX) {
+      fake_launch *l = &fake_launches[fake_n_launches];
+      strncpy(l->entry, f->name, sizeof l->entry - 1);
+      l->grid[0] = gx, l->grid[1] = gy, l->grid[2] = gz;
+      l->block[0] = bx, l->block[1] = by, l->block[2] = bz;
+      l->smem = smem;
+      memcpy(&l->params, params[0], sizeof l->params);
+    }
+    fake_n_launches++;
+    return 0;
+  }
   const fg_fwd_params *p = params[0];
   const double t0 = now_ms();
   const int is_ref = strncmp(f->name, "fg_ref_", 7) == 0;
