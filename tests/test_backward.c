@@ -448,6 +448,7 @@ static void (*fake_reset)(void);
 static int (*fake_launch_count)(void);
 static const fake_launch *(*fake_launch_get)(int);
 static void (*fake_mem_counts)(int *, int *, size_t *);
+static void (*fake_async_counts)(int *, int *, void **);
 static fg_context *ctx;
 
 /* Backward kernels for the fake H100 (sm_90a): d 32, 64, 128 x f16, bf16 x causal or not, the
@@ -515,7 +516,9 @@ static void fake_setup(void) {
   *(void **)&fake_launch_count = dlsym(fake_handle, "fake_launch_count");
   *(void **)&fake_launch_get = dlsym(fake_handle, "fake_launch_get");
   *(void **)&fake_mem_counts = dlsym(fake_handle, "fake_mem_counts");
-  cr_assert(fake_reset && fake_launch_count && fake_launch_get && fake_mem_counts,
+  *(void **)&fake_async_counts = dlsym(fake_handle, "fake_async_counts");
+  cr_assert(fake_reset && fake_launch_count && fake_launch_get && fake_mem_counts &&
+                fake_async_counts,
             "the fake driver lacks its recording functions");
   fake_reset();
 }
@@ -644,6 +647,30 @@ Test(backward_launch, three_kernels_in_order, .init = fake_setup, .fini = fake_t
   expect_launch(1, mn, (unsigned)cdiv(65, (uint64_t)v.bc), 1, (unsigned)v.warps * 32, 70000 + 32);
   expect_launch(2, post, 1, 2, 128, 0);
   cr_assert_eq(launch(1)->params.causal, 0);
+}
+
+static void pools_setup(void) {
+  setenv("FAKE_CUDA_MEMORY_POOLS", "1", 1);
+  fake_setup();
+}
+
+Test(backward_launch, workspace_from_the_stream_pool, .init = pools_setup,
+     .fini = fake_teardown) {
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_BF16, 1, 2, 4, 2, 100, 130, 64);
+  CUstream stream = (CUstream)(uintptr_t)0x5000; /* the fake driver never dereferences it */
+  cr_assert_eq(fg_attention_backward(ctx, &a, stream), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 3);
+  int allocs, frees;
+  size_t bytes;
+  void *st;
+  fake_mem_counts(&allocs, &frees, &bytes);
+  cr_assert_eq(bytes, ws_bytes(2, 4, 100, 64));
+  cr_assert_eq(allocs, 0, "with memory pools the workspace is stream-ordered");
+  cr_assert_eq(frees, 0);
+  fake_async_counts(&allocs, &frees, &st);
+  cr_assert_eq(allocs, 1);
+  cr_assert_eq(frees, 1, "the workspace is freed on the stream after the kernels");
+  cr_assert_eq(st, (void *)stream, "allocated and freed on the call's stream");
 }
 
 Test(backward_launch, caller_workspace, .init = fake_setup, .fini = fake_teardown) {

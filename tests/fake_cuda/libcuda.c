@@ -8,8 +8,10 @@
  * 0.25; variants with w8 spin 5x longer (early stop). Events are host timestamps.
  * Backward kernels (entries fg_bwd_*) compute nothing: their launches are recorded (entry,
  * grid, block, shared memory, a copy of the fg_bwd_params block), and so are cuMemAlloc and
- * cuMemFree; tests read the record through fake_launch_count/fake_launch_get/fake_mem_counts
- * (dlopen the same library) and clear it with fake_reset (tests/test_backward.c). */
+ * cuMemFree (and cuMemAllocAsync/cuMemFreeAsync, offered as memory pools when
+ * FAKE_CUDA_MEMORY_POOLS is set); tests read the record through fake_launch_count,
+ * fake_launch_get, fake_mem_counts and fake_async_counts (dlopen the same library) and clear it
+ * with fake_reset (tests/test_backward.c). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -57,7 +59,7 @@ API CUresult cuDeviceGetAttribute(int *v, int a, int d) {
   case 81: *v = 233472; break;
   case 82: *v = 65536; break;
   case 97: *v = 232448; break;
-  case 115: *v = 0; break;
+  case 115: *v = getenv("FAKE_CUDA_MEMORY_POOLS") != NULL; break; /* cuMemAllocAsync */
   default: *v = 0; break;
   }
   return 0;
@@ -106,12 +108,14 @@ typedef struct fake_launch {
 } fake_launch;
 static fake_launch fake_launches[FAKE_LAUNCH_MAX];
 static int fake_n_launches; /* may exceed FAKE_LAUNCH_MAX: only the first are kept */
-static int fake_n_allocs, fake_n_frees;
+static int fake_n_allocs, fake_n_frees, fake_n_async_allocs, fake_n_async_frees;
 static size_t fake_last_alloc_bytes;
+static void *fake_last_async_stream;
 
 API void fake_reset(void) {
-  fake_n_launches = fake_n_allocs = fake_n_frees = 0;
+  fake_n_launches = fake_n_allocs = fake_n_frees = fake_n_async_allocs = fake_n_async_frees = 0;
   fake_last_alloc_bytes = 0;
+  fake_last_async_stream = NULL;
 }
 API int fake_launch_count(void) { return fake_n_launches; }
 API const fake_launch *fake_launch_get(int i) {
@@ -133,6 +137,24 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t b) {
 }
 API CUresult cuMemFree_v2(CUdeviceptr p) {
   fake_n_frees++;
+  free((void *)(uintptr_t)p);
+  return 0;
+}
+API void fake_async_counts(int *allocs, int *frees, void **last_stream) {
+  *allocs = fake_n_async_allocs;
+  *frees = fake_n_async_frees;
+  *last_stream = fake_last_async_stream;
+}
+API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t b, void *st) {
+  CUresult r = cuMemAlloc_v2(p, b);
+  fake_n_allocs--; /* counted as asynchronous */
+  fake_n_async_allocs++;
+  fake_last_async_stream = st;
+  return r;
+}
+API CUresult cuMemFreeAsync(CUdeviceptr p, void *st) {
+  fake_n_async_frees++;
+  fake_last_async_stream = st;
   free((void *)(uintptr_t)p);
   return 0;
 }
