@@ -467,11 +467,13 @@ static void register_backward_kernels(void) {
         const fg_variant v = fg_builtin_backward_variant(ds[di], (fg_dtype)t, c, FG_ARCH_SM90A);
         fg_kernel_image *k = &images[n++];
         memset(k, 0, sizeof *k);
-        cr_assert_gt(fg_variant_name(&v, k->variant, sizeof k->variant), 0);
+        char name[FG_VARIANT_NAME_MAX];
+        cr_assert_gt(fg_variant_name(&v, name, sizeof name), 0);
+        snprintf(k->variant, sizeof k->variant, "%s", name);
         k->arch = FG_ARCH_SM90A;
         k->cubin = (unsigned char *)fake_cubin;
         k->cubin_size = sizeof fake_cubin;
-        snprintf(k->meta.entry, sizeof k->meta.entry, "fg_%s", k->variant);
+        snprintf(k->meta.entry, sizeof k->meta.entry, "fg_%s", name);
         k->meta.threads = v.warps * 32;
         k->meta.smem_bytes = 70000 + ds[di]; /* something to recognise */
         k->meta.grid = FG_GRID_KV_TILES;
