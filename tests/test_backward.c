@@ -473,7 +473,8 @@ static void register_backward_kernels(void) {
         k->arch = FG_ARCH_SM90A;
         k->cubin = (unsigned char *)fake_cubin;
         k->cubin_size = sizeof fake_cubin;
-        snprintf(k->meta.entry, sizeof k->meta.entry, "fg_%s", name);
+        cr_assert_lt(snprintf(k->meta.entry, sizeof k->meta.entry, "fg_%s", name),
+                     (int)sizeof k->meta.entry, "the entry of %s is too long", name);
         k->meta.threads = v.warps * 32;
         k->meta.smem_bytes = 70000 + ds[di]; /* something to recognise */
         k->meta.grid = FG_GRID_KV_TILES;
