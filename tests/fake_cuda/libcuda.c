@@ -72,19 +72,35 @@ API CUresult cuCtxPushCurrent_v2(void *c) { (void)c; return 0; }
 API CUresult cuCtxPopCurrent_v2(void **c) { if (c) *c = &fake_ctx; return 0; }
 API CUresult cuCtxGetCurrent(void **c) { *c = NULL; return 0; } /* never current: always push */
 API CUresult cuCtxSynchronize(void) { return 0; }
+/* A module owns the functions taken from it (freed with it, so leak checkers stay quiet). */
+typedef struct fake_module {
+  fake_fn **fns;
+  int n;
+} fake_module;
 API CUresult cuModuleLoadDataEx(void **m, const void *img, unsigned n, int *o, void **v) {
   (void)img; (void)n; (void)o; (void)v;
-  *m = malloc(1);
-  return 0;
+  *m = calloc(1, sizeof(fake_module));
+  return *m ? 0 : 2;
 }
 API CUresult cuModuleGetFunction(void **fn, void *m, const char *name) {
-  (void)m;
+  fake_module *mod = m;
+  fake_fn **fns = realloc(mod->fns, (size_t)(mod->n + 1) * sizeof *fns);
+  if (!fns) return 2;
+  mod->fns = fns;
   fake_fn *f = calloc(1, sizeof *f);
+  if (!f) return 2;
   strncpy(f->name, name, sizeof f->name - 1);
+  mod->fns[mod->n++] = f;
   *fn = f;
   return 0;
 }
-API CUresult cuModuleUnload(void *m) { free(m); return 0; }
+API CUresult cuModuleUnload(void *m) {
+  fake_module *mod = m;
+  for (int i = 0; i < mod->n; i++) free(mod->fns[i]);
+  free(mod->fns);
+  free(mod);
+  return 0;
+}
 API CUresult cuFuncSetAttribute(void *f, int a, int v) { (void)f; (void)a; (void)v; return 0; }
 API CUresult cuFuncGetAttribute(int *v, int a, void *f) {
   (void)f;
