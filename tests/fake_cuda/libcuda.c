@@ -5,7 +5,13 @@
  * named by its entry would: the references (fg_ref_f64_* exact, fg_ref_lowp_* rounded) write
  * fp64, the forward variants write f16/bf16. Planted faults, so rejection is tested too:
  * kv_outer variants leave the last output unwritten (NaN), br128_bc128 variants are wrong by
- * 0.25; variants with w8 spin 5x longer (early stop). Events are host timestamps. */
+ * 0.25; variants with w8 spin 5x longer (early stop). Events are host timestamps.
+ * Backward kernels (entries fg_bwd_*) compute nothing: their launches are recorded (entry,
+ * grid, block, shared memory, a copy of the fg_bwd_params block), and so are cuMemAlloc and
+ * cuMemFree (and cuMemAllocAsync/cuMemFreeAsync, offered as memory pools when
+ * FAKE_CUDA_MEMORY_POOLS is set); tests read the record through fake_launch_count,
+ * fake_launch_get, fake_mem_counts and fake_async_counts (dlopen the same library) and clear it
+ * with fake_reset (tests/test_backward.c). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -53,7 +59,7 @@ API CUresult cuDeviceGetAttribute(int *v, int a, int d) {
   case 81: *v = 233472; break;
   case 82: *v = 65536; break;
   case 97: *v = 232448; break;
-  case 115: *v = 0; break;
+  case 115: *v = getenv("FAKE_CUDA_MEMORY_POOLS") != NULL; break; /* cuMemAllocAsync */
   default: *v = 0; break;
   }
   return 0;
@@ -66,19 +72,35 @@ API CUresult cuCtxPushCurrent_v2(void *c) { (void)c; return 0; }
 API CUresult cuCtxPopCurrent_v2(void **c) { if (c) *c = &fake_ctx; return 0; }
 API CUresult cuCtxGetCurrent(void **c) { *c = NULL; return 0; } /* never current: always push */
 API CUresult cuCtxSynchronize(void) { return 0; }
+/* A module owns the functions taken from it (freed with it, so leak checkers stay quiet). */
+typedef struct fake_module {
+  fake_fn **fns;
+  int n;
+} fake_module;
 API CUresult cuModuleLoadDataEx(void **m, const void *img, unsigned n, int *o, void **v) {
   (void)img; (void)n; (void)o; (void)v;
-  *m = malloc(1);
-  return 0;
+  *m = calloc(1, sizeof(fake_module));
+  return *m ? 0 : 2;
 }
 API CUresult cuModuleGetFunction(void **fn, void *m, const char *name) {
-  (void)m;
+  fake_module *mod = m;
+  fake_fn **fns = realloc(mod->fns, (size_t)(mod->n + 1) * sizeof *fns);
+  if (!fns) return 2;
+  mod->fns = fns;
   fake_fn *f = calloc(1, sizeof *f);
+  if (!f) return 2;
   strncpy(f->name, name, sizeof f->name - 1);
+  mod->fns[mod->n++] = f;
   *fn = f;
   return 0;
 }
-API CUresult cuModuleUnload(void *m) { free(m); return 0; }
+API CUresult cuModuleUnload(void *m) {
+  fake_module *mod = m;
+  for (int i = 0; i < mod->n; i++) free(mod->fns[i]);
+  free(mod->fns);
+  free(mod);
+  return 0;
+}
 API CUresult cuFuncSetAttribute(void *f, int a, int v) { (void)f; (void)a; (void)v; return 0; }
 API CUresult cuFuncGetAttribute(int *v, int a, void *f) {
   (void)f;
@@ -93,13 +115,65 @@ API CUresult cuPointerGetAttribute(void *data, int a, CUdeviceptr p) {
   else return 1;
   return 0;
 }
+/* The record of backward launches and of allocations. */
+#define FAKE_LAUNCH_MAX 64
+typedef struct fake_launch {
+  char entry[160];
+  unsigned grid[3], block[3], smem;
+  fg_bwd_params params;
+} fake_launch;
+static fake_launch fake_launches[FAKE_LAUNCH_MAX];
+static int fake_n_launches; /* may exceed FAKE_LAUNCH_MAX: only the first are kept */
+static int fake_n_allocs, fake_n_frees, fake_n_async_allocs, fake_n_async_frees;
+static size_t fake_last_alloc_bytes;
+static void *fake_last_async_stream;
+
+API void fake_reset(void) {
+  fake_n_launches = fake_n_allocs = fake_n_frees = fake_n_async_allocs = fake_n_async_frees = 0;
+  fake_last_alloc_bytes = 0;
+  fake_last_async_stream = NULL;
+}
+API int fake_launch_count(void) { return fake_n_launches; }
+API const fake_launch *fake_launch_get(int i) {
+  return i >= 0 && i < fake_n_launches && i < FAKE_LAUNCH_MAX ? &fake_launches[i] : NULL;
+}
+API void fake_mem_counts(int *allocs, int *frees, size_t *last_alloc_bytes) {
+  *allocs = fake_n_allocs;
+  *frees = fake_n_frees;
+  *last_alloc_bytes = fake_last_alloc_bytes;
+}
+
 API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t b) {
+  fake_n_allocs++;
+  fake_last_alloc_bytes = b;
   void *m = aligned_alloc(256, (b + 255) / 256 * 256);
   if (!m) return 2;
   *p = (CUdeviceptr)(uintptr_t)m;
   return 0;
 }
-API CUresult cuMemFree_v2(CUdeviceptr p) { free((void *)(uintptr_t)p); return 0; }
+API CUresult cuMemFree_v2(CUdeviceptr p) {
+  fake_n_frees++;
+  free((void *)(uintptr_t)p);
+  return 0;
+}
+API void fake_async_counts(int *allocs, int *frees, void **last_stream) {
+  *allocs = fake_n_async_allocs;
+  *frees = fake_n_async_frees;
+  *last_stream = fake_last_async_stream;
+}
+API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t b, void *st) {
+  CUresult r = cuMemAlloc_v2(p, b);
+  fake_n_allocs--; /* counted as asynchronous */
+  fake_n_async_allocs++;
+  fake_last_async_stream = st;
+  return r;
+}
+API CUresult cuMemFreeAsync(CUdeviceptr p, void *st) {
+  fake_n_async_frees++;
+  fake_last_async_stream = st;
+  free((void *)(uintptr_t)p);
+  return 0;
+}
 API CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = *t = (size_t)80 << 30; return 0; }
 API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t b) {
   memcpy((void *)(uintptr_t)d, s, b);
@@ -178,6 +252,18 @@ API CUresult cuLaunchKernel(void *fnp, unsigned gx, unsigned gy, unsigned gz, un
                             void **extra) {
   (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)st; (void)extra;
   const fake_fn *f = fnp;
+  if (strncmp(f->name, "fg_bwd_", 7) == 0) {
+    if (fake_n_launches < FAKE_LAUNCH_MAX) {
+      fake_launch *l = &fake_launches[fake_n_launches];
+      strncpy(l->entry, f->name, sizeof l->entry - 1);
+      l->grid[0] = gx, l->grid[1] = gy, l->grid[2] = gz;
+      l->block[0] = bx, l->block[1] = by, l->block[2] = bz;
+      l->smem = smem;
+      memcpy(&l->params, params[0], sizeof l->params);
+    }
+    fake_n_launches++;
+    return 0;
+  }
   const fg_fwd_params *p = params[0];
   const double t0 = now_ms();
   const int is_ref = strncmp(f->name, "fg_ref_", 7) == 0;

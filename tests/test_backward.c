@@ -1,0 +1,871 @@
+/* test_backward.c: the backward call without a GPU. fg_validate_backward_args: every bad input is
+ * refused with the documented status and a message naming the argument; good inputs (contiguous,
+ * BNHD, GQA/MQA, seqlen_k = 0, empty) are accepted and normalised (strides, scale). Then
+ * fg_attention_backward on the fake driver (tests/fake_cuda/libcuda.c, which records backward
+ * launches): the plan's three kernels in order with their grids, blocks and parameter blocks,
+ * the split past the grid's y limit, seqlen_k = 0, the workspace (allocated and freed, or the
+ * caller's, refused when too small) and fg_attention_backward_workspace_size. */
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fg_params.h"
+#include "fg_runtime_internal.h"
+
+/* ---- fg_validate_backward_args -------------------------------------------------------------- */
+
+#define P(x) ((void *)(uintptr_t)(x))
+
+/* A valid problem whose pointers are fake, aligned and far apart (validation touches no memory):
+ * B 2, Hq 4, Hkv 2 (GQA), Nq 128, Nk 96, d 64. */
+static fg_attention_backward_args valid_bwd(void) {
+  fg_attention_backward_args a;
+  memset(&a, 0, sizeof a);
+  a.size = sizeof a;
+  a.dtype = FG_DTYPE_BF16;
+  a.batch = 2;
+  a.heads_q = 4;
+  a.heads_kv = 2;
+  a.seqlen_q = 128;
+  a.seqlen_k = 96;
+  a.head_dim = 64;
+  a.q = P(0x10000000);
+  a.k = P(0x20000000);
+  a.v = P(0x30000000);
+  a.o = P(0x40000000);
+  a.lse = P(0x50000000);
+  a.d_o = P(0x60000000);
+  a.dq = P(0x70000000);
+  a.dk = P(0x80000000);
+  a.dv = P(0x90000000);
+  return a;
+}
+
+static char err[2048];
+
+static fg_status vcheck(const fg_attention_backward_args *a, fg_validate_mode mode,
+                        fg_attention_backward_args *out) {
+  fg_attention_backward_args tmp;
+  strcpy(err, "(not cleared)");
+  return fg_validate_backward_args(a, mode, out ? out : &tmp, err, sizeof err);
+}
+
+#define EXPECT_MODE(a, mode, status, ...)                                                    \
+  do {                                                                                      \
+    fg_status s_ = vcheck(&(a), (mode), NULL);                                              \
+    cr_assert_eq(s_, (status), "line %d: status %d (%s), message: %s", __LINE__, (int)s_,    \
+                 fg_status_string(s_), err);                                                \
+    const char *needles_[] = {__VA_ARGS__};                                                 \
+    for (size_t i_ = 0; i_ < sizeof needles_ / sizeof needles_[0]; i_++)                    \
+      cr_assert(strstr(err, needles_[i_]), "line %d: message \"%s\" lacks \"%s\"", __LINE__, \
+                err, needles_[i_]);                                                         \
+  } while (0)
+#define EXPECT_ERR(a, status, ...) EXPECT_MODE(a, FG_VALIDATE_CALL, status, __VA_ARGS__)
+#define EXPECT_OK(a, mode)                                                                   \
+  do {                                                                                      \
+    fg_status s_ = vcheck(&(a), (mode), NULL);                                              \
+    cr_assert_eq(s_, FG_OK, "line %d: %s: %s", __LINE__, fg_status_string(s_), err);        \
+    cr_assert_str_empty(err, "line %d: a success leaves no message", __LINE__);             \
+  } while (0)
+
+static void expect_strides(const int64_t s[3], int64_t s0, int64_t s1, int64_t s2,
+                           const char *what) {
+  cr_assert(s[0] == s0 && s[1] == s1 && s[2] == s2,
+            "%s = {%lld, %lld, %lld}, want {%lld, %lld, %lld}", what, (long long)s[0],
+            (long long)s[1], (long long)s[2], (long long)s0, (long long)s1, (long long)s2);
+}
+
+Test(validate_bwd, contiguous_gqa_is_accepted_and_normalised) {
+  fg_attention_backward_args a = valid_bwd(), n;
+  a.causal = 7;
+  cr_assert_eq(vcheck(&a, FG_VALIDATE_CALL, &n), FG_OK, "%s", err);
+  cr_assert_str_empty(err);
+  const int64_t q0 = 4 * 128 * 64, q1 = 128 * 64, k0 = 2 * 96 * 64, k1 = 96 * 64;
+  expect_strides(n.q_stride, q0, q1, 64, "q_stride");
+  expect_strides(n.o_stride, q0, q1, 64, "o_stride");
+  expect_strides(n.do_stride, q0, q1, 64, "do_stride");
+  expect_strides(n.dq_stride, q0, q1, 64, "dq_stride");
+  expect_strides(n.k_stride, k0, k1, 64, "k_stride");
+  expect_strides(n.v_stride, k0, k1, 64, "v_stride");
+  expect_strides(n.dk_stride, k0, k1, 64, "dk_stride");
+  expect_strides(n.dv_stride, k0, k1, 64, "dv_stride");
+  cr_assert_float_eq(n.scale, 0.125f, 1e-7, "default scale 1/sqrt(64), got %g", n.scale);
+  cr_assert_eq(n.causal, 1, "causal normalised to 0/1");
+  cr_assert_eq(n.size, sizeof n);
+  cr_assert_eq(n.dq, a.dq);
+  cr_assert_eq(n.lse, a.lse);
+
+  /* d = 128: 1/sqrt(128); an explicit scale is kept. */
+  a = valid_bwd();
+  a.head_dim = 128;
+  cr_assert_eq(vcheck(&a, FG_VALIDATE_CALL, &n), FG_OK, "%s", err);
+  cr_assert_float_eq(n.scale, (float)(1 / sqrt(128.0)), 1e-7);
+  a.scale = 0.3f;
+  cr_assert_eq(vcheck(&a, FG_VALIDATE_CALL, &n), FG_OK, "%s", err);
+  cr_assert_eq(n.scale, 0.3f);
+  /* size 0 means this version's struct. */
+  a = valid_bwd();
+  a.size = 0;
+  cr_assert_eq(vcheck(&a, FG_VALIDATE_CALL, &n), FG_OK, "%s", err);
+  cr_assert_eq(n.size, sizeof n);
+}
+
+Test(validate_bwd, bnhd_strides_and_mqa_are_accepted_and_kept) {
+  fg_attention_backward_args a = valid_bwd(), n;
+  a.heads_kv = 1; /* MQA */
+  const int64_t H = 4, Hk = 1, Nq = 128, Nk = 96, d = 64;
+  const int64_t qs[3] = {Nq * H * d, d, H * d}, ks[3] = {Nk * Hk * d, d, Hk * d};
+  memcpy(a.q_stride, qs, sizeof qs);
+  memcpy(a.o_stride, qs, sizeof qs);
+  memcpy(a.do_stride, qs, sizeof qs);
+  memcpy(a.dq_stride, qs, sizeof qs);
+  memcpy(a.k_stride, ks, sizeof ks);
+  memcpy(a.v_stride, ks, sizeof ks);
+  memcpy(a.dk_stride, ks, sizeof ks);
+  memcpy(a.dv_stride, ks, sizeof ks);
+  cr_assert_eq(vcheck(&a, FG_VALIDATE_CALL, &n), FG_OK, "%s", err);
+  expect_strides(n.dq_stride, qs[0], qs[1], qs[2], "dq_stride");
+  expect_strides(n.do_stride, qs[0], qs[1], qs[2], "do_stride");
+  expect_strides(n.dk_stride, ks[0], ks[1], ks[2], "dk_stride");
+  expect_strides(n.dv_stride, ks[0], ks[1], ks[2], "dv_stride");
+  /* Only some tensors strided: the others still get their contiguous defaults. */
+  a = valid_bwd();
+  memcpy(a.dq_stride, (int64_t[3]){Nq * H * d, d, H * d}, sizeof a.dq_stride);
+  cr_assert_eq(vcheck(&a, FG_VALIDATE_CALL, &n), FG_OK, "%s", err);
+  expect_strides(n.dq_stride, Nq * H * d, d, H * d, "dq_stride");
+  expect_strides(n.do_stride, H * Nq * d, Nq * d, d, "do_stride");
+  /* K and V in one buffer (inputs may share memory), as the forward allows. */
+  a = valid_bwd();
+  a.v = a.k;
+  EXPECT_OK(a, FG_VALIDATE_CALL);
+}
+
+Test(validate_bwd, seqlen_k_zero_needs_no_k_v_dk_dv) {
+  fg_attention_backward_args a = valid_bwd(), n;
+  a.seqlen_k = 0;
+  a.k = a.v = NULL;
+  a.dk = a.dv = NULL;
+  cr_assert_eq(vcheck(&a, FG_VALIDATE_CALL, &n), FG_OK, "%s", err);
+  expect_strides(n.dq_stride, 4 * 128 * 64, 128 * 64, 64, "dq_stride");
+  /* Unused, so not even their alignment matters. */
+  a.dk = P(0x80000008);
+  a.k = P(0x20000004);
+  EXPECT_OK(a, FG_VALIDATE_CALL);
+  /* dq is still needed. */
+  a.dq = NULL;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->dq is NULL");
+}
+
+Test(validate_bwd, empty_problems_accept_null_pointers) {
+  const char *which[3] = {"batch", "heads_q", "seqlen_q"};
+  for (int w = 0; w < 3; w++) {
+    fg_attention_backward_args a = valid_bwd();
+    if (w == 0) a.batch = 0;
+    if (w == 1) a.heads_q = 0;
+    if (w == 2) a.seqlen_q = 0;
+    a.q = a.k = a.v = a.o = a.d_o = NULL;
+    a.lse = NULL;
+    a.dq = a.dk = a.dv = NULL;
+    fg_status s = vcheck(&a, FG_VALIDATE_CALL, NULL);
+    cr_assert_eq(s, FG_OK, "%s = 0: %s", which[w], err);
+  }
+  /* Empty still has to be well formed. */
+  fg_attention_backward_args a = valid_bwd();
+  a.batch = 0;
+  a.head_dim = 100;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->head_dim = 100");
+  a = valid_bwd();
+  a.batch = 0;
+  a.deterministic = 1;
+  EXPECT_ERR(a, FG_ERROR_UNSUPPORTED, "args->deterministic = 1");
+}
+
+Test(validate_bwd, null_args_and_size_field) {
+  fg_attention_backward_args out;
+  cr_assert_eq(fg_validate_backward_args(NULL, FG_VALIDATE_CALL, &out, err, sizeof err),
+               FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "args is NULL") && strstr(err, "fg_attention_backward_args"), "%s", err);
+  cr_assert_eq(fg_validate_backward_args(NULL, FG_VALIDATE_CALL, &out, NULL, 0),
+               FG_ERROR_INVALID_ARGUMENT, "err may be NULL");
+
+  fg_attention_backward_args a = valid_bwd();
+  a.size = 16;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->size = 16",
+             "sizeof(fg_attention_backward_args)");
+  a.size = sizeof a - 8;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->size = ");
+  a.size = (size_t)1 << 20;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->size = 1048576");
+}
+
+Test(validate_bwd, a_larger_struct_from_a_newer_caller) {
+  struct {
+    fg_attention_backward_args a;
+    unsigned char tail[24];
+  } big;
+  memset(&big, 0, sizeof big);
+  big.a = valid_bwd();
+  big.a.size = sizeof big;
+  fg_attention_backward_args n;
+  cr_assert_eq(vcheck(&big.a, FG_VALIDATE_CALL, &n), FG_OK, "a zero tail is 'off': %s", err);
+  cr_assert_eq(n.size, sizeof n);
+  big.tail[5] = 1;
+  char want[64];
+  snprintf(want, sizeof want, "byte %zu of them is set", sizeof(fg_attention_backward_args) + 5);
+  EXPECT_ERR(big.a, FG_ERROR_INVALID_ARGUMENT, "args->size = ", want, "upgrade flashgen");
+}
+
+Test(validate_bwd, deterministic_is_unsupported) {
+  fg_attention_backward_args a = valid_bwd();
+  a.deterministic = 1;
+  EXPECT_ERR(a, FG_ERROR_UNSUPPORTED, "args->deterministic = 1", "set it to 0");
+  EXPECT_MODE(a, FG_VALIDATE_SHAPES, FG_ERROR_UNSUPPORTED, "args->deterministic = 1");
+  a.deterministic = -3;
+  EXPECT_ERR(a, FG_ERROR_UNSUPPORTED, "args->deterministic = -3");
+}
+
+Test(validate_bwd, dtype_head_dim_heads_scale) {
+  fg_attention_backward_args a = valid_bwd();
+  a.dtype = 0;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->dtype is not set", "FG_DTYPE_BF16");
+  a.dtype = 9;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->dtype = 9");
+  a = valid_bwd();
+  a.head_dim = 100;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->head_dim = 100", "multiple of 8");
+  a.head_dim = 264;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->head_dim = 264", "32..256");
+  a.head_dim = 24;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->head_dim = 24");
+  a = valid_bwd();
+  a.heads_q = 6;
+  a.heads_kv = 4;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->heads_q = 6", "args->heads_kv = 4");
+  a.heads_kv = 0;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->heads_kv = 0");
+  a = valid_bwd();
+  a.seqlen_k = -1;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->seqlen_k = -1");
+  a = valid_bwd();
+  a.scale = -1;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->scale = -1");
+  a.scale = NAN;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->scale", "not finite");
+}
+
+Test(validate_bwd, every_null_pointer_is_named) {
+  static const char *const names[9] = {"q", "k", "v", "o", "d_o", "lse", "dq", "dk", "dv"};
+  for (int i = 0; i < 9; i++) {
+    fg_attention_backward_args a = valid_bwd();
+    const void **cp[6] = {&a.q, &a.k, &a.v, &a.o, &a.d_o, (const void **)&a.lse};
+    void **mp[3] = {&a.dq, &a.dk, &a.dv};
+    if (i < 6)
+      *cp[i] = NULL;
+    else
+      *mp[i - 6] = NULL;
+    char want[64];
+    snprintf(want, sizeof want, "args->%s is NULL", names[i]);
+    EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, want);
+    if (i == 5) cr_assert(strstr(err, "forward"), "the lse message says where it comes from: %s", err);
+    /* FG_VALIDATE_SHAPES (workspace_size, explain): pointers may be NULL. */
+    EXPECT_OK(a, FG_VALIDATE_SHAPES);
+  }
+  fg_attention_backward_args a = valid_bwd();
+  a.q = a.k = a.v = a.o = a.d_o = NULL;
+  a.lse = NULL;
+  a.dq = a.dk = a.dv = NULL;
+  EXPECT_OK(a, FG_VALIDATE_SHAPES);
+  /* ... but a pointer that is given is still checked. */
+  a.d_o = P(0x60000004);
+  EXPECT_MODE(a, FG_VALIDATE_SHAPES, FG_ERROR_INVALID_ARGUMENT, "args->d_o = ", "16-byte");
+}
+
+Test(validate_bwd, every_misaligned_pointer_is_named) {
+  static const char *const names[10] = {"q", "k", "v", "o", "d_o", "lse",
+                                        "dq", "dk", "dv", "workspace"};
+  for (int i = 0; i < 10; i++) {
+    fg_attention_backward_args a = valid_bwd();
+    a.workspace = P(0xa0000000);
+    a.workspace_size = (size_t)1 << 30;
+    EXPECT_OK(a, FG_VALIDATE_CALL);
+    const void **cp[6] = {&a.q, &a.k, &a.v, &a.o, &a.d_o, (const void **)&a.lse};
+    void **mp[4] = {&a.dq, &a.dk, &a.dv, &a.workspace};
+    if (i < 6)
+      *cp[i] = (const char *)*cp[i] + 8;
+    else
+      *mp[i - 6] = (char *)*mp[i - 6] + 8;
+    char want[64];
+    snprintf(want, sizeof want, "args->%s = 0x", names[i]);
+    EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, want, "16-byte aligned");
+  }
+}
+
+Test(validate_bwd, gradient_strides) {
+  static const char *const sn[4] = {"do_stride", "dq_stride", "dk_stride", "dv_stride"};
+  for (int t = 0; t < 4; t++) {
+    fg_attention_backward_args a = valid_bwd();
+    int64_t *s[4] = {a.do_stride, a.dq_stride, a.dk_stride, a.dv_stride};
+    const int64_t n = t < 2 ? 128 : 96, h = t < 2 ? 4 : 2;
+    /* Row stride 68: not a multiple of 8 elements (16 bytes). */
+    s[t][0] = h * n * 72;
+    s[t][1] = n * 72;
+    s[t][2] = 68;
+    char want[64];
+    snprintf(want, sizeof want, "args->%s[2] = 68", sn[t]);
+    EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, want, "multiple of 16 bytes");
+    s[t][2] = 72; /* padded rows are fine */
+    EXPECT_OK(a, FG_VALIDATE_CALL);
+    s[t][0] = -8;
+    snprintf(want, sizeof want, "args->%s[0] = -8", sn[t]);
+    EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, want, "negative");
+  }
+}
+
+Test(validate_bwd, gradients_whose_elements_overlap) {
+  /* dQ rows 32 elements apart with d = 64: rows i and i+1 share 32 elements. */
+  fg_attention_backward_args a = valid_bwd();
+  a.dq_stride[0] = 4 * 128 * 64;
+  a.dq_stride[1] = 128 * 64;
+  a.dq_stride[2] = 32;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->dq_stride = {32768, 8192, 32}",
+             "makes elements of dq overlap");
+  /* dK with head stride 0: the two KV heads write the same rows. */
+  a = valid_bwd();
+  a.dk_stride[0] = 96 * 64;
+  a.dk_stride[1] = 0;
+  a.dk_stride[2] = 64;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->dk_stride = {6144, 0, 64}",
+             "makes elements of dk overlap");
+  /* dV with batch stride smaller than a batch. */
+  a = valid_bwd();
+  a.dv_stride[0] = 96 * 64;
+  a.dv_stride[1] = 96 * 64;
+  a.dv_stride[2] = 64;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->dv_stride", "makes elements of dv overlap");
+  /* dO is an input: overlapping rows are allowed (a broadcast gradient, e.g. from a sum). */
+  a = valid_bwd();
+  a.do_stride[0] = 0;
+  a.do_stride[1] = 0;
+  a.do_stride[2] = 64;
+  EXPECT_OK(a, FG_VALIDATE_CALL);
+}
+
+Test(validate_bwd, gradients_that_alias_another_tensor) {
+  /* dq (Q's shape: 2*4*128*64*2 = 131072 bytes), dk and dv (2*2*96*64*2 = 49152 bytes). */
+  struct {
+    int which; /* 0 dq, 1 dk, 2 dv */
+    uintptr_t at;
+    const char *want;
+  } cases[] = {
+      {0, 0x10000000, "args->dq and args->q overlap"},
+      {0, 0x10000000 + 131072 - 16, "args->dq and args->q overlap"}, /* last 16 bytes of q */
+      {0, 0x40000000 - 131072 + 16, "args->dq and args->o overlap"}, /* first 16 bytes of o */
+      {0, 0x60000000, "args->dq and args->d_o overlap"},
+      {0, 0x80000000 - 131072 + 64, "args->dq and args->dk overlap"},
+      {0, 0x90000000, "args->dq and args->dv overlap"},
+      {0, 0x50000000, "args->dq and args->lse overlap"},
+      {1, 0x90000000 - 49152 + 16, "args->dk and args->dv overlap"},
+      {1, 0x90000000, "args->dk and args->dv overlap"},
+      {1, 0x20000000, "args->dk and args->k overlap"},
+      {1, 0x60000000 + 4096, "args->dk and args->d_o overlap"},
+      {2, 0x30000000 + 32, "args->dv and args->v overlap"},
+      {2, 0x50000000 + 1024, "args->dv and args->lse overlap"},
+      {2, 0x10000000, "args->dv and args->q overlap"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    fg_attention_backward_args a = valid_bwd();
+    void **slot[3] = {&a.dq, &a.dk, &a.dv};
+    *slot[cases[i].which] = P(cases[i].at);
+    EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, cases[i].want, "must not share memory");
+  }
+  /* Touching but not overlapping: dq ends where o begins. */
+  fg_attention_backward_args a = valid_bwd();
+  a.dq = P(0x40000000 - 131072);
+  EXPECT_OK(a, FG_VALIDATE_CALL);
+  /* seqlen_k = 0: dk and dv are empty, so sitting on q is harmless. */
+  a = valid_bwd();
+  a.seqlen_k = 0;
+  a.dk = a.dv = P(0x10000000);
+  EXPECT_OK(a, FG_VALIDATE_CALL);
+}
+
+Test(validate_bwd, the_forward_checks_apply_to_the_forward_tensors) {
+  fg_attention_backward_args a = valid_bwd();
+  a.k_stride[0] = 2 * 96 * 64;
+  a.k_stride[1] = 96 * 64;
+  a.k_stride[2] = 60;
+  EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->k_stride[2] = 60");
+  a = valid_bwd();
+  a.heads_q = a.heads_kv = 70000;
+  a.batch = 1;
+  EXPECT_ERR(a, FG_ERROR_UNSUPPORTED, "args->heads_q = 70000");
+}
+
+Test(validate_bwd, params_block) {
+  fg_attention_backward_args a = valid_bwd(), n;
+  a.causal = 3;
+  a.workspace = P(0xa0000000);
+  const int64_t qs[3] = {128 * 4 * 64, 64, 4 * 64};
+  memcpy(a.dq_stride, qs, sizeof qs);
+  cr_assert_eq(vcheck(&a, FG_VALIDATE_CALL, &n), FG_OK, "%s", err);
+  fg_bwd_params p;
+  fg_bwd_params_from_args(&n, &p);
+  cr_assert_eq(p.q, 0x10000000ull);
+  cr_assert_eq(p.d_o, 0x60000000ull);
+  cr_assert_eq(p.lse, 0x50000000ull);
+  cr_assert_eq(p.dq, 0x70000000ull);
+  cr_assert_eq(p.dk, 0x80000000ull);
+  cr_assert_eq(p.dv, 0x90000000ull);
+  cr_assert_eq(p.workspace, 0xa0000000ull);
+  cr_assert(p.dq_sb == qs[0] && p.dq_sh == qs[1] && p.dq_sn == qs[2]);
+  cr_assert(p.do_sb == 4 * 128 * 64 && p.do_sh == 128 * 64 && p.do_sn == 64);
+  cr_assert(p.dk_sb == 2 * 96 * 64 && p.dv_sh == 96 * 64 && p.k_sn == 64);
+  cr_assert_eq(p.hq_per_hkv, 2);
+  cr_assert_eq(p.causal, 1);
+  cr_assert_eq(p.batch, 2);
+  cr_assert_eq(p.seqlen_k, 96);
+  cr_assert_float_eq(p.scale, 0.125, 1e-12);
+  cr_assert_float_eq(p.scale_log2, 0.125 * 1.4426950408889634, 1e-12);
+}
+
+/* ---- fg_attention_backward on the fake driver ------------------------------------------------ */
+
+/* The record kept by tests/fake_cuda/libcuda.c (the same layout). */
+typedef struct fake_launch {
+  char entry[160];
+  unsigned grid[3], block[3], smem;
+  fg_bwd_params params;
+} fake_launch;
+
+static char tmp_dir[64], fake_lib[160];
+static void *fake_handle;
+static void (*fake_reset)(void);
+static int (*fake_launch_count)(void);
+static const fake_launch *(*fake_launch_get)(int);
+static void (*fake_mem_counts)(int *, int *, size_t *);
+static void (*fake_async_counts)(int *, int *, void **);
+static fg_context *ctx;
+
+/* Backward kernels for the fake H100 (sm_90a): d 32, 64, 128 x f16, bf16 x causal or not, the
+ * built-in rule's variants, as if exported. The cubin is never looked at. */
+#define N_IMAGES 12
+static fg_kernel_image images[N_IMAGES];
+static const unsigned char fake_cubin[16] = {0x7f, 'E', 'L', 'F'};
+static fg_exported_table table;
+
+static void register_backward_kernels(void) {
+  static const int ds[3] = {32, 64, 128};
+  int n = 0;
+  for (int di = 0; di < 3; di++)
+    for (int t = 1; t <= 2; t++)
+      for (int c = 0; c < 2; c++) {
+        const fg_variant v = fg_builtin_backward_variant(ds[di], (fg_dtype)t, c, FG_ARCH_SM90A);
+        fg_kernel_image *k = &images[n++];
+        memset(k, 0, sizeof *k);
+        char name[FG_VARIANT_NAME_MAX];
+        cr_assert_gt(fg_variant_name(&v, name, sizeof name), 0);
+        snprintf(k->variant, sizeof k->variant, "%s", name);
+        k->arch = FG_ARCH_SM90A;
+        k->cubin = (unsigned char *)fake_cubin;
+        k->cubin_size = sizeof fake_cubin;
+        cr_assert_lt(snprintf(k->meta.entry, sizeof k->meta.entry, "fg_%s", name),
+                     (int)sizeof k->meta.entry, "the entry of %s is too long", name);
+        k->meta.threads = v.warps * 32;
+        k->meta.smem_bytes = 70000 + ds[di]; /* something to recognise */
+        k->meta.grid = FG_GRID_KV_TILES;
+        k->meta.br = v.bc; /* the backward's meta.br holds Bc */
+        k->meta.workspace_floats_per_row = ds[di] + 1;
+        k->meta.regs = k->meta.spill_load_bytes = k->meta.spill_store_bytes = -1;
+        k->meta.stack_bytes = -1;
+      }
+  table.description = "test_backward";
+  table.kernels = images;
+  table.n_kernels = N_IMAGES;
+  char e[512];
+  cr_assert_eq(fg_register_exported(&table, e, sizeof e), FG_OK, "%s", e);
+}
+
+static void fake_setup(void) {
+  snprintf(tmp_dir, sizeof tmp_dir, "/tmp/fg_bwd_test_XXXXXX");
+  cr_assert_not_null(mkdtemp(tmp_dir));
+  const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
+  if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
+  const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
+  snprintf(fake_lib, sizeof fake_lib, "%s/libcuda_fake.so", tmp_dir);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "%s -std=c11 -D_POSIX_C_SOURCE=200809L -O1 -shared -fPIC -o '%s' "
+           "'%s/tests/fake_cuda/libcuda.c' -lm",
+           cc, fake_lib, src);
+  if (system(cmd) != 0) cr_skip_test("cannot build the fake driver with '%s'", cc);
+  setenv("FLASHGEN_CUDA_LIBRARY", fake_lib, 1);
+  register_backward_kernels();
+
+  fg_context_options o;
+  memset(&o, 0, sizeof o);
+  o.size = sizeof o;
+  o.policy = FG_POLICY_EXPORTED_ONLY; /* never compile, never touch the disk */
+  o.quiet = 1;
+  cr_assert_eq(fg_context_create(&ctx, &o), FG_OK, "%s", fg_last_create_error());
+  /* The runtime dlopened the same file, so this is the same instance of the fake driver. */
+  fake_handle = dlopen(fake_lib, RTLD_NOW | RTLD_LOCAL);
+  cr_assert_not_null(fake_handle, "%s", dlerror());
+  *(void **)&fake_reset = dlsym(fake_handle, "fake_reset");
+  *(void **)&fake_launch_count = dlsym(fake_handle, "fake_launch_count");
+  *(void **)&fake_launch_get = dlsym(fake_handle, "fake_launch_get");
+  *(void **)&fake_mem_counts = dlsym(fake_handle, "fake_mem_counts");
+  *(void **)&fake_async_counts = dlsym(fake_handle, "fake_async_counts");
+  cr_assert(fake_reset && fake_launch_count && fake_launch_get && fake_mem_counts &&
+                fake_async_counts,
+            "the fake driver lacks its recording functions");
+  fake_reset();
+}
+
+static void fake_teardown(void) {
+  if (ctx) fg_context_destroy(ctx);
+  ctx = NULL;
+  if (fake_handle) dlclose(fake_handle);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp_dir);
+}
+
+/* A backward problem on fake device addresses 2^36 bytes apart (nothing is read or written: the
+ * fake driver's backward kernels only record their launch). */
+#define BASE(i) ((uintptr_t)(i) << 36)
+static fg_attention_backward_args bwd_problem(fg_dtype t, int causal, int64_t B, int64_t Hq,
+                                              int64_t Hkv, int64_t Nq, int64_t Nk, int64_t d) {
+  fg_attention_backward_args a;
+  memset(&a, 0, sizeof a);
+  a.size = sizeof a;
+  a.dtype = t;
+  a.causal = causal;
+  a.batch = B;
+  a.heads_q = Hq;
+  a.heads_kv = Hkv;
+  a.seqlen_q = Nq;
+  a.seqlen_k = Nk;
+  a.head_dim = d;
+  a.q = P(BASE(1));
+  a.k = P(BASE(2));
+  a.v = P(BASE(3));
+  a.o = P(BASE(4));
+  a.lse = P(BASE(5));
+  a.d_o = P(BASE(6));
+  a.dq = P(BASE(7));
+  a.dk = P(BASE(8));
+  a.dv = P(BASE(9));
+  return a;
+}
+
+static uint64_t cdiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+static const fake_launch *launch(int i) {
+  const fake_launch *l = fake_launch_get(i);
+  cr_assert_not_null(l, "launch %d was not recorded (%d launches)", i, fake_launch_count());
+  return l;
+}
+
+static void expect_launch(int i, const char *entry, unsigned gx, unsigned gy, unsigned threads,
+                          unsigned smem) {
+  const fake_launch *l = launch(i);
+  cr_assert_str_eq(l->entry, entry, "launch %d", i);
+  cr_assert(l->grid[0] == gx && l->grid[1] == gy && l->grid[2] == 1,
+            "launch %d (%s): grid %u x %u x %u, want %u x %u x 1", i, entry, l->grid[0],
+            l->grid[1], l->grid[2], gx, gy);
+  cr_assert(l->block[0] == threads && l->block[1] == 1 && l->block[2] == 1,
+            "launch %d (%s): block %u, want %u", i, entry, l->block[0], threads);
+  cr_assert_eq(l->smem, smem, "launch %d (%s): %u B of shared memory, want %u", i, entry, l->smem,
+               smem);
+}
+
+/* The entry names of the built-in variant for the problem. */
+static void entries(const fg_attention_backward_args *a, char pre[128], char main_[128],
+                    char post[128], fg_variant *v) {
+  *v = fg_builtin_backward_variant((int)a->head_dim, a->dtype, a->causal, FG_ARCH_SM90A);
+  char name[FG_VARIANT_NAME_MAX];
+  cr_assert_gt(fg_variant_name(v, name, sizeof name), 0);
+  snprintf(pre, 128, "fg_%s_pre", name);
+  snprintf(main_, 128, "fg_%s", name);
+  snprintf(post, 128, "fg_%s_post", name);
+}
+
+static size_t ws_bytes(int64_t B, int64_t Hq, int64_t Nq, int64_t d) {
+  return (size_t)((d + 1) * 4 * B * Hq * Nq);
+}
+
+Test(backward_launch, three_kernels_in_order, .init = fake_setup, .fini = fake_teardown) {
+  /* d = 128: Br = 32, Bc = 64, so a grid of ceil(Nk / Br) would show. */
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_F16, 1, 2, 4, 2, 100, 130, 128);
+  char pre[128], mn[128], post[128];
+  fg_variant v;
+  entries(&a, pre, mn, post, &v);
+  cr_assert_eq(v.bc, 64);
+  cr_assert_neq(v.br, v.bc);
+  fg_status s = fg_attention_backward(ctx, &a, NULL);
+  cr_assert_eq(s, FG_OK, "%s: %s", fg_status_string(s), fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 3);
+  expect_launch(0, pre, (unsigned)cdiv(100, 64), 2 * 4, 128, 0);
+  expect_launch(1, mn, (unsigned)cdiv(130, 64), 2 * 2, (unsigned)v.warps * 32, 70000 + 128);
+  expect_launch(2, post, (unsigned)cdiv(100, 64), 2 * 4, 128, 0);
+  /* The workspace was allocated for the call (no memory pools on the fake driver), the same
+   * buffer went to all three kernels, and it was freed. */
+  int allocs, frees;
+  size_t bytes;
+  fake_mem_counts(&allocs, &frees, &bytes);
+  cr_assert_eq(allocs, 1);
+  cr_assert_eq(frees, 1);
+  cr_assert_eq(bytes, ws_bytes(2, 4, 100, 128), "allocated %zu bytes", bytes);
+  const fg_bwd_params *p0 = &launch(0)->params;
+  cr_assert_neq(p0->workspace, 0);
+  cr_assert_eq(p0->workspace % 16, 0);
+  for (int i = 1; i < 3; i++)
+    cr_assert_eq(memcmp(&launch(i)->params, p0, sizeof *p0), 0,
+                 "launch %d got another parameter block", i);
+  /* The parameter block: the caller's pointers, default strides, the resolved scale. */
+  cr_assert_eq(p0->q, (unsigned long long)BASE(1));
+  cr_assert_eq(p0->lse, (unsigned long long)BASE(5));
+  cr_assert_eq(p0->d_o, (unsigned long long)BASE(6));
+  cr_assert_eq(p0->dq, (unsigned long long)BASE(7));
+  cr_assert_eq(p0->dv, (unsigned long long)BASE(9));
+  cr_assert(p0->dq_sb == 4 * 100 * 128 && p0->dq_sh == 100 * 128 && p0->dq_sn == 128);
+  cr_assert(p0->dk_sb == 2 * 130 * 128 && p0->dk_sh == 130 * 128 && p0->dk_sn == 128);
+  cr_assert(p0->batch == 2 && p0->heads_q == 4 && p0->heads_kv == 2 && p0->hq_per_hkv == 2);
+  cr_assert(p0->seqlen_q == 100 && p0->seqlen_k == 130 && p0->head_dim == 128);
+  cr_assert_eq(p0->causal, 1);
+  cr_assert_float_eq(p0->scale, 1 / sqrt(128.0), 1e-7);
+
+  /* A second call with another (d, dtype, causal) picks its own kernel. */
+  fake_reset();
+  fg_attention_backward_args b = bwd_problem(FG_DTYPE_BF16, 0, 1, 2, 1, 64, 65, 32);
+  entries(&b, pre, mn, post, &v);
+  cr_assert_eq(fg_attention_backward(ctx, &b, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 3);
+  expect_launch(0, pre, 1, 2, 128, 0);
+  expect_launch(1, mn, (unsigned)cdiv(65, (uint64_t)v.bc), 1, (unsigned)v.warps * 32, 70000 + 32);
+  expect_launch(2, post, 1, 2, 128, 0);
+  cr_assert_eq(launch(1)->params.causal, 0);
+}
+
+static void pools_setup(void) {
+  setenv("FAKE_CUDA_MEMORY_POOLS", "1", 1);
+  fake_setup();
+}
+
+Test(backward_launch, workspace_from_the_stream_pool, .init = pools_setup,
+     .fini = fake_teardown) {
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_BF16, 1, 2, 4, 2, 100, 130, 64);
+  CUstream stream = (CUstream)(uintptr_t)0x5000; /* the fake driver never dereferences it */
+  cr_assert_eq(fg_attention_backward(ctx, &a, stream), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 3);
+  int allocs, frees;
+  size_t bytes;
+  void *st;
+  fake_mem_counts(&allocs, &frees, &bytes);
+  cr_assert_eq(bytes, ws_bytes(2, 4, 100, 64));
+  cr_assert_eq(allocs, 0, "with memory pools the workspace is stream-ordered");
+  cr_assert_eq(frees, 0);
+  fake_async_counts(&allocs, &frees, &st);
+  cr_assert_eq(allocs, 1);
+  cr_assert_eq(frees, 1, "the workspace is freed on the stream after the kernels");
+  cr_assert_eq(st, (void *)stream, "allocated and freed on the call's stream");
+}
+
+Test(backward_launch, caller_workspace, .init = fake_setup, .fini = fake_teardown) {
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_BF16, 0, 2, 4, 4, 128, 128, 64);
+  size_t need = 0;
+  cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &need), FG_OK, "%s",
+               fg_context_last_error(ctx));
+  cr_assert_eq(need, ws_bytes(2, 4, 128, 64));
+  /* One byte short: refused before anything is launched, naming the field. */
+  a.workspace = P(BASE(10));
+  a.workspace_size = need - 1;
+  fg_status s = fg_attention_backward(ctx, &a, NULL);
+  const char *msg = fg_context_last_error(ctx);
+  cr_assert_eq(s, FG_ERROR_INVALID_ARGUMENT, "%s: %s", fg_status_string(s), msg);
+  cr_assert(strstr(msg, "args->workspace_size") && strstr(msg, "fg_attention_backward_workspace_size"),
+            "%s", msg);
+  char num[32];
+  snprintf(num, sizeof num, "%zu", need);
+  cr_assert(strstr(msg, num), "the message says how much is needed (%s): %s", num, msg);
+  cr_assert_eq(fake_launch_count(), 0, "nothing may be launched");
+  /* Exactly enough: used as given, nothing allocated. */
+  a.workspace_size = need;
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 3);
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(launch(i)->params.workspace, (unsigned long long)BASE(10));
+  int allocs, frees;
+  size_t bytes;
+  fake_mem_counts(&allocs, &frees, &bytes);
+  cr_assert_eq(allocs, 0, "the caller's workspace is used, not a new one");
+  cr_assert_eq(frees, 0);
+}
+
+Test(backward_launch, workspace_size_is_d_plus_one_floats_per_row, .init = fake_setup,
+     .fini = fake_teardown) {
+  const int64_t shapes[][5] = {/* B, Hq, Hkv, Nq, d */
+                               {1, 1, 1, 1, 32},    {2, 4, 2, 100, 64}, {3, 8, 1, 17, 128},
+                               {1, 2, 2, 4096, 256}, {20000, 4, 2, 64, 64}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    const int64_t *x = shapes[i];
+    fg_attention_backward_args a = bwd_problem(FG_DTYPE_F16, 0, x[0], x[1], x[2], x[3], 7, x[4]);
+    a.q = a.k = a.v = a.o = a.d_o = NULL; /* only the shapes matter */
+    a.lse = NULL;
+    a.dq = a.dk = a.dv = NULL;
+    size_t b = 1;
+    cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &b), FG_OK, "%s",
+                 fg_context_last_error(ctx));
+    cr_assert_eq(b, ws_bytes(x[0], x[1], x[3], x[4]), "shape %zu: %zu bytes", i, b);
+  }
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_F16, 0, 0, 4, 2, 100, 7, 64);
+  size_t b = 1;
+  cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &b), FG_OK);
+  cr_assert_eq(b, 0, "an empty problem needs no workspace");
+  a = bwd_problem(FG_DTYPE_F16, 0, 1, 6, 4, 100, 7, 64);
+  cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &b), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(fg_context_last_error(ctx), "args->heads_q = 6"), "%s",
+            fg_context_last_error(ctx));
+  cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, NULL), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(fg_attention_backward_workspace_size(NULL, &a, &b), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(fake_launch_count(), 0);
+}
+
+/* Checks launch 3c..3c+2 as chunk c: batches [b0, b0 + nb). */
+static void expect_chunk(int c, const fg_attention_backward_args *a, int64_t b0, int64_t nb,
+                         const char *pre, const char *mn, const char *post, const fg_variant *v,
+                         uintptr_t ws) {
+  const int64_t Hq = a->heads_q, Hkv = a->heads_kv, Nq = a->seqlen_q, Nk = a->seqlen_k;
+  const int64_t d = a->head_dim;
+  expect_launch(3 * c, pre, (unsigned)cdiv((uint64_t)Nq, 64), (unsigned)(nb * Hq), 128, 0);
+  expect_launch(3 * c + 1, mn, (unsigned)cdiv((uint64_t)Nk, (uint64_t)v->bc),
+                (unsigned)(nb * Hkv), (unsigned)v->warps * 32, (unsigned)(70000 + d));
+  expect_launch(3 * c + 2, post, (unsigned)cdiv((uint64_t)Nq, 64), (unsigned)(nb * Hq), 128, 0);
+  for (int i = 0; i < 3; i++) {
+    const fg_bwd_params *p = &launch(3 * c + i)->params;
+    cr_assert_eq(p->batch, nb, "chunk %d: batch %lld, want %lld", c, p->batch, (long long)nb);
+    /* Contiguous tensors: a batch of Q-shaped tensors is Hq*Nq*d elements, of K-shaped ones
+     * Hkv*Nk*d, of LSE Hq*Nq floats; the workspace (d + 1) floats per row. */
+    const unsigned long long qb = (unsigned long long)(b0 * Hq * Nq * d * 2);
+    const unsigned long long kb = (unsigned long long)(b0 * Hkv * Nk * d * 2);
+    cr_assert_eq(p->q, BASE(1) + qb, "chunk %d: q", c);
+    cr_assert_eq(p->k, BASE(2) + kb, "chunk %d: k", c);
+    cr_assert_eq(p->v, BASE(3) + kb, "chunk %d: v", c);
+    cr_assert_eq(p->o, BASE(4) + qb, "chunk %d: o", c);
+    cr_assert_eq(p->lse, BASE(5) + (unsigned long long)(b0 * Hq * Nq * 4), "chunk %d: lse", c);
+    cr_assert_eq(p->d_o, BASE(6) + qb, "chunk %d: d_o", c);
+    cr_assert_eq(p->dq, BASE(7) + qb, "chunk %d: dq", c);
+    cr_assert_eq(p->dk, BASE(8) + kb, "chunk %d: dk", c);
+    cr_assert_eq(p->dv, BASE(9) + kb, "chunk %d: dv", c);
+    cr_assert_eq(p->workspace, ws + (unsigned long long)(b0 * Hq * Nq * (d + 1) * 4),
+                 "chunk %d: workspace", c);
+    cr_assert(p->heads_q == Hq && p->heads_kv == Hkv && p->seqlen_q == Nq && p->seqlen_k == Nk);
+  }
+}
+
+Test(backward_launch, batch_times_heads_past_the_grid_limit_is_split, .init = fake_setup,
+     .fini = fake_teardown) {
+  /* B * Hq = 80000 > 65535: chunks of floor(65535 / 4) = 16383 batches. */
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_BF16, 1, 20000, 4, 2, 64, 48, 64);
+  a.workspace = P(BASE(10));
+  a.workspace_size = ws_bytes(20000, 4, 64, 64);
+  char pre[128], mn[128], post[128];
+  fg_variant v;
+  entries(&a, pre, mn, post, &v);
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 6, "two launches of each kind, got %d launches",
+               fake_launch_count());
+  expect_chunk(0, &a, 0, 16383, pre, mn, post, &v, BASE(10));
+  expect_chunk(1, &a, 16383, 20000 - 16383, pre, mn, post, &v, BASE(10));
+
+  /* Hq = 40000: one batch per launch. */
+  fake_reset();
+  a = bwd_problem(FG_DTYPE_F16, 0, 3, 40000, 40000, 8, 8, 32);
+  a.workspace = P(BASE(10));
+  a.workspace_size = ws_bytes(3, 40000, 8, 32);
+  entries(&a, pre, mn, post, &v);
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 9);
+  for (int c = 0; c < 3; c++) expect_chunk(c, &a, c, 1, pre, mn, post, &v, BASE(10));
+}
+
+/* Every chunk's workspace must start on a 16-byte boundary: the _pre and _post kernels
+ * (templates/bwd.cu) access the dQ accumulator with 16-byte vector loads and stores. With the
+ * chunk offset b0 * Hq * Nq * (d + 1) * 4 bytes and (d + 1) odd, an odd Hq * Nq * b0 gives an
+ * offset of 4 or 12 mod 16 (here 65535 * 1 * 1 * 33 * 4 = 8650620 = 12 mod 16). Disabled until
+ * runtime/backward.c keeps the chunks aligned; see the report of the bwd-tests branch. */
+Test(backward_launch, every_chunk_workspace_is_16_byte_aligned, .init = fake_setup,
+     .fini = fake_teardown, .disabled = true) {
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_F16, 0, 70000, 1, 1, 1, 8, 32);
+  a.workspace = P(BASE(10));
+  a.workspace_size = ws_bytes(70000, 1, 1, 32);
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 6);
+  for (int i = 0; i < 6; i++)
+    cr_assert_eq(launch(i)->params.workspace % 16, 0,
+                 "launch %d (%s): workspace 0x%llx is not 16-byte aligned", i, launch(i)->entry,
+                 launch(i)->params.workspace);
+}
+
+Test(backward_launch, seqlen_k_zero_skips_the_main_kernel, .init = fake_setup,
+     .fini = fake_teardown) {
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_BF16, 0, 2, 4, 2, 70, 0, 64);
+  a.k = a.v = NULL;
+  a.dk = a.dv = NULL;
+  char pre[128], mn[128], post[128];
+  fg_variant v;
+  entries(&a, pre, mn, post, &v);
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  /* dQ is still zeroed and converted: _pre and _post run, the main kernel does not. */
+  cr_assert_eq(fake_launch_count(), 2);
+  expect_launch(0, pre, 2, 8, 128, 0);
+  expect_launch(1, post, 2, 8, 128, 0);
+}
+
+Test(backward_launch, empty_problems_launch_nothing, .init = fake_setup, .fini = fake_teardown) {
+  for (int w = 0; w < 3; w++) {
+    fg_attention_backward_args a =
+        bwd_problem(FG_DTYPE_BF16, 0, w == 0 ? 0 : 2, w == 1 ? 0 : 4, 2, w == 2 ? 0 : 64, 64, 64);
+    a.q = a.k = a.v = a.o = a.d_o = NULL;
+    a.lse = NULL;
+    a.dq = a.dk = a.dv = NULL;
+    cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  }
+  cr_assert_eq(fake_launch_count(), 0);
+  int allocs, frees;
+  size_t bytes;
+  fake_mem_counts(&allocs, &frees, &bytes);
+  cr_assert_eq(allocs, 0);
+}
+
+Test(backward_launch, invalid_calls_launch_nothing, .init = fake_setup, .fini = fake_teardown) {
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_BF16, 0, 2, 4, 2, 64, 64, 64);
+  a.dq = (void *)(uintptr_t)a.q;
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(fg_context_last_error(ctx), "args->dq and args->q overlap"), "%s",
+            fg_context_last_error(ctx));
+  a = bwd_problem(FG_DTYPE_BF16, 0, 2, 4, 2, 64, 64, 64);
+  a.deterministic = 1;
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_ERROR_UNSUPPORTED);
+  cr_assert(strstr(fg_context_last_error(ctx), "args->deterministic"), "%s",
+            fg_context_last_error(ctx));
+  cr_assert_eq(fg_attention_backward(ctx, NULL, NULL), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(fg_context_last_error(ctx), "args is NULL"), "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fg_attention_backward(NULL, &a, NULL), FG_ERROR_INVALID_ARGUMENT);
+  /* A forced variant of another head_dim does not serve the problem. */
+  a.deterministic = 0;
+  const fg_variant v = fg_builtin_backward_variant(128, FG_DTYPE_BF16, 0, FG_ARCH_SM90A);
+  cr_assert_eq(fg_attention_backward_variant(ctx, &a, NULL, &v), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(fg_context_last_error(ctx), "does not serve this backward problem"), "%s",
+            fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 0);
+  /* After all that, a good call still works. */
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 3);
+  cr_assert_str_empty(fg_context_last_error(ctx));
+}
