@@ -1,17 +1,23 @@
 #!/usr/bin/env python3
-"""bench.py: flashgen's forward against PyTorch's SDPA backends, timed in one process, one method.
+"""bench.py: flashgen's forward, backward and forward+backward against PyTorch's SDPA backends,
+timed in one process, one method.
 
     python3 bench/bench.py --quick                       # bf16, d 128 and 64, N 1k/4k/16k
     python3 bench/bench.py                               # the full grid of ../shared/ANCHORS.md
+    python3 bench/bench.py --pass bwd                    # only the backward pass (fwd, bwd, fwdbwd)
     python3 bench/bench.py --dry-run                     # print the grid; needs no torch, no GPU
     python3 bench/bench.py --from-json DIR/results.json  # re-render results.md and plots, no GPU
 
 Grid (ANCHORS.md): B*N = --tokens (16384) tokens, hidden --hidden (2048) so H = hidden/d,
-d in {64, 128}, causal off and on, N in {512 ... 16384}, bf16 and f16; q, k, v (B, H, N, d).
-Backends: flashgen (flashgen.attention through python/flashgen), and torch SDPA restricted with
-torch.nn.attention.sdpa_kernel to FLASH_ATTENTION (flash, FlashAttention-2), CUDNN_ATTENTION
+d in {64, 128}, causal off and on, N in {512 ... 16384}, bf16 and f16; q, k, v (B, H, N, d); each
+of the passes --pass selects (default all: fwd, then bwd, then fwdbwd) runs the whole grid.
+Forward backends: flashgen (flashgen.attention through python/flashgen), and torch SDPA restricted
+with torch.nn.attention.sdpa_kernel to FLASH_ATTENTION (flash, FlashAttention-2), CUDNN_ATTENTION
 (cudnn), EFFICIENT_ATTENTION (efficient) and MATH (math, the standard attention that writes the
-N*N scores to memory). See bench/README.md for the method and what every column means.
+N*N scores to memory). Backward and forward+backward backends (--bwd-backends): flashgen through
+autograd (the custom op, what a trainer sees), flashgen_direct (flashgen.attention_backward
+called directly, no autograd), flash and cudnn. FLOPs: forward 4*B*H*N^2*d, backward 2.5x,
+forward+backward 3.5x, halved when causal. See bench/README.md for the method and the columns.
 
 torch, numpy and matplotlib are imported only when measuring or plotting: --help, --dry-run and
 --from-json (without a plot) run on a machine with plain Python.
@@ -41,9 +47,21 @@ SDPA_BACKEND_NAMES = {  # ours -> torch.nn.attention.SDPBackend member
     "math": "MATH",
 }
 REFERENCE_ORDER = ("flash", "cudnn", "efficient", "math")  # whose output the others are checked on
+ALL_PASSES = ("fwd", "bwd", "fwdbwd")  # run in this order, each over the whole grid
+PASS_FLOPS_HALVES = {"fwd": 2, "bwd": 5, "fwdbwd": 7}  # FLOPs = forward FLOPs * this / 2
+PASS_TITLES = {"fwd": "Forward", "bwd": "Backward", "fwdbwd": "Forward + backward"}
+# Backends of the backward passes. flashgen: flashgen.attention with inputs requiring grad, then
+# torch.autograd.grad (the torch.library custom op's backward); flashgen_direct:
+# flashgen.attention_backward called by hand (the same kernels without autograd).
+ALL_GRAD_BACKENDS = ("flashgen", "flashgen_direct", "flash", "cudnn", "efficient", "math")
+DEFAULT_GRAD_BACKENDS = ("flashgen", "flashgen_direct", "flash", "cudnn")
+GRAD_BASE_BACKEND = {"flashgen_direct": "flashgen"}  # needs this forward backend in --backends
+GRAD_LABELS = {"flashgen_direct": "flashgen direct"}
+GRAD_NAMES = ("dq", "dk", "dv")
 DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "fp16": "f16", "float16": "f16",
                  "half": "f16"}
 DIFF_LIMIT = {"bf16": 2e-2, "f16": 5e-3}  # max |out - ref| above this is flagged as suspicious
+# (for gradients: max |g - g_ref| / max(1, max |g_ref|), per dq, dk, dv: they reach ~10 in size)
 ELEM_BYTES = {"bf16": 2, "f16": 2}
 
 DEFAULT_N = (512, 1024, 2048, 4096, 8192, 16384)
@@ -65,6 +83,27 @@ def attention_flops(B, H, N, d, causal):
     multiply-add), halved when causal."""
     f = 4 * B * H * N * N * d
     return f // 2 if causal else f
+
+
+def pass_flops(B, H, N, d, causal, pass_="fwd"):
+    """FLOPs of one call of a pass (ANCHORS.md): forward as attention_flops, backward 2.5x the
+    forward (five N*N*d products against the forward's two), forward + backward 3.5x; all halved
+    when causal. Exact integers: the forward count is even."""
+    if pass_ not in PASS_FLOPS_HALVES:
+        raise ValueError("pass must be one of %s, not %r" % (", ".join(ALL_PASSES), pass_))
+    return attention_flops(B, H, N, d, causal) * PASS_FLOPS_HALVES[pass_] // 2
+
+
+def flashgen_bwd_workspace_bytes(B, H, N, d):
+    """The fp32 workspace flashgen's backward allocates itself (cuMemAllocAsync, so PyTorch's
+    counter cannot see it): (d + 1) floats per (batch, query head, query row), as
+    include/flashgen.h documents for fg_attention_backward_workspace_size."""
+    return B * H * N * (d + 1) * 4
+
+
+def row_pass(r):
+    """A row's pass; rows of results.json files written before the backward existed are forward."""
+    return r.get("pass", "fwd")
 
 
 def _int_list(text, what):
@@ -107,6 +146,42 @@ def _backend_list(text):
     return out
 
 
+def _pass_list(text):
+    out = []
+    for x in text.replace(" ", "").lower().split(","):
+        if not x:
+            continue
+        if x in ("all", "both"):
+            names = list(ALL_PASSES)
+        elif x in ALL_PASSES:
+            names = [x]
+        elif x in ("fwd+bwd", "fwd_bwd", "train"):
+            names = ["fwdbwd"]
+        else:
+            raise argparse.ArgumentTypeError("--pass: unknown pass %r (use fwd, bwd, fwdbwd or "
+                                             "all, or a comma-separated list)" % x)
+        out += [n for n in names if n not in out]
+    if not out:
+        raise argparse.ArgumentTypeError("--pass: empty list (use fwd, bwd, fwdbwd or all)")
+    return [p for p in ALL_PASSES if p in out]
+
+
+def _grad_backend_list(text):
+    out = []
+    for x in text.replace(" ", "").split(","):
+        if not x:
+            continue
+        x = {"flashgen-direct": "flashgen_direct", "direct": "flashgen_direct"}.get(x, x)
+        if x not in ALL_GRAD_BACKENDS:
+            raise argparse.ArgumentTypeError("--bwd-backends: unknown backend %r (choose from %s)"
+                                             % (x, ",".join(ALL_GRAD_BACKENDS)))
+        if x not in out:
+            out.append(x)
+    if not out:
+        raise argparse.ArgumentTypeError("--bwd-backends: empty list")
+    return out
+
+
 def _causal_list(text):
     t = text.strip().lower()
     if t in ("both", "all"):
@@ -121,9 +196,10 @@ def _causal_list(text):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         prog="bench.py",
-        description="Time flashgen.attention against PyTorch SDPA backends (flash, cudnn, "
-                    "efficient, math) on the ANCHORS.md grid; write results.json, results.md and "
-                    "plot.png. Build libflashgen.so first (./scripts/run or cmake).",
+        description="Time flashgen.attention's forward, backward and forward+backward against "
+                    "PyTorch SDPA backends (flash, cudnn, efficient, math) on the ANCHORS.md grid; "
+                    "write results.json, results.md and the plots. Build libflashgen.so first "
+                    "(./scripts/run or cmake).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="bf16, d=128 and 64, N in {1024, 4096, 16384}, causal both "
@@ -134,8 +210,18 @@ def parse_args(argv=None):
     p.add_argument("--causal", type=_causal_list, default=None, help="both, 0 or 1 (default both)")
     p.add_argument("--n", type=lambda s: _int_list(s, "--n"), default=None,
                    help="sequence lengths (default 512,1024,2048,4096,8192,16384)")
+    p.add_argument("--pass", dest="passes", type=_pass_list, default="all",
+                   metavar="PASS",
+                   help="fwd, bwd, fwdbwd or all, or a comma-separated list; each pass runs the "
+                        "whole grid, in the order fwd, bwd, fwdbwd")
     p.add_argument("--backends", type=_backend_list, default=list(ALL_BACKENDS),
-                   help="comma-separated subset of " + ",".join(ALL_BACKENDS))
+                   help="forward pass: comma-separated subset of " + ",".join(ALL_BACKENDS))
+    p.add_argument("--bwd-backends", type=_grad_backend_list,
+                   default=",".join(DEFAULT_GRAD_BACKENDS),
+                   help="bwd and fwdbwd passes: comma-separated subset of %s (flashgen: through "
+                        "autograd; flashgen_direct: flashgen.attention_backward called directly); "
+                        "a backend whose forward backend is not in --backends is left out"
+                        % ",".join(ALL_GRAD_BACKENDS))
     p.add_argument("--out", default=None,
                    help="output directory (default bench/results/<date>)")
     p.add_argument("--tokens", type=int, default=16384, help="B*N: B = tokens / N")
@@ -157,9 +243,11 @@ def parse_args(argv=None):
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     p.add_argument("--dry-run", action="store_true",
                    help="print the grid (configs, B, H, N, FLOPs per call) and exit; no torch")
-    p.add_argument("--from-json", metavar="RESULTS_JSON", default=None,
-                   help="re-render results.md / plots (and --write-benchmarks-md) from a "
-                        "results.json, without measuring; outputs go next to it unless --out")
+    p.add_argument("--from-json", metavar="RESULTS_JSON", nargs="+", default=None,
+                   help="re-render results.md / plots (and --write-benchmarks-md) from one or "
+                        "more results.json (merged in order: a later file's row replaces an "
+                        "earlier one's for the same pass, configuration and backend), without "
+                        "measuring; outputs go next to the first unless --out")
     a = p.parse_args(argv)
     if a.quick:
         a.dtypes = a.dtypes or ["bf16"]
@@ -174,46 +262,65 @@ def parse_args(argv=None):
         if getattr(a, name) <= 0:
             p.error("--%s must be positive" % name)
     a.warmup = max(3, a.warmup)
+    a.grad_backends = grad_backends(a.bwd_backends, a.backends)
+    if any(x != "fwd" for x in a.passes) and not a.grad_backends and not a.from_json:
+        p.error("--bwd-backends %s: none of them has its forward backend in --backends %s; "
+                "add one to --backends, or pass --pass fwd"
+                % (",".join(a.bwd_backends), ",".join(a.backends)))
     return a
 
 
+def grad_backends(bwd_backends, backends):
+    """The backends of the bwd and fwdbwd passes: --bwd-backends whose forward backend (flashgen
+    for flashgen_direct) is among --backends."""
+    return [b for b in bwd_backends if GRAD_BASE_BACKEND.get(b, b) in backends]
+
+
 def build_grid(args):
-    """The configurations in run order: dicts with dtype, d, causal, B, H, N, flops, notes."""
+    """The configurations in run order, pass by pass (fwd, bwd, fwdbwd, as --pass selects): dicts
+    with pass, dtype, d, causal, B, H, N, flops (of one call of that pass), notes."""
     grid = []
-    for dtype in args.dtypes:
-        for d in args.d:
-            for causal in args.causal:
-                for N in args.n:
-                    notes = []
-                    B = args.tokens // N
-                    if B < 1:
-                        B = 1
-                        notes.append("N > tokens: B = 1 (B*N = %d)" % N)
-                    elif args.tokens % N:
-                        notes.append("tokens %% N != 0: B*N = %d" % (B * N))
-                    H = args.hidden // d
-                    if H < 1:
-                        H = 1
-                        notes.append("d > hidden: H = 1")
-                    elif args.hidden % d:
-                        notes.append("hidden %% d != 0: H*d = %d" % (H * d))
-                    grid.append(dict(dtype=dtype, d=d, causal=causal, B=B, H=H, N=N,
-                                     flops=attention_flops(B, H, N, d, causal), notes=notes))
+    for pass_ in getattr(args, "passes", ["fwd"]):
+        for dtype in args.dtypes:
+            for d in args.d:
+                for causal in args.causal:
+                    for N in args.n:
+                        notes = []
+                        B = args.tokens // N
+                        if B < 1:
+                            B = 1
+                            notes.append("N > tokens: B = 1 (B*N = %d)" % N)
+                        elif args.tokens % N:
+                            notes.append("tokens %% N != 0: B*N = %d" % (B * N))
+                        H = args.hidden // d
+                        if H < 1:
+                            H = 1
+                            notes.append("d > hidden: H = 1")
+                        elif args.hidden % d:
+                            notes.append("hidden %% d != 0: H*d = %d" % (H * d))
+                        grid.append(dict(dtype=dtype, d=d, causal=causal, B=B, H=H, N=N,
+                                         flops=pass_flops(B, H, N, d, causal, pass_),
+                                         notes=notes, **{"pass": pass_}))
     return grid
 
 
 def print_grid(grid, args):
-    print("bench.py --dry-run: %d configs; backends %s" % (len(grid), ",".join(args.backends)))
-    print("%-4s %-5s %4s %6s %4s %4s %6s %12s %14s" % ("#", "dtype", "d", "causal", "B", "H", "N",
-                                                       "GFLOP/call", "math scores"))
+    passes = [p for p in ALL_PASSES if any(c["pass"] == p for c in grid)]
+    print("bench.py --dry-run: %d configs; passes %s; forward backends %s; backward backends %s"
+          % (len(grid), ",".join(passes), ",".join(args.backends),
+             ",".join(args.grad_backends) or "none"))
+    print("%-4s %-6s %-5s %4s %6s %4s %4s %6s %12s %14s"
+          % ("#", "pass", "dtype", "d", "causal", "B", "H", "N", "GFLOP/call", "math scores"))
     total = 0
     for i, c in enumerate(grid):
         scores = c["B"] * c["H"] * c["N"] * c["N"] * 4  # fp32 N*N scores of the math backend
         total += c["flops"]
-        print("%-4d %-5s %4d %6s %4d %4d %6d %12.3f %10.2f GiB%s"
-              % (i, c["dtype"], c["d"], "yes" if c["causal"] else "no", c["B"], c["H"], c["N"],
-                 c["flops"] / 1e9, scores / MiB / 1024,
+        print("%-4d %-6s %-5s %4d %6s %4d %4d %6d %12.3f %10.2f GiB%s"
+              % (i, c["pass"], c["dtype"], c["d"], "yes" if c["causal"] else "no", c["B"], c["H"],
+                 c["N"], c["flops"] / 1e9, scores / MiB / 1024,
                  ("  (" + "; ".join(c["notes"]) + ")") if c["notes"] else ""))
+    for p in passes:
+        print("configs %s: %d" % (p, sum(1 for c in grid if c["pass"] == p)))
     print("configs: %d" % len(grid))
     print("total GFLOP per call over the grid: %.3f" % (total / 1e9))
 
@@ -227,10 +334,18 @@ def _fmt_tflops(row, limit):
         return {"skipped": "skip", "unsupported": "n/a", "oom": "OOM"}.get(row.get("status"), "err")
     t = row["tflops"]
     s = "%.0f" % t if t >= 10 else ("%.1f" % t if t >= 1 else "%.2g" % t)
-    diff = row.get("max_diff")
-    if row.get("nonfinite") or (diff is not None and diff > limit):
+    if _flagged(row, limit):
         s += " ⚠"
     return s
+
+
+def _flagged(row, limit):
+    """NaN/Inf, or a difference from the reference above the limit: for the forward max |Δ| of
+    O; for gradients the largest of max |Δ| / max(1, max |ref|) over dq, dk, dv."""
+    if row.get("nonfinite"):
+        return True
+    diff = row.get("max_diff_scaled", row.get("max_diff"))
+    return diff is not None and diff > limit
 
 
 def _ratio(a, b):
@@ -262,10 +377,20 @@ def _mib(x):
 
 
 def render_markdown(rows, meta):
-    """results.md: the TFLOP/s table, the standard-attention table, the memory table, notes."""
+    """results.md: the forward sections (TFLOP/s, standard attention, memory) when the rows have
+    forward ones, then the backward and forward + backward sections, the notes, the run."""
+    L, notes = [], []
+    fwd_rows = [r for r in rows if row_pass(r) == "fwd"]
+    if fwd_rows:
+        _render_forward(L, notes, fwd_rows, meta)
+    _render_grad(L, notes, rows, meta)
+    _render_tail(L, notes, meta)
+    return "\n".join(L)
+
+
+def _render_forward(L, notes, rows, meta):
     backends = [b for b in meta.get("backends", ALL_BACKENDS)]
     groups, order = _group(rows)
-    L = []
     L.append("## Forward TFLOP/s (%s)" % meta.get("gpu", "unknown GPU"))
     L.append("")
     L.append("TFLOP/s = 4·B·H·N²·d / median time (halved when causal). B·N = %s tokens, H·d = %s."
@@ -285,7 +410,6 @@ def render_markdown(rows, meta):
         head += ["flashgen max\\|Δ\\|"]
     L.append("| " + " | ".join(head) + " |")
     L.append("|" + "---|" * len(head))
-    notes = []
     for k in order:
         g = groups[k]
         any_row = next(iter(g.values()))
@@ -382,6 +506,191 @@ def render_markdown(rows, meta):
         L.append("| " + " | ".join(cells) + " |")
     L.append("")
 
+
+def _grad_label(b):
+    return GRAD_LABELS.get(b, b)
+
+
+def _grad_backends_of(rows, meta):
+    """The backward backends to show: those of the rows, in --bwd-backends order."""
+    order = list(meta.get("grad_backends") or []) + [b for b in ALL_GRAD_BACKENDS]
+    present = {r["backend"] for r in rows}
+    out = []
+    for b in order + [r["backend"] for r in rows]:
+        if b in present and b not in out:
+            out.append(b)
+    return out
+
+
+def _grad_diff_cell(fg):
+    if fg is None:
+        return "—"
+    if fg.get("nonfinite"):
+        return "NaN/Inf"
+    diffs = fg.get("grad_max_diff")
+    if not diffs:
+        return "—"
+    return "%s vs %s" % (" / ".join("%.1e" % diffs[n] if diffs.get(n) is not None else "?"
+                                    for n in GRAD_NAMES), fg.get("reference", "?"))
+
+
+def _ok(r):
+    return r is not None and r.get("status") == "ok"
+
+
+def _ratio_summary(pairs, peer):
+    """One line on flashgen / peer over the rows where both ran."""
+    vals = sorted(a["tflops"] / b["tflops"] for a, b in pairs if _ok(a) and _ok(b))
+    if not vals:
+        return None
+    med = statistics.median(vals)
+    return ("flashgen/%s: %d of %d rows at 1.00× or above; min %.2f×, median %.2f×, max %.2f×"
+            % (peer, sum(1 for v in vals if v >= 1.0 - 5e-3), len(vals), vals[0], med, vals[-1]))
+
+
+def _render_grad(L, notes, rows, meta):
+    """The bwd and fwdbwd TFLOP/s tables and the backward memory table."""
+    for pass_ in ("bwd", "fwdbwd"):
+        prows = [r for r in rows if row_pass(r) == pass_]
+        if not prows:
+            continue
+        backends = _grad_backends_of(prows, meta)
+        groups, order = _group(prows)
+        L.append("## %s TFLOP/s (%s)" % (PASS_TITLES[pass_], meta.get("gpu", "unknown GPU")))
+        L.append("")
+        if pass_ == "bwd":
+            what = ("TFLOP/s = 2.5 × 4·B·H·N²·d / median time of one backward call (halved when "
+                    "causal): inputs requiring grad, one forward, then "
+                    "`torch.autograd.grad(o, (q, k, v), do, retain_graph=True)` timed")
+        else:
+            what = ("TFLOP/s = 3.5 × 4·B·H·N²·d / median time of one forward + backward call "
+                    "(halved when causal): the forward of inputs requiring grad, then "
+                    "`torch.autograd.grad(o, (q, k, v), do)`, both timed")
+        L.append("%s. flashgen: `flashgen.attention` (its torch.library custom op's backward); "
+                 "flashgen direct: `flashgen.attention_backward` called directly (%s; no "
+                 "autograd), so flashgen − direct is the autograd overhead; flash = SDPA "
+                 "FlashAttention-2, cudnn = SDPA cuDNN. B·N = %s tokens, H·d = %s. ⚠: a "
+                 "gradient differs from the reference backend's by more than %s (bf16) / %s "
+                 "(f16) × max(1, max |reference|), or is not finite."
+                 % (what, "with `flashgen.attention(..., return_lse=True)` before it, timed"
+                    if pass_ == "fwdbwd" else "o and lse from a forward outside the timing",
+                    meta.get("tokens", "?"), meta.get("hidden", "?"), DIFF_LIMIT["bf16"],
+                    DIFF_LIMIT["f16"]))
+        L.append("")
+        head = ["dtype", "d", "causal", "B", "H", "N"] + [_grad_label(b) for b in backends]
+        peers = [p for p in ("flash", "cudnn") if p in backends] if "flashgen" in backends else []
+        head += ["flashgen/%s" % p for p in peers]
+        has_direct = "flashgen" in backends and "flashgen_direct" in backends
+        if has_direct:
+            head.append("autograd µs")
+        if "flashgen" in backends or "flashgen_direct" in backends:
+            head.append("flashgen max\\|Δ\\| dq / dk / dv")
+        L.append("| " + " | ".join(head) + " |")
+        L.append("|" + "---|" * len(head))
+        pairs = {p: [] for p in peers}
+        for k in order:
+            g = groups[k]
+            any_row = next(iter(g.values()))
+            limit = DIFF_LIMIT.get(k[0], 2e-2)
+            cells = [k[0], str(k[1]), "yes" if k[2] else "no", str(any_row["B"]),
+                     str(any_row["H"]), str(k[3])]
+            cells += [_fmt_tflops(g.get(b), limit) for b in backends]
+            cells += [_ratio(g.get("flashgen"), g.get(p)) for p in peers]
+            for p in peers:
+                pairs[p].append((g.get("flashgen"), g.get(p)))
+            if has_direct:
+                a, b = g.get("flashgen"), g.get("flashgen_direct")
+                cells.append("%+.0f" % ((a["median_ms"] - b["median_ms"]) * 1e3)
+                             if _ok(a) and _ok(b) else "—")
+            if "flashgen" in backends or "flashgen_direct" in backends:
+                cells.append(_grad_diff_cell(g.get("flashgen") or g.get("flashgen_direct")))
+            L.append("| " + " | ".join(cells) + " |")
+            for b in backends:
+                r = g.get(b)
+                if r is None:
+                    continue
+                tag = "%s %s d=%d %s N=%d %s" % (pass_, k[0], k[1],
+                                                 "causal" if k[2] else "non-causal", k[3],
+                                                 _grad_label(b))
+                if r.get("status") != "ok":
+                    notes.append("%s: %s: %s" % (tag, r.get("status"), r.get("reason", "")))
+                elif r.get("nonfinite"):
+                    notes.append("%s: a gradient has NaN/Inf" % tag)
+                elif _flagged(r, limit):
+                    diffs = r.get("grad_max_diff") or {}
+                    notes.append("%s: max |Δ| %s vs %s (largest / max(1, max |ref|) = %.3g, "
+                                 "limit %g) — suspicious"
+                                 % (tag, ", ".join("%s %.3g" % (n, diffs[n]) for n in GRAD_NAMES
+                                                   if diffs.get(n) is not None),
+                                    r.get("reference"), r.get("max_diff_scaled"), limit))
+        L.append("")
+        for p in peers:
+            line = _ratio_summary(pairs[p], p)
+            if line:
+                L.append("- " + line)
+        if peers:
+            L.append("")
+        if pass_ == "bwd":
+            _render_grad_memory(L, groups, order, backends)
+
+
+def _render_grad_memory(L, groups, order, backends):
+    L.append("## Peak extra device memory of one backward call (MiB)")
+    L.append("")
+    L.append("Per backend: extra / device Δ of one backward call (the timed call: "
+             "`torch.autograd.grad` after the forward, or flashgen.attention_backward), "
+             "measured as for the forward, minus the gradients dq, dk, dv themselves. extra = "
+             "PyTorch's max_memory_allocated delta, plus for flashgen the fp32 workspace it "
+             "allocates itself ((d + 1) × 4 bytes per query row, include/flashgen.h), which "
+             "PyTorch cannot see. N×N = one fp32 B·H·N² matrix, for scale. flashgen B/row = "
+             "flashgen's extra / (B·H·N): constant in N when the extra memory is O(N), with no "
+             "N×N buffer.")
+    L.append("")
+    head = (["dtype", "d", "causal", "N", "grads MiB", "N×N MiB"]
+            + [_grad_label(b) for b in backends])
+    fg = next((b for b in ("flashgen", "flashgen_direct") if b in backends), None)
+    if fg:
+        head.append("flashgen B/row")
+    L.append("| " + " | ".join(head) + " |")
+    L.append("|" + "---|" * len(head))
+    largest = {}
+    for k in order:
+        g = groups[k]
+        any_row = next(iter(g.values()))
+        B, H, N = any_row["B"], any_row["H"], k[3]
+        nxn = B * H * N * N * 4 / MiB
+        cells = [k[0], str(k[1]), "yes" if k[2] else "no", str(N), _mib(any_row.get("grads_mib")),
+                 _mib(nxn)]
+        for b in backends:
+            r = g.get(b)
+            if not _ok(r) or r.get("extra_mib") is None:
+                cells.append("—")
+            else:
+                cells.append("%s / %s" % (_mib(r.get("extra_mib")),
+                                          _mib(r.get("device_delta_mib"))))
+        if fg:
+            r = g.get(fg)
+            if _ok(r) and r.get("extra_mib") is not None:
+                cells.append("%.0f" % (r["extra_mib"] * MiB / (B * H * N)))
+                key = k[:3]
+                if key not in largest or largest[key][0] < N:
+                    largest[key] = (N, r["extra_mib"], nxn)
+            else:
+                cells.append("—")
+        L.append("| " + " | ".join(cells) + " |")
+    L.append("")
+    if largest:
+        parts = ["%s d=%d %s: %s MiB (%.2g%% of N×N)"
+                 % (k[0], k[1], "causal" if k[2] else "non-causal", _mib(v[1]),
+                    100.0 * v[1] / v[2] if v[2] else 0.0)
+                 for k, v in largest.items()]
+        Ns = sorted({v[0] for v in largest.values()})
+        L.append("flashgen's extra memory of one backward call at the largest N measured (N = %s):"
+                 " %s." % ("/".join(str(n) for n in Ns), "; ".join(parts)))
+        L.append("")
+
+
+def _render_tail(L, notes, meta):
     if notes:
         L.append("## Notes")
         L.append("")
@@ -392,7 +701,13 @@ def render_markdown(rows, meta):
     L.append("## Run")
     L.append("")
     L.append("```")
-    L.append(meta.get("command", "?"))
+    runs = meta.get("runs")
+    if runs:  # merged from several results.json (--from-json A B ...)
+        for run in runs:
+            L.append("%s    # %s, %s" % (run.get("command", "?"), run.get("date", "?"),
+                                         "passes " + ",".join(run.get("passes") or ["fwd"])))
+    else:
+        L.append(meta.get("command", "?"))
     L.append("```")
     L.append("")
     for key, label in (("date", "date"), ("gpu", "GPU"), ("driver", "driver"),
@@ -402,28 +717,83 @@ def render_markdown(rows, meta):
         if meta.get(key) is not None:
             L.append("- %s: %s" % (label, meta[key]))
     L.append("")
-    return "\n".join(L)
 
 
 def render_benchmarks_md(rows, meta, md_table, plot_paths, target_path):
     base = os.path.dirname(os.path.abspath(target_path))
+    passes = [p for p in ALL_PASSES if any(row_pass(r) == p for r in rows)] or ["fwd"]
+    what = {("fwd",): "Forward attention"}.get(tuple(passes)) or (
+        "Attention (%s)" % ", ".join(PASS_TITLES[p].lower() for p in passes))
     L = ["# flashgen benchmarks", "",
-         "Forward attention, flashgen against PyTorch's SDPA backends, measured in one process "
+         "%s, flashgen against PyTorch's SDPA backends, measured in one process "
          "with one method by `bench/bench.py` (see bench/README.md for the method and the "
-         "columns).", "",
+         "columns)." % what, "",
          "- date: %s" % meta.get("date"),
          "- GPU: %s" % meta.get("gpu"),
          "- driver: %s" % meta.get("driver"),
          "- PyTorch: %s (CUDA %s, cuDNN %s)" % (meta.get("torch"), meta.get("cuda"),
                                                meta.get("cudnn")),
-         "- flashgen: %s" % meta.get("flashgen"),
-         "- command: `%s`" % meta.get("command"), ""]
+         "- flashgen: %s" % meta.get("flashgen")]
+    if meta.get("runs"):
+        L.append("- commands (one run each, merged with --from-json):")
+        L += ["  `%s` (%s)" % (r.get("command"), r.get("date")) for r in meta["runs"]]
+    else:
+        L.append("- command: `%s`" % meta.get("command"))
+    L.append("")
     for p in plot_paths:
         rel = os.path.relpath(os.path.abspath(p), base)
         L.append("![%s](%s)" % (os.path.basename(p), rel))
         L.append("")
     L.append(md_table)
     return "\n".join(L)
+
+
+def _row_key(r):
+    return (row_pass(r), r.get("dtype"), r.get("d"), bool(r.get("causal")), r.get("N"),
+            r.get("backend"))
+
+
+def merge_results(loaded):
+    """Merges [(meta, rows), ...] from several results.json into one (meta, rows): rows in the
+    order first seen, a later file's row replacing an earlier one's of the same pass,
+    configuration and backend; meta of the first file, with the lists (backends, dtypes, passes,
+    grad_backends) united, passes those of the rows, and meta["runs"] listing each file's
+    command, date and passes."""
+    if len(loaded) == 1:
+        return loaded[0]
+    merged, meta = {}, dict(loaded[0][0])
+    for key in ("backends", "dtypes", "grad_backends"):
+        vals = []
+        for m, _ in loaded:
+            vals += [v for v in (m.get(key) or []) if v not in vals]
+        meta[key] = vals
+    meta["runs"] = []
+    gpus = set()
+    for m, rows in loaded:
+        passes = m.get("passes") or sorted({row_pass(r) for r in rows}, key=ALL_PASSES.index)
+        meta["runs"].append({"command": m.get("command"), "date": m.get("date"),
+                             "passes": passes, "wall_s": m.get("wall_s")})
+        gpus.add(m.get("gpu"))
+        for r in rows:
+            merged[_row_key(r)] = r
+    meta["passes"] = [p for p in ALL_PASSES if any(row_pass(r) == p for r in merged.values())]
+    if len(gpus) > 1:
+        print("bench.py: warning: the merged results come from different GPUs (%s); compare "
+              "backends only within one run" % ", ".join(sorted(str(g) for g in gpus)),
+              file=sys.stderr)
+    return meta, list(merged.values())
+
+
+def load_results(paths):
+    """(meta, rows) of one or more results.json files, merged (merge_results)."""
+    loaded = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+            raise ValueError("%s: not a bench.py results.json (no rows list)" % path)
+        loaded.append((data["meta"], data["rows"]))
+    return merge_results(loaded)
 
 
 def write_text(path, text):
@@ -440,8 +810,9 @@ def write_json(path, meta, rows):
 
 
 def make_plots(rows, meta, out_dir):
-    """plot.png for the first dtype, plot_<dtype>.png for every other; [] when matplotlib is
-    missing (with a message)."""
+    """Forward: plot.png for the first dtype, plot_<dtype>.png for every other; backward and
+    forward + backward: plot_bwd.png, plot_bwd_<dtype>.png, plot_fwdbwd.png, ...; [] when
+    matplotlib is missing (with a message)."""
     sys.path.insert(0, HERE)
     try:
         import plot as bench_plot
@@ -606,12 +977,18 @@ class Bench:
             "host": platform.node(),
             "math_sdp_low_precision_reduction": math_lowp,
             "tokens": args.tokens, "hidden": args.hidden, "backends": list(args.backends),
+            "passes": list(args.passes), "grad_backends": list(args.grad_backends),
             "dtypes": list(args.dtypes), "reps_min": args.reps, "warmup": args.warmup,
             "budget_s": args.budget,
             "method": "CUDA events around each call, median; inputs torch.randn (B,H,N,d) in "
                       "rotating sets > 2x L2; first call excluded + %d warm-up calls; timed "
                       "calls of all backends interleaved in %d rounds; "
-                      "TFLOP/s = 4BHN^2d/t (halved when causal)" % (args.warmup, ROUNDS),
+                      "TFLOP/s = 4BHN^2d/t (halved when causal)" % (args.warmup, ROUNDS)
+                      + ("; backward: q, k, v requiring grad, one forward per input set, then "
+                         "torch.autograd.grad(o, (q, k, v), do, retain_graph=True) timed, "
+                         "TFLOP/s = 2.5 x 4BHN^2d/t; forward+backward: forward and "
+                         "torch.autograd.grad timed, 3.5 x 4BHN^2d/t"
+                         if any(p != "fwd" for p in args.passes) else ""),
         }
 
     # -- one backend's callable ------------------------------------------------------------
@@ -623,10 +1000,54 @@ class Bench:
             return lambda q, k, v: fg.attention(q, k, v, causal=causal)
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
+    def make_grad_fn(self, backend, causal, pass_, sets):
+        """(make_sets, fn) of a backend in the bwd or fwdbwd pass. sets: [(q, k, v, do)] with q,
+        k, v requiring grad. make_sets() (called under the backend's context) returns the
+        per-call argument tuples; fn(*one of them) is the timed call and returns (dq, dk, dv).
+        bwd: make_sets runs one forward per input set (the autograd graph stays, and every
+        timed call backpropagates through it with retain_graph=True); fwdbwd: fn runs both."""
+        torch = self.torch
+        grad = torch.autograd.grad
+        if backend == "flashgen_direct":
+            fg = self.flashgen
+            if pass_ == "bwd":
+                def make_sets():
+                    out = []
+                    with torch.no_grad():
+                        for q, k, v, do in sets:
+                            qd, kd, vd = q.detach(), k.detach(), v.detach()
+                            o, lse = fg.attention(qd, kd, vd, causal=causal, return_lse=True)
+                            out.append((do, qd, kd, vd, o, lse))
+                    return out
+
+                def fn(do, q, k, v, o, lse):
+                    return fg.attention_backward(do, q, k, v, o, lse, causal=causal)
+                return make_sets, fn
+
+            def make_sets():
+                return [(q.detach(), k.detach(), v.detach(), do) for q, k, v, do in sets]
+
+            def fn(q, k, v, do):
+                o, lse = fg.attention(q, k, v, causal=causal, return_lse=True)
+                return fg.attention_backward(do, q, k, v, o, lse, causal=causal)
+            return make_sets, fn
+        fwd = self.make_fn(backend, causal)
+        if pass_ == "bwd":
+            def make_sets():
+                return [(fwd(q, k, v), q, k, v, do) for q, k, v, do in sets]
+
+            def fn(o, q, k, v, do):
+                return grad(o, (q, k, v), do, retain_graph=True)
+            return make_sets, fn
+
+        def fn(q, k, v, do):
+            return grad(fwd(q, k, v), (q, k, v), do)
+        return (lambda: sets), fn
+
     def backend_context(self, backend):
         """A context manager restricting SDPA to `backend` (a no-op for flashgen)."""
         import contextlib
-        if backend == "flashgen":
+        if backend in ("flashgen", "flashgen_direct"):
             return contextlib.nullcontext()
         if self.sdpa_kernel is None:
             raise RuntimeError(self.sdpa_import_error)
@@ -642,9 +1063,9 @@ class Bench:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
         for i in range(count):
-            q, k, v = sets[(start_index + i) % len(sets)]
+            inputs = sets[(start_index + i) % len(sets)]
             starts[i].record()
-            fn(q, k, v)
+            fn(*inputs)
             ends[i].record()
         torch.cuda.synchronize(self.dev)
         return [s.elapsed_time(e) for s, e in zip(starts, ends)]
@@ -678,16 +1099,17 @@ class Bench:
             reps = min(max(reps, int(0.25 * budget_ms / est)), max(MAX_REPS, args.reps))
         return {"reps": reps, "first_call_ms": first_ms, "warmup_median_ms": est}
 
-    def time_interleaved(self, timed, sets):
+    def time_interleaved(self, timed):
         """The timed calls of every backend of one configuration, in ROUNDS rounds that visit the
         backends in turn, so that each sees the same stretch of clock and temperature: an H100
         under sustained tensor load lowers its clock within a second, and timing backends one
         after another gave the first ones a cooler, faster GPU (spread of 2-15% between median and
-        minimum). timed: {backend: (fn, context factory, reps)}; returns {backend: [ms...]}."""
+        minimum). timed: {backend: (fn, context factory, reps, argument sets)}; returns
+        {backend: [ms...]}."""
         times = {b: [] for b in timed}
         start = 1 + self.args.warmup
         for r in range(ROUNDS):
-            for b, (fn, ctx, reps) in timed.items():
+            for b, (fn, ctx, reps, sets) in timed.items():
                 n = reps * (r + 1) // ROUNDS - reps * r // ROUNDS
                 if n == 0:
                     continue
@@ -695,16 +1117,16 @@ class Bench:
                     times[b] += self._event_times(fn, sets, n, start_index=start + len(times[b]))
         return times
 
-    def measure_memory(self, fn, q, k, v, out_bytes):
-        """One synchronised call: (output, extra bytes by PyTorch's allocator counter, device-wide
-        used-memory delta). Both exclude the output itself."""
+    def measure_memory(self, fn, *inputs, out_bytes):
+        """One synchronised call fn(*inputs): (its result, extra bytes by PyTorch's allocator
+        counter, device-wide used-memory delta). Both exclude out_bytes, the result's own size."""
         torch = self.torch
         torch.cuda.synchronize(self.dev)
         torch.cuda.empty_cache()
         free0, total = torch.cuda.mem_get_info(self.dev)
         base = torch.cuda.memory_allocated(self.dev)
         torch.cuda.reset_peak_memory_stats(self.dev)
-        out = fn(q, k, v)
+        out = fn(*inputs)
         torch.cuda.synchronize(self.dev)
         peak = torch.cuda.max_memory_allocated(self.dev)
         free1, _ = torch.cuda.mem_get_info(self.dev)
@@ -714,12 +1136,14 @@ class Bench:
 
     # -- one configuration -----------------------------------------------------------------
 
-    def make_inputs(self, c):
+    def make_inputs(self, c, n_tensors=3):
+        """Rotating input sets of n_tensors (B, H, N, d) torch.randn tensors each: (q, k, v), or
+        (q, k, v, do) for the backward passes."""
         torch = self.torch
         dt = torch.bfloat16 if c["dtype"] == "bf16" else torch.float16
         shape = (c["B"], c["H"], c["N"], c["d"])
         tensor_bytes = c["B"] * c["H"] * c["N"] * c["d"] * ELEM_BYTES[c["dtype"]]
-        set_bytes = 3 * tensor_bytes
+        set_bytes = n_tensors * tensor_bytes
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(self.dev)
         n = max(2, -(-(2 * self.l2_bytes + 1) // set_bytes))
@@ -727,16 +1151,84 @@ class Bench:
         n = max(n, 1)
         sets = []
         for _ in range(n):
-            sets.append(tuple(torch.randn(shape, dtype=dt, device=self.dev) for _ in range(3)))
+            sets.append(tuple(torch.randn(shape, dtype=dt, device=self.dev)
+                              for _ in range(n_tensors)))
         return sets, tensor_bytes
+
+    def _base_row(self, c, meta):
+        row = {k: meta.get(k) for k in ("gpu", "driver", "torch", "cuda", "cudnn", "flashgen")}
+        row.update({k: c[k] for k in ("dtype", "d", "causal", "B", "H", "N")})
+        row["pass"] = c.get("pass", "fwd")
+        row["flops"] = c["flops"]
+        return row
+
+    def _math_too_big(self, row, c, copies):
+        """Marks row skipped and returns True when math's `copies` N*N score buffers would take
+        more than MATH_MEMORY_FRACTION of the free memory."""
+        torch = self.torch
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info(self.dev)
+        need = copies * c["B"] * c["H"] * c["N"] * c["N"] * self.math_score_bytes
+        if need <= MATH_MEMORY_FRACTION * free:
+            return False
+        row.update(status="skipped",
+                   reason="math would need ~%.1f GiB (%d x B*H*N^2 %d-byte scores), "
+                          "more than %d%% of the %.1f GiB free"
+                          % (need / MiB / 1024, copies, self.math_score_bytes,
+                             MATH_MEMORY_FRACTION * 100, free / MiB / 1024))
+        return True
+
+    def _prepare_one(self, b, row, fn, make_sets, out_bytes, ws_mib, timed, outputs):
+        """One backend of a configuration, under its context: its argument sets (make_sets()),
+        first call and warm-up, one memory-measured call (its result goes to outputs[b] for the
+        correctness check); then timed[b] is set for time_interleaved. A backend that raises
+        (unsupported shape, OOM, library error) becomes a row with the reason, not a crash."""
+        torch = self.torch
+        try:
+            with self.backend_context(b):
+                sets = make_sets()
+                t = self.prepare_backend(fn, sets)
+                out, extra_torch, dev_delta = self.measure_memory(fn, *sets[0],
+                                                                  out_bytes=out_bytes)
+            outputs[b] = out
+            del out
+            row.update(t)
+            timed[b] = (fn, (lambda b=b: self.backend_context(b)), t["reps"], sets)
+            row["extra_torch_mib"] = extra_torch / MiB
+            row["device_delta_mib"] = dev_delta / MiB
+            row["extra_mib"] = extra_torch / MiB + ws_mib
+        except Exception as e:
+            is_oom = isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
+            why = _short(e)
+            extra = getattr(e, "bench_warnings", "")
+            if extra:
+                why += " | warnings: " + extra
+            row.update(status="oom" if is_oom else "unsupported", reason=why)
+            outputs.pop(b, None)
+            torch.cuda.synchronize(self.dev)
+            torch.cuda.empty_cache()
+
+    def _time_all(self, c, rows, timed):
+        """The interleaved timed calls of the configuration's prepared backends; fills status,
+        median/min/max ms and TFLOP/s of their rows."""
+        try:
+            times = self.time_interleaved(timed)
+        except Exception as e:  # a backend that passed its warm-up failed later: report, go on
+            times = {}
+            for row in rows:
+                if row["backend"] in timed:
+                    row.update(status="unsupported", reason="timed calls: %s" % _short(e))
+        for row in rows:
+            ts = times.get(row["backend"])
+            if ts:
+                row.update(status="ok", median_ms=statistics.median(ts), min_ms=min(ts),
+                           max_ms=max(ts))
+                row["tflops"] = c["flops"] / (row["median_ms"] * 1e-3) / 1e12
 
     def run_config(self, c, meta):
         torch, args = self.torch, self.args
         rows, outputs = [], {}
-        base_row = {k: meta.get(k) for k in ("gpu", "driver", "torch", "cuda", "cudnn",
-                                             "flashgen")}
-        base_row.update({k: c[k] for k in ("dtype", "d", "causal", "B", "H", "N")})
-        base_row["flops"] = c["flops"]
+        base_row = self._base_row(c, meta)
         try:
             sets, tensor_bytes = self.make_inputs(c)
         except torch.cuda.OutOfMemoryError as e:
@@ -749,7 +1241,7 @@ class Bench:
         base_row["io_mib"] = io_mib
         base_row["input_sets"] = len(sets)
         explain = None
-        timed = {}  # backend -> (fn, context factory, reps), timed together after every warm-up
+        timed = {}  # backend -> (fn, context factory, reps, sets), timed after every warm-up
         if "flashgen" in args.backends and self.flashgen is not None:
             try:
                 explain = self.flashgen.explain(*sets[0], causal=c["causal"])
@@ -764,56 +1256,66 @@ class Bench:
             if b == "flashgen" and explain is not None:
                 row["explain"] = explain
                 row.update({"fg_" + k: v for k, v in _parse_explain(explain).items()})
-            if b == "math":
-                torch.cuda.empty_cache()
-                free, _ = torch.cuda.mem_get_info(self.dev)
-                need = 3 * c["B"] * c["H"] * c["N"] * c["N"] * self.math_score_bytes
-                if need > MATH_MEMORY_FRACTION * free:
-                    row.update(status="skipped",
-                               reason="math would need ~%.1f GiB (3 x B*H*N^2 %d-byte scores), "
-                                      "more than %d%% of the %.1f GiB free"
-                                      % (need / MiB / 1024, self.math_score_bytes,
-                                         MATH_MEMORY_FRACTION * 100, free / MiB / 1024))
-                    continue
-            fn = self.make_fn(b, c["causal"])
-            try:
-                with self.backend_context(b):
-                    t = self.prepare_backend(fn, sets)
-                    out, extra_torch, dev_delta = self.measure_memory(fn, *sets[0],
-                                                                      out_bytes=tensor_bytes)
-                outputs[b] = out
-                del out
-                row.update(t)
-                timed[b] = (fn, (lambda b=b: self.backend_context(b)), t["reps"])
-                row["extra_torch_mib"] = extra_torch / MiB
-                row["device_delta_mib"] = dev_delta / MiB
-                ws = (row.get("fg_workspace_mib") or 0.0) if b == "flashgen" else 0.0
-                row["extra_mib"] = extra_torch / MiB + ws
-            except Exception as e:  # unsupported shape, OOM, library error: a row, not a crash
-                is_oom = isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
-                why = _short(e)
-                extra = getattr(e, "bench_warnings", "")
-                if extra:
-                    why += " | warnings: " + extra
-                row.update(status="oom" if is_oom else "unsupported", reason=why)
-                outputs.pop(b, None)
-                torch.cuda.synchronize(self.dev)
-                torch.cuda.empty_cache()
-        try:
-            times = self.time_interleaved(timed, sets)
-        except Exception as e:  # a backend that passed its warm-up failed later: report, go on
-            times = {}
-            for row in rows:
-                if row["backend"] in timed:
-                    row.update(status="unsupported", reason="timed calls: %s" % _short(e))
-        for row in rows:
-            ts = times.get(row["backend"])
-            if ts:
-                row.update(status="ok", median_ms=statistics.median(ts), min_ms=min(ts),
-                           max_ms=max(ts))
-                row["tflops"] = c["flops"] / (row["median_ms"] * 1e-3) / 1e12
+            if b == "math" and self._math_too_big(row, c, 3):
+                continue
+            ws = (row.get("fg_workspace_mib") or 0.0) if b == "flashgen" else 0.0
+            self._prepare_one(b, row, self.make_fn(b, c["causal"]), lambda s=sets: s, tensor_bytes,
+                              ws, timed, outputs)
+        self._time_all(c, rows, timed)
         self.check_outputs(c, rows, outputs)
-        del outputs, sets
+        del outputs, sets, timed
+        torch.cuda.empty_cache()
+        return rows
+
+    def run_config_grad(self, c, meta):
+        """One configuration of the bwd or fwdbwd pass (c["pass"]): the same machinery as the
+        forward's (prepare, memory, interleaved timing), with q, k, v requiring grad and a dO."""
+        torch, args = self.torch, self.args
+        pass_ = c["pass"]
+        rows, outputs, timed = [], {}, {}
+        base_row = self._base_row(c, meta)
+        try:
+            sets, tensor_bytes = self.make_inputs(c, n_tensors=4)  # q, k, v, do
+        except torch.cuda.OutOfMemoryError as e:
+            torch.cuda.empty_cache()
+            for b in args.grad_backends:
+                rows.append(dict(base_row, backend=b, status="oom",
+                                 reason="allocating the inputs: %s" % _short(e)))
+            return rows
+        for s in sets:
+            for t in s[:3]:
+                t.requires_grad_(True)
+        grads_bytes = 3 * tensor_bytes
+        base_row["io_mib"] = 8 * tensor_bytes / MiB  # q, k, v, o, do; dq, dk, dv
+        base_row["grads_mib"] = grads_bytes / MiB
+        base_row["input_sets"] = len(sets)
+        ws_mib = flashgen_bwd_workspace_bytes(c["B"], c["H"], c["N"], c["d"]) / MiB
+        for b in args.grad_backends:
+            row = dict(base_row, backend=b)
+            rows.append(row)
+            if b in ("flashgen", "flashgen_direct"):
+                if self.flashgen is None:
+                    row.update(status="unsupported", reason=self.flashgen_error)
+                    continue
+                if not hasattr(self.flashgen, "attention_backward"):
+                    row.update(status="unsupported",
+                               reason="the flashgen binding at %s has no attention_backward; "
+                                      "use a checkout whose python/flashgen has the backward"
+                                      % os.path.join(REPO, "python"))
+                    continue
+                row["fg_workspace_mib"] = ws_mib
+            # math's peak: the forward's 3 score buffers per call, plus (bwd) the attention
+            # weights each input set's graph keeps
+            if b == "math" and self._math_too_big(
+                    row, c, 3 + (len(sets) if pass_ == "bwd" else 0) + 2):
+                continue
+            make_sets, fn = self.make_grad_fn(b, c["causal"], pass_, sets)
+            self._prepare_one(b, row, fn, make_sets, grads_bytes,
+                              ws_mib if b in ("flashgen", "flashgen_direct") else 0.0,
+                              timed, outputs)
+        self._time_all(c, rows, timed)
+        self.check_grads(c, rows, outputs)
+        del outputs, sets, timed
         torch.cuda.empty_cache()
         return rows
 
@@ -838,33 +1340,77 @@ class Bench:
             del o
         del ref
 
+    def check_grads(self, c, rows, outputs):
+        """dq, dk, dv of every backend (one call on the first input set) against the reference
+        backend's: max |Δ| per gradient; flagged when max |Δ| / max(1, max |ref|) exceeds the
+        dtype's DIFF_LIMIT, or a gradient is not finite."""
+        torch = self.torch
+        ref_name = next((b for b in REFERENCE_ORDER if b in outputs), None)
+        if ref_name is None:
+            ref_name = next(iter(outputs), None)
+        if ref_name is None:
+            return
+        ref = [t.float() for t in outputs[ref_name]]
+        ref_max = [float(t.abs().max().item()) for t in ref]
+        limit = DIFF_LIMIT.get(c["dtype"], 2e-2)
+        for row in rows:
+            b = row["backend"]
+            if b not in outputs:
+                continue
+            diffs, nonfinite, worst = {}, False, 0.0
+            for name, g, r, rmax in zip(GRAD_NAMES, outputs[b], ref, ref_max):
+                gf = g.float()
+                nonfinite = nonfinite or not bool(torch.isfinite(gf).all().item())
+                dd = 0.0 if b == ref_name else float((gf - r).abs().max().item())
+                diffs[name] = dd if math.isfinite(dd) else None
+                scaled = dd / max(1.0, rmax) if math.isfinite(rmax) else float("nan")
+                worst = scaled if (scaled != scaled or worst != worst) else max(worst, scaled)
+                del gf
+            row["nonfinite"] = nonfinite
+            row["reference"] = ref_name
+            row["grad_max_diff"] = diffs
+            row["grad_ref_absmax"] = {n: (m if math.isfinite(m) else None)
+                                      for n, m in zip(GRAD_NAMES, ref_max)}
+            finite = [v for v in diffs.values() if v is not None]
+            row["max_diff"] = max(finite) if len(finite) == len(diffs) else None
+            row["max_diff_scaled"] = worst if math.isfinite(worst) else None
+            row["suspicious"] = nonfinite or not math.isfinite(worst) or worst > limit
+        del ref
+
     # -- the whole run ---------------------------------------------------------------------
 
     def run(self, grid, out_dir):
         torch, args = self.torch, self.args
         meta = self.meta()
-        _stderr("bench.py: %s, torch %s, cuDNN %s, flashgen %s (%s); %d configs x %d backends -> %s"
+        _stderr("bench.py: %s, torch %s, cuDNN %s, flashgen %s (%s); %d configs (passes %s), "
+                "backends %s, backward backends %s -> %s"
                 % (meta["gpu"], meta["torch"], meta["cudnn"], meta["flashgen"],
-                   meta["flashgen_library"], len(grid), len(args.backends), out_dir))
+                   meta["flashgen_library"], len(grid), ",".join(args.passes),
+                   ",".join(args.backends), ",".join(args.grad_backends), out_dir))
         os.makedirs(out_dir, exist_ok=True)
         rows = []
         t_start = time.perf_counter()
-        with torch.inference_mode():
-            for i, c in enumerate(grid):
-                t0 = time.perf_counter()
-                try:
-                    crow = self.run_config(c, meta)
-                except KeyboardInterrupt:
-                    _stderr("bench.py: interrupted; writing what was measured")
-                    break
-                rows.extend(crow)
-                summary = ", ".join(
-                    "%s %s" % (r["backend"], ("%.0f" % r["tflops"]) if r.get("status") == "ok"
-                               else r.get("status")) for r in crow)
-                _stderr("[%d/%d] %s d=%d causal=%d N=%d B=%d H=%d: %s (%.1f s)"
-                        % (i + 1, len(grid), c["dtype"], c["d"], c["causal"], c["N"], c["B"],
-                           c["H"], summary, time.perf_counter() - t0))
-                write_json(os.path.join(out_dir, "results.json"), meta, rows)  # partial results
+        for i, c in enumerate(grid):
+            t0 = time.perf_counter()
+            try:
+                if c["pass"] == "fwd":
+                    with torch.inference_mode():
+                        crow = self.run_config(c, meta)
+                else:
+                    with torch.enable_grad():
+                        crow = self.run_config_grad(c, meta)
+            except KeyboardInterrupt:
+                _stderr("bench.py: interrupted; writing what was measured")
+                break
+            rows.extend(crow)
+            summary = ", ".join(
+                "%s %s" % (r["backend"], ("%.0f" % r["tflops"]) if r.get("status") == "ok"
+                           else r.get("status")) for r in crow)
+            _stderr("[%d/%d] %s %s d=%d causal=%d N=%d B=%d H=%d: %s (%.1f s)"
+                    % (i + 1, len(grid), c["pass"], c["dtype"], c["d"], c["causal"], c["N"],
+                       c["B"], c["H"], summary, time.perf_counter() - t0))
+            meta["wall_s"] = round(time.perf_counter() - t_start, 1)
+            write_json(os.path.join(out_dir, "results.json"), meta, rows)  # partial results
         meta["wall_s"] = round(time.perf_counter() - t_start, 1)
         return rows, meta
 
@@ -886,13 +1432,12 @@ def main(argv=None):
         return 0
     if args.from_json:
         try:
-            with open(args.from_json, encoding="utf-8") as f:
-                data = json.load(f)
-            meta, rows = data["meta"], data["rows"]
-        except (OSError, ValueError, KeyError) as e:
-            print("bench.py: cannot read %s: %s" % (args.from_json, e), file=sys.stderr)
+            meta, rows = load_results(args.from_json)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print("bench.py: cannot read %s: %s (pass results.json files written by bench.py)"
+                  % (" ".join(args.from_json), e), file=sys.stderr)
             return 1
-        out_dir = args.out or os.path.dirname(os.path.abspath(args.from_json))
+        out_dir = args.out or os.path.dirname(os.path.abspath(args.from_json[0]))
         finish(rows, meta, args, out_dir)
         return 0
 

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""CPU checks of bench/bench.py (plain unittest; needs neither torch nor a GPU):
+"""CPU checks of bench/bench.py and bench/plot.py (plain unittest; needs neither torch nor a GPU):
 --help and --dry-run run with torch unimportable, the grid has the size and shapes of
-ANCHORS.md, the FLOP formula halves for causal, and the Markdown report renders from rows.
+ANCHORS.md for every pass (--pass fwd|bwd|fwdbwd|all), the FLOP formulas (backward 2.5x and
+forward + backward 3.5x the forward, causal halves), and the Markdown report renders forward
+and backward rows from synthetic results.json files, merged with --from-json A B.
 
     python3 tests/test_bench_py.py
 """
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -16,6 +19,7 @@ import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench", "bench.py")
+PLOT = os.path.join(ROOT, "bench", "plot.py")
 
 # Runs bench.py's main with `import torch` made to fail, so a lazy import is proven.
 NO_TORCH = ("import sys, runpy; sys.modules['torch'] = None; sys.modules['numpy'] = None; "
@@ -28,11 +32,20 @@ def run_bench(*args):
                           text=True, timeout=120)
 
 
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_under_test", BENCH)
+def load_module(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_bench():
+    return load_module("bench_under_test", BENCH)
+
+
+def grid_lines(stdout):
+    """The dry-run's config lines, split: #, pass, dtype, d, causal, B, H, N, GFLOP, ..."""
+    return [l.split() for l in stdout.splitlines() if l[:1].isdigit()]
 
 
 class BenchCli(unittest.TestCase):
@@ -40,40 +53,82 @@ class BenchCli(unittest.TestCase):
         r = run_bench("--help")
         self.assertEqual(r.returncode, 0, r.stderr)
         for flag in ("--quick", "--dtypes", "--backends", "--write-benchmarks-md", "--dry-run",
-                     "--lib", "--reps", "--tokens", "--hidden"):
+                     "--lib", "--reps", "--tokens", "--hidden", "--pass", "--bwd-backends",
+                     "--from-json"):
             self.assertIn(flag, r.stdout)
 
     def test_dry_run_default_grid(self):
-        r = run_bench("--dry-run")
+        r = run_bench("--dry-run")  # --pass all: fwd, bwd, fwdbwd, each over the whole grid
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("configs: 48", r.stdout)  # 2 dtypes x 2 d x 2 causal x 6 N
-        lines = [l.split() for l in r.stdout.splitlines() if l[:1].isdigit()]
-        self.assertEqual(len(lines), 48)
+        self.assertIn("configs: 144", r.stdout)
+        for p in ("fwd", "bwd", "fwdbwd"):  # 2 dtypes x 2 d x 2 causal x 6 N
+            self.assertIn("configs %s: 48" % p, r.stdout)
+        self.assertIn("passes fwd,bwd,fwdbwd", r.stdout)
+        self.assertIn("backward backends flashgen,flashgen_direct,flash,cudnn", r.stdout)
+        lines = grid_lines(r.stdout)
+        self.assertEqual(len(lines), 144)
+        self.assertEqual([c[1] for c in lines], ["fwd"] * 48 + ["bwd"] * 48 + ["fwdbwd"] * 48)
+        per_pass = {}
         for cols in lines:
-            _, dtype, d, causal, B, H, N, gflop = cols[:8]
+            _, pass_, dtype, d, causal, B, H, N, gflop = cols[:9]
             d, B, H, N = int(d), int(B), int(H), int(N)
             self.assertIn(dtype, ("bf16", "f16"))
             self.assertEqual(B * N, 16384)
             self.assertEqual(H * d, 2048)
-            want = 4 * B * H * N * N * d / (2 if causal == "yes" else 1)
+            fwd = 4 * B * H * N * N * d / (2 if causal == "yes" else 1)
+            want = fwd * {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}[pass_]
             self.assertAlmostEqual(float(gflop), want / 1e9, places=2)
+            per_pass.setdefault(pass_, []).append((dtype, d, causal, N))
+        self.assertEqual(per_pass["fwd"], per_pass["bwd"])  # the same grid in every pass
+        self.assertEqual(per_pass["fwd"], per_pass["fwdbwd"])
 
     def test_dry_run_quick(self):
         r = run_bench("--dry-run", "--quick")
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("configs: 12", r.stdout)  # bf16 x {128, 64} x causal both x {1k, 4k, 16k}
+        self.assertIn("configs: 36", r.stdout)  # bf16 x {128, 64} x causal both x {1k, 4k, 16k}
+        self.assertIn("configs bwd: 12", r.stdout)  # x 3 passes
         self.assertNotIn(" f16 ", r.stdout)
+        r = run_bench("--dry-run", "--quick", "--pass", "bwd")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("configs: 12", r.stdout)
+        self.assertEqual({c[1] for c in grid_lines(r.stdout)}, {"bwd"})
+
+    def test_dry_run_passes(self):
+        for arg, want in (("fwd", ["fwd"]), ("bwd", ["bwd"]), ("fwdbwd", ["fwdbwd"]),
+                          ("all", ["fwd", "bwd", "fwdbwd"]), ("fwdbwd,fwd", ["fwd", "fwdbwd"]),
+                          ("bwd,bwd", ["bwd"])):
+            r = run_bench("--dry-run", "--pass", arg, "--d", "64", "--n", "1024,4096")
+            self.assertEqual(r.returncode, 0, (arg, r.stderr))
+            passes = [c[1] for c in grid_lines(r.stdout)]
+            self.assertEqual(passes, [p for p in want for _ in range(8)], arg)  # pass-major
+            self.assertIn("configs: %d" % (8 * len(want)), r.stdout)
+
+    def test_dry_run_grad_backends(self):
+        r = run_bench("--dry-run", "--pass", "bwd", "--backends", "flash,cudnn")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("backward backends flash,cudnn", r.stdout)  # flashgen_direct needs flashgen
+        r = run_bench("--dry-run", "--pass", "bwd", "--bwd-backends", "flashgen-direct,cudnn")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("backward backends flashgen_direct,cudnn", r.stdout)
+        r = run_bench("--dry-run", "--pass", "bwd", "--backends", "math",
+                      "--bwd-backends", "flash")
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("--pass fwd", r.stderr)  # says what to do
+        r = run_bench("--dry-run", "--pass", "fwd", "--backends", "math",
+                      "--bwd-backends", "flash")
+        self.assertEqual(r.returncode, 0, r.stderr)  # no backward pass: nothing to complain of
 
     def test_dry_run_options(self):
-        r = run_bench("--dry-run", "--dtypes", "f16", "--d", "128", "--causal", "1", "--n",
-                      "2048,8192", "--tokens", "32768", "--hidden", "4096")
+        r = run_bench("--dry-run", "--pass", "fwd", "--dtypes", "f16", "--d", "128", "--causal",
+                      "1", "--n", "2048,8192", "--tokens", "32768", "--hidden", "4096")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("configs: 2", r.stdout)
         self.assertIn("   16   32   2048", r.stdout.replace("yes", ""))  # B = 16, H = 32
 
     def test_bad_arguments(self):
         for args in (("--dtypes", "fp8"), ("--backends", "flash,xformers"), ("--causal", "maybe"),
-                     ("--n", "0"), ("--d", "x")):
+                     ("--n", "0"), ("--d", "x"), ("--pass", "backward"), ("--pass", ","),
+                     ("--bwd-backends", "flash,xformers")):
             r = run_bench("--dry-run", *args)
             self.assertEqual(r.returncode, 2, (args, r.stdout, r.stderr))
             self.assertIn("bench.py", r.stderr)
@@ -97,14 +152,46 @@ class BenchFormulas(unittest.TestCase):
         for B, H, N, d in ((32, 32, 512, 64), (4, 16, 4096, 128)):
             self.assertEqual(2 * f(B, H, N, d, True), f(B, H, N, d, False))
 
+    def test_pass_flops(self):
+        pf, f = self.bench.pass_flops, self.bench.attention_flops
+        self.assertEqual(pf(1, 1, 2, 3, False), f(1, 1, 2, 3, False))
+        self.assertEqual(pf(1, 1, 2, 3, False, "fwd"), 4 * 2 * 2 * 3)
+        self.assertEqual(pf(1, 1, 2, 3, False, "bwd"), 10 * 2 * 2 * 3)    # 2.5 x forward
+        self.assertEqual(pf(1, 1, 2, 3, True, "bwd"), 5 * 2 * 2 * 3)      # causal halves
+        self.assertEqual(pf(1, 1, 2, 3, False, "fwdbwd"), 14 * 2 * 2 * 3)  # 3.5 x forward
+        self.assertEqual(pf(1, 1, 2, 3, True, "fwdbwd"), 7 * 2 * 2 * 3)
+        for B, H, N, d in ((32, 32, 512, 64), (1, 16, 16384, 128), (2, 32, 8192, 64)):
+            for causal in (False, True):
+                fwd = f(B, H, N, d, causal)
+                self.assertEqual(2 * pf(B, H, N, d, causal, "bwd"), 5 * fwd)
+                self.assertEqual(2 * pf(B, H, N, d, causal, "fwdbwd"), 7 * fwd)
+                self.assertIsInstance(pf(B, H, N, d, causal, "bwd"), int)
+        with self.assertRaises(ValueError):
+            pf(1, 1, 2, 3, False, "backward")
+
+    def test_workspace_formula(self):
+        ws = self.bench.flashgen_bwd_workspace_bytes
+        self.assertEqual(ws(1, 16, 16384, 128), 16 * 16384 * 129 * 4)  # (d + 1) floats per row
+        self.assertEqual(ws(32, 32, 512, 64), ws(1, 32, 16384, 64))  # O(B*N): the same at 16k
+        self.assertEqual(2 * ws(1, 16, 8192, 128), ws(1, 16, 16384, 128))
+
     def test_grid_module(self):
-        args = self.bench.parse_args(["--quick"])
+        args = self.bench.parse_args(["--quick", "--pass", "fwd"])
         grid = self.bench.build_grid(args)
         self.assertEqual(len(grid), 12)
         self.assertEqual({c["N"] for c in grid}, {1024, 4096, 16384})
         self.assertEqual({c["d"] for c in grid}, {64, 128})
         self.assertEqual({c["causal"] for c in grid}, {False, True})
         self.assertTrue(all(c["B"] * c["N"] == 16384 and c["H"] * c["d"] == 2048 for c in grid))
+        args = self.bench.parse_args(["--quick"])
+        self.assertEqual(args.passes, ["fwd", "bwd", "fwdbwd"])
+        self.assertEqual(args.grad_backends, ["flashgen", "flashgen_direct", "flash", "cudnn"])
+        grid = self.bench.build_grid(args)
+        self.assertEqual(len(grid), 36)
+        self.assertEqual([c["pass"] for c in grid], ["fwd"] * 12 + ["bwd"] * 12 + ["fwdbwd"] * 12)
+        for c in grid:
+            self.assertEqual(c["flops"], self.bench.pass_flops(c["B"], c["H"], c["N"], c["d"],
+                                                               c["causal"], c["pass"]))
 
     def test_markdown_and_from_json(self):
         b = self.bench
@@ -146,6 +233,217 @@ class BenchFormulas(unittest.TestCase):
                 text = f.read()
             self.assertIn("Test GPU", text)
             self.assertIn("python3 bench/bench.py", text)
+
+
+def synthetic_grad_rows(bench, passes=("bwd", "fwdbwd")):
+    """bwd / fwdbwd rows as Bench.run_config_grad writes them (bf16, d = 128, causal both,
+    N = 512 and 16384): flashgen 2.0 ms, flashgen direct 1.9 ms, flash 2.5 ms, cuDNN 1.6 ms, and
+    cuDNN unsupported at causal N = 16384."""
+    rows = []
+    for pass_ in passes:
+        for causal in (False, True):
+            for N in (512, 16384):
+                B, H, d = 16384 // N, 16, 128
+                fl = bench.pass_flops(B, H, N, d, causal, pass_)
+                ws = bench.flashgen_bwd_workspace_bytes(B, H, N, d) / 1048576.0
+                for name, ms in (("flashgen", 2.0), ("flashgen_direct", 1.9), ("flash", 2.5),
+                                 ("cudnn", 1.6)):
+                    r = {"pass": pass_, "dtype": "bf16", "d": d, "causal": causal, "B": B, "H": H,
+                         "N": N, "flops": fl, "backend": name, "io_mib": 512.0,
+                         "grads_mib": 192.0}
+                    if name == "cudnn" and causal and N == 16384:
+                        r.update(status="unsupported", reason="cuDNN refused the shape")
+                        rows.append(r)
+                        continue
+                    extra = {"flashgen": ws, "flashgen_direct": ws, "flash": 8.0,
+                             "cudnn": 40.0}[name]
+                    diffs = {"dq": 0.0, "dk": 0.0, "dv": 0.0} if name == "flash" else \
+                        {"dq": 3.9e-3, "dk": 7.8e-3, "dv": 2.0e-3}
+                    scaled = max(diffs.values()) / 4.0
+                    if name == "cudnn" and not causal and N == 512:
+                        diffs = {"dq": 0.5, "dk": 7.8e-3, "dv": 2.0e-3}
+                        scaled = 0.5 / 4.0  # above the bf16 limit of 2e-2: flagged
+                    if name == "flashgen" and N == 16384 and not causal:
+                        diffs = {"dq": 0.05, "dk": 0.01, "dv": 0.01}
+                        scaled = 0.05 / 4.0  # 0.05 absolute, but below the limit once scaled
+                    r.update(status="ok", median_ms=ms, tflops=fl / (ms * 1e-3) / 1e12,
+                             extra_mib=extra, device_delta_mib=extra, reference="flash",
+                             grad_max_diff=diffs, max_diff=max(diffs.values()),
+                             max_diff_scaled=scaled, nonfinite=False,
+                             suspicious=scaled > 2e-2)
+                    if name.startswith("flashgen"):
+                        r["fg_workspace_mib"] = ws
+                    rows.append(r)
+    return rows
+
+
+GRAD_META = {"gpu": "Test GPU", "backends": ["flashgen", "flash", "cudnn"],
+             "grad_backends": ["flashgen", "flashgen_direct", "flash", "cudnn"],
+             "passes": ["bwd", "fwdbwd"], "tokens": 16384, "hidden": 2048,
+             "command": "python3 bench/bench.py --pass bwd,fwdbwd", "dtypes": ["bf16"],
+             "date": "2026-01-02"}
+
+
+class BenchBackwardReport(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.bench = load_bench()
+
+    def section(self, md, title):
+        """The text of one '## title' section."""
+        start = md.index("## " + title)
+        end = md.find("\n## ", start + 3)
+        return md[start:] if end < 0 else md[start:end]
+
+    def table_row(self, text, prefix):
+        rows = [l for l in text.splitlines() if l.startswith(prefix)]
+        self.assertEqual(len(rows), 1, (prefix, text))
+        return [c.strip() for c in re.split(r"(?<!\\)\|", rows[0].strip("|"))]
+
+    def test_backward_tables(self):
+        b = self.bench
+        md = b.render_markdown(synthetic_grad_rows(b), GRAD_META)
+        self.assertNotIn("## Forward TFLOP/s", md)  # no forward rows: no forward sections
+        self.assertNotIn("standard attention", md)
+        bwd = self.section(md, "Backward TFLOP/s (Test GPU)")
+        head = self.table_row(bwd, "| dtype |")
+        self.assertEqual(head, ["dtype", "d", "causal", "B", "H", "N", "flashgen",
+                                "flashgen direct", "flash", "cudnn", "flashgen/flash",
+                                "flashgen/cudnn", "autograd µs",
+                                "flashgen max\\|Δ\\| dq / dk / dv"])
+        cells = self.table_row(bwd, "| bf16 | 128 | no | 32 | 16 | 512 |")
+        # bwd FLOPs = 2.5 x 4*32*16*512^2*128 = 1.72e11 / 2 ms = 86 TFLOP/s
+        self.assertEqual(cells[6], "86")
+        self.assertEqual(cells[7], "90")  # direct: 1.9 ms
+        self.assertEqual(cells[8], "69")  # flash: 2.5 ms
+        self.assertEqual(cells[9], "107 ⚠")  # cuDNN: scaled dq diff 0.125 > 2e-2
+        self.assertEqual(cells[10], "1.25×")  # flashgen / flash = 2.5 / 2.0
+        self.assertEqual(cells[11], "0.80×")  # flashgen / cuDNN = 1.6 / 2.0
+        self.assertEqual(cells[12], "+100")  # autograd overhead: 2.0 - 1.9 ms
+        self.assertEqual(cells[13], "3.9e-03 / 7.8e-03 / 2.0e-03 vs flash")
+        cells = self.table_row(bwd, "| bf16 | 128 | no | 1 | 16 | 16384 |")
+        self.assertEqual(cells[6], "2749")  # 0.05 absolute dq diff, under the limit once scaled
+        self.assertEqual(cells[13], "5.0e-02 / 1.0e-02 / 1.0e-02 vs flash")
+        cells = self.table_row(bwd, "| bf16 | 128 | yes | 1 | 16 | 16384 |")
+        self.assertEqual(cells[9], "n/a")
+        self.assertEqual(cells[11], "—")
+        self.assertIn("flashgen/flash: 4 of 4 rows at 1.00× or above; min 1.25×", bwd)
+        self.assertIn("flashgen/cudnn: 0 of 3 rows at 1.00× or above", bwd)
+
+        fb = self.section(md, "Forward + backward TFLOP/s (Test GPU)")
+        cells = self.table_row(fb, "| bf16 | 128 | yes | 32 | 16 | 512 |")
+        # fwd+bwd FLOPs = 3.5 x 4*32*16*512^2*128 / 2 (causal) = 1.20e11 / 2 ms = 60 TFLOP/s
+        self.assertEqual(cells[6], "60")
+        self.assertIn("3.5 × 4·B·H·N²·d", fb)
+
+        mem = self.section(md, "Peak extra device memory of one backward call (MiB)")
+        head = self.table_row(mem, "| dtype |")
+        self.assertEqual(head, ["dtype", "d", "causal", "N", "grads MiB", "N×N MiB", "flashgen",
+                                "flashgen direct", "flash", "cudnn", "flashgen B/row"])
+        cells = self.table_row(mem, "| bf16 | 128 | no | 16384 |")
+        self.assertEqual(cells[5], "16384")  # 16 * 16384^2 * 4 bytes
+        self.assertEqual(self.table_row(mem, "| bf16 | 128 | no | 512 |")[5], "512")
+        self.assertEqual(cells[6], "129 / 129")  # the workspace: 16 * 16384 * 129 * 4 bytes
+        self.assertEqual(cells[10], "516")  # (d + 1) * 4 bytes per query row: O(N)
+        self.assertEqual(self.table_row(mem, "| bf16 | 128 | no | 512 |")[10], "516")
+        self.assertIn("at the largest N measured (N = 16384)", mem)
+        self.assertNotIn("fwdbwd", mem)  # the memory table is the backward pass's
+
+        notes = self.section(md, "Notes")
+        self.assertIn("- bwd bf16 d=128 causal N=16384 cudnn: unsupported: cuDNN refused the "
+                      "shape", notes)
+        self.assertIn("- bwd bf16 d=128 non-causal N=512 cudnn: max |Δ| dq 0.5, dk 0.0078, "
+                      "dv 0.002 vs flash (largest / max(1, max |ref|) = 0.125, limit 0.02) — "
+                      "suspicious", notes)
+        self.assertNotIn("flashgen: max |Δ|", notes)
+        self.assertIn("python3 bench/bench.py --pass bwd,fwdbwd", self.section(md, "Run"))
+
+    def test_forward_then_backward(self):
+        """Forward rows keep their sections and columns, the backward ones follow."""
+        b = self.bench
+        fwd = [dict(r, **{"pass": "fwd"}) for r in synthetic_grad_rows(b, ("bwd",))
+               if r["backend"] != "flashgen_direct"]
+        for r in fwd:
+            r["flops"] = b.attention_flops(r["B"], r["H"], r["N"], r["d"], r["causal"])
+        rows = fwd + synthetic_grad_rows(b, ("bwd",))
+        md = b.render_markdown(rows, dict(GRAD_META, passes=["fwd", "bwd"]))
+        order = [md.index(t) for t in ("## Forward TFLOP/s", "## Peak extra device memory of one "
+                                       "call", "## Backward TFLOP/s", "## Peak extra device "
+                                       "memory of one backward call", "## Notes", "## Run")]
+        self.assertEqual(order, sorted(order))
+        fwd_sec = self.section(md, "Forward TFLOP/s")
+        self.assertIn("| dtype | d | causal | B | H | N | flashgen | flash | cudnn | "
+                      "flashgen/flash | flashgen/cudnn | flashgen max\\|Δ\\| |", fwd_sec)
+        self.assertNotIn("direct", fwd_sec)
+        self.assertNotIn("Forward + backward", md)
+
+    def test_from_json_merge_and_benchmarks_md(self):
+        b = self.bench
+        fwd_rows = []  # an older forward-only results.json: rows without "pass"
+        for N in (512, 16384):
+            B = 16384 // N
+            fl = b.attention_flops(B, 16, N, 128, False)
+            for name, ms in (("flashgen", 1.0), ("flash", 1.4)):
+                fwd_rows.append(dict(dtype="bf16", d=128, causal=False, B=B, H=16, N=N, flops=fl,
+                                     backend=name, io_mib=256.0, status="ok", median_ms=ms,
+                                     tflops=fl / (ms * 1e-3) / 1e12, extra_mib=0.0,
+                                     device_delta_mib=0.0, reference="flash", max_diff=0.001))
+        fwd_meta = {"gpu": "Test GPU", "backends": ["flashgen", "flash"], "tokens": 16384,
+                    "hidden": 2048, "command": "python3 bench/bench.py --pass fwd",
+                    "dtypes": ["bf16"], "date": "2026-01-01"}
+        grad = synthetic_grad_rows(b, ("bwd",))
+        later = [dict(r, median_ms=4.0, tflops=r["flops"] / 4e-3 / 1e12) for r in grad
+                 if r["backend"] == "flash" and r["N"] == 512 and not r["causal"]]
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = []
+            for name, meta, rows in (("fwd", fwd_meta, fwd_rows), ("bwd", GRAD_META, grad),
+                                     ("again", dict(GRAD_META, command="python3 again"),
+                                      later)):
+                os.makedirs(os.path.join(tmp, name))
+                paths.append(os.path.join(tmp, name, "results.json"))
+                with open(paths[-1], "w") as f:
+                    json.dump({"meta": meta, "rows": rows}, f)
+            out = os.path.join(tmp, "merged")
+            bm = os.path.join(tmp, "BENCHMARKS.md")
+            r = run_bench("--from-json", *paths, "--out", out, "--no-plot",
+                          "--write-benchmarks-md", bm)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(os.path.join(out, "results.json")) as f:
+                merged = json.load(f)
+            self.assertEqual(len(merged["rows"]), len(fwd_rows) + len(grad))  # one replaced
+            self.assertEqual(merged["meta"]["passes"], ["fwd", "bwd"])
+            self.assertEqual([x["command"] for x in merged["meta"]["runs"]],
+                             ["python3 bench/bench.py --pass fwd",
+                              "python3 bench/bench.py --pass bwd,fwdbwd", "python3 again"])
+            with open(os.path.join(out, "results.md")) as f:
+                md = f.read()
+            # the forward table as before (columns of the united --backends)
+            self.assertIn("| bf16 | 128 | no | 32 | 16 | 512 | 69 | 49 | — | 1.40× | — |", md)
+            bwd = self.section(md, "Backward TFLOP/s")
+            cells = self.table_row(bwd, "| bf16 | 128 | no | 32 | 16 | 512 |")
+            self.assertEqual(cells[8], "43")  # the later file's flash row (4 ms, not 2.5)
+            self.assertEqual(cells[10], "2.00×")
+            with open(bm) as f:
+                text = f.read()
+            self.assertIn("Attention (forward, backward), flashgen against PyTorch's SDPA", text)
+            self.assertIn("`python3 again` (2026-01-02)", text)
+            self.assertIn("## Backward TFLOP/s (Test GPU)", text)
+            r = run_bench("--from-json", paths[0], os.path.join(tmp, "missing.json"))
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("cannot read", r.stderr)
+
+    def test_plot_names(self):
+        plot = load_module("plot_under_test", PLOT)
+        rows = [{"pass": p, "dtype": t} for p in ("fwd", "bwd", "fwdbwd") for t in ("bf16", "f16")]
+        rows.append({"dtype": "bf16"})  # an old forward row
+        jobs = plot.plot_jobs(rows, {"dtypes": ["bf16", "f16"]})
+        self.assertEqual(jobs, [("fwd", "bf16", "plot.png"), ("fwd", "f16", "plot_f16.png"),
+                                ("bwd", "bf16", "plot_bwd.png"),
+                                ("bwd", "f16", "plot_bwd_f16.png"),
+                                ("fwdbwd", "bf16", "plot_fwdbwd.png"),
+                                ("fwdbwd", "f16", "plot_fwdbwd_f16.png")])
+        jobs = plot.plot_jobs([{"pass": "bwd", "dtype": "f16"}], {"dtypes": ["bf16", "f16"]})
+        self.assertEqual(jobs, [("bwd", "f16", "plot_bwd.png")])
 
 
 if __name__ == "__main__":
