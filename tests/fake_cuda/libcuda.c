@@ -5,7 +5,8 @@
  * named by its entry would: the references (fg_ref_f64_* exact, fg_ref_lowp_* rounded) write
  * fp64, the forward variants write f16/bf16. Planted faults, so rejection is tested too:
  * kv_outer variants leave the last output unwritten (NaN), br128_bc128 variants are wrong by
- * 0.25; variants with w8 spin 5x longer (early stop). Events are host timestamps. */
+ * 0.25; variants with w8 spin 5x longer (early stop). Events are host timestamps. The backward
+ * plan's kernels (fg_bwd_*) are emulated by fake_backward.c. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -173,11 +174,14 @@ static uint16_t from_double(int bf16, double v) {
   return (uint16_t)h;
 }
 
+#include "fake_backward.c" /* fake_backward: the fg_bwd_* kernels */
+
 API CUresult cuLaunchKernel(void *fnp, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                             unsigned by, unsigned bz, unsigned smem, void *st, void **params,
                             void **extra) {
   (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)st; (void)extra;
   const fake_fn *f = fnp;
+  if (strncmp(f->name, "fg_bwd_", 7) == 0) return fake_backward(f->name, params[0]);
   const fg_fwd_params *p = params[0];
   const double t0 = now_ms();
   const int is_ref = strncmp(f->name, "fg_ref_", 7) == 0;
