@@ -1,8 +1,9 @@
-/* cmd_export.c: `flashgen export`: compiles a chosen kernel set for one or more arches and
- * writes it as C (<prefix>_kernels.c / .h) in the layout of include/flashgen_export.h: every
- * cubin and its PTX as byte arrays, the launch contracts, and the tuned choices per problem
- * bucket. The output depends only on the inputs (no time, no paths, sorted), so running it
- * twice writes the same bytes. */
+/* cmd_export.c: `flashgen export`: compiles a chosen kernel set (forward and backward variants)
+ * for one or more arches and writes it as C (<prefix>_kernels.c / .h) in the layout of
+ * include/flashgen_export.h: every cubin and its PTX as byte arrays, the launch contracts (a
+ * backward variant: grid kind KV_TILES, one module holding <entry>_pre, <entry> and
+ * <entry>_post), and the tuned choices per problem bucket. The output depends only on the
+ * inputs (no time, no paths, sorted), so running it twice writes the same bytes. */
 #include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
@@ -21,7 +22,8 @@ static void export_usage(FILE *f) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   fprintf(f,
           "usage: flashgen export --arch ARCH[,ARCH...] [--default | --variants FILE] [--tuned]\n"
-          "                       [--prefix NAME] [-j N] [--no-ptx] -o DIR\n\n"
+          "                       [--no-backward] [--prefix NAME] [-j N] [--no-ptx] -o DIR\n"
+          "       flashgen export --arch ARCH[,ARCH...] [...] --dry-run\n\n"
           "Compiles a kernel set for each ARCH and writes it as C, for applications that must not\n"
           "compile at run time: DIR/NAME_kernels.c holds every cubin and its PTX as byte arrays,\n"
           "the launch contracts and the tuned choices; DIR/NAME_kernels.h declares\n"
@@ -30,11 +32,17 @@ static void export_usage(FILE *f) {
           "register the table once: fg_register_export(NAME_flashgen_export(), err, sizeof err).\n"
           "The same inputs always give byte-identical files.\n\n"
           "what to export:\n"
-          "  --default         the kernel set: the built-in rule's variant for every head_dim\n"
-          "                    32..256, f16 and bf16, causal or not (116 per arch); the default\n"
-          "  --variants FILE   the kernel set: the variants named in FILE, one canonical name per\n"
-          "                    line ('#' starts a comment; a text file of at most 1 MiB); the\n"
-          "                    arch in each name is replaced by each ARCH\n"
+          "  --default         the kernel set: the built-in rule's forward variant and its\n"
+          "                    backward variant (bwd_..., for fg_attention_backward) for every\n"
+          "                    head_dim 32..256, f16 and bf16, causal or not (116 + 116 per\n"
+          "                    arch); the default\n"
+          "  --no-backward     with --default: the 116 forward variants per arch only\n"
+          "  --variants FILE   the kernel set: the variants named in FILE, forward (fwd_...) or\n"
+          "                    backward (bwd_...), one canonical name per line ('#' starts a\n"
+          "                    comment; a text file of at most 1 MiB); the arch in each name is\n"
+          "                    replaced by each ARCH. Under the exported-only policy a backward\n"
+          "                    call runs the built-in rule's backward variant of its problem,\n"
+          "                    so list that one\n"
           "  --tuned           also the winners recorded by `flashgen tune` in the kernel cache,\n"
           "                    as tuned choices per problem bucket (the kernel set above stays\n"
           "                    as fallbacks), for the live GPU or, with no GPU or with\n"
@@ -48,6 +56,8 @@ static void export_usage(FILE *f) {
           "  --no-ptx          cubins only (smaller; GPUs newer than the ARCHs then cannot run it)\n"
           "  --all-devices     with --tuned: every GPU recorded in the cache, not the live one\n"
           "  --cache-dir DIR   with --tuned: the kernel cache directory\n"
+          "  --dry-run         print the kernel set (one variant name a line) and the tuned\n"
+          "                    choices, compile and write nothing (no NVRTC needed)\n"
           "  -q, --quiet       no progress on stderr\n\n"
           "exit status: 0 written; 1 failure (a kernel did not compile, no tuning records, a file\n"
           "could not be written; nothing is written then); 2 bad usage (unknown option or arch, a\n"
@@ -526,10 +536,58 @@ static int write_header(FILE *f, const char *file, const export_info *in, const 
   return ferror(f) ? -1 : 0;
 }
 
+/* The flashgen_export.h name of a grid kind; NULL for one the layout has no name for (checked
+ * before anything is written). */
 static const char *grid_name(fg_grid_kind g) {
-  return g == FG_GRID_Q_TILES ? "FG_EXPORT_GRID_Q_TILES"
-         : g == FG_GRID_HEADS ? "FG_EXPORT_GRID_HEADS"
-                              : "FG_EXPORT_GRID_ROWS";
+  switch (g) {
+    case FG_GRID_Q_TILES: return "FG_EXPORT_GRID_Q_TILES";
+    case FG_GRID_HEADS: return "FG_EXPORT_GRID_HEADS";
+    case FG_GRID_ROWS: return "FG_EXPORT_GRID_ROWS";
+    case FG_GRID_KV_TILES: return "FG_EXPORT_GRID_KV_TILES";
+  }
+  return NULL;
+}
+
+/* Whether the PTX declares the kernel `name` (".entry name(" up to spacing). */
+static int ptx_has_entry(const char *ptx, const char *name) {
+  const size_t n = strlen(name);
+  for (const char *p = ptx ? strstr(ptx, ".entry") : NULL; p; p = strstr(p + 1, ".entry")) {
+    const char *q = p + 6;
+    while (*q == ' ' || *q == '\t') q++;
+    if (strncmp(q, name, n) == 0 && (q[n] == '(' || q[n] == ' ' || q[n] == '\t' || q[n] == '\n'))
+      return 1;
+  }
+  return 0;
+}
+
+/* Checks a compiled kernel's contract before it is written: a grid kind the layout names, and
+ * for the backward plan, the module holding its three entries. NULL, or what is wrong. */
+static const char *check_contract(const export_kernel *k, char *why, size_t whylen) {
+  const fg_kernel_meta *m = &k->img.meta;
+  if (!grid_name(m->grid)) {
+    snprintf(why, whylen, "has grid kind %d, which include/flashgen_export.h does not name",
+             (int)m->grid);
+    return why;
+  }
+  const int bwd = k->v.pass == FG_PASS_BWD;
+  if (bwd != (m->grid == FG_GRID_KV_TILES)) {
+    snprintf(why, whylen, "is a %s variant but its template declared grid kind %d",
+             bwd ? "backward" : "forward", (int)m->grid);
+    return why;
+  }
+  if (bwd && k->img.ptx) {
+    static const char *const suffix[3] = {"_pre", "", "_post"};
+    for (int i = 0; i < 3; i++) {
+      char e[sizeof m->entry + 8];
+      snprintf(e, sizeof e, "%s%s", m->entry, suffix[i]);
+      if (!ptx_has_entry(k->img.ptx, e)) {
+        snprintf(why, whylen, "compiled to a module without the entry %s (its plan needs %s_pre, "
+                              "%s and %s_post)", e, m->entry, m->entry, m->entry);
+        return why;
+      }
+    }
+  }
+  return NULL;
 }
 
 static int write_source(FILE *f, const char *file, const char *hfile, const export_info *in,
@@ -542,6 +600,10 @@ static int write_source(FILE *f, const char *file, const char *hfile, const expo
     fprintf(f, "/* %s (%s): %d threads, %d B dynamic shared memory, %d registers */\n", k->name,
             fg_arch_name(k->img.arch), k->img.meta.threads, k->img.meta.smem_bytes,
             k->img.meta.regs);
+    if (k->img.meta.grid == FG_GRID_KV_TILES)
+      fprintf(f, "/* The backward plan, one module with three entries:\n *   %s_pre,\n *   %s,\n"
+                 " *   %s_post. */\n",
+              k->img.meta.entry, k->img.meta.entry, k->img.meta.entry);
     fprintf(f, "static const unsigned char %s_%s_cubin[%zu] = {\n", P, k->name, k->img.cubin_size);
     write_bytes(f, k->img.cubin, k->img.cubin_size, 0);
     fprintf(f, "};\n");
@@ -669,6 +731,7 @@ int fg_cmd_export(int argc, char **argv) {
   const char *arch_list = NULL, *variants_file = NULL, *outdir = NULL, *prefix = "exported";
   const char *cache_dir = NULL;
   int mode_default = 0, mode_tuned = 0, all_devices = 0, quiet = 0, with_ptx = 1;
+  int with_backward = 1, dry_run = 0;
   long jobs = sysconf(_SC_NPROCESSORS_ONLN);
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -688,6 +751,8 @@ int fg_cmd_export(int argc, char **argv) {
     else if (strcmp(a, "-j") == 0 && has_next) jobs = strtol(argv[++i], NULL, 10);
     else if (strncmp(a, "-j", 2) == 0 && a[2]) jobs = strtol(a + 2, NULL, 10);
     else if (strcmp(a, "--no-ptx") == 0) with_ptx = 0;
+    else if (strcmp(a, "--no-backward") == 0) with_backward = 0;
+    else if (strcmp(a, "--dry-run") == 0) dry_run = 1;
     else if (strcmp(a, "--all-devices") == 0) all_devices = 1;
     else if (strcmp(a, "--cache-dir") == 0 && has_next) cache_dir = argv[++i];
     else if (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0) quiet = 1;
@@ -702,11 +767,16 @@ int fg_cmd_export(int argc, char **argv) {
                     "choose one\n");
     return 2;
   }
+  if (!with_backward && variants_file) {
+    fprintf(stderr, "flashgen export: --no-backward applies to the default set; with --variants "
+                    "FILE, list only the variants you want (bwd_... names are the backward)\n");
+    return 2;
+  }
   if (!arch_list || !*arch_list) {
     fprintf(stderr, "flashgen export: --arch is required (e.g. --arch sm_80,sm_90a)\n");
     return 2;
   }
-  if (!outdir || !*outdir) {
+  if (!dry_run && (!outdir || !*outdir)) {
     fprintf(stderr, "flashgen export: -o DIR is required\n");
     return 2;
   }
@@ -749,22 +819,40 @@ int fg_cmd_export(int argc, char **argv) {
              narch, narch == 1 ? "" : "es");
   } else if (rc == 0) {
     snprintf(fallbacks, sizeof fallbacks,
-             "the built-in rule's variant for every head_dim 32..256, f16/bf16, causal or not");
+             "the built-in rule's %s for every head_dim 32..256, f16/bf16, causal or not",
+             with_backward ? "forward and backward variants" : "forward variant");
     for (int a = 0; a < narch && rc == 0; a++) {
       fg_variant v[512];
       int n = fg_default_variants(archs[a], 0, v, 512);
-      for (int i = 0; i < n && rc == 0; i++)
+      for (int i = 0; i < n && rc == 0; i++) {
         if (set_add_kernel(&s, &v[i]) != 0) rc = 1;
+        /* The backward of the same problem: what fg_attention_backward runs by the rule. */
+        fg_variant b = fg_builtin_backward_variant(v[i].d, v[i].dtype, v[i].causal, archs[a]);
+        if (rc == 0 && with_backward && set_add_kernel(&s, &b) != 0) rc = 1;
+      }
     }
+    if (rc) fprintf(stderr, "flashgen export: out of memory\n");
   }
-  snprintf(mode_line, sizeof mode_line, "%s%s", mode_tuned ? "--tuned " : "",
-           variants_file ? "--variants LIST" : "--default");
+  snprintf(mode_line, sizeof mode_line, "%s%s%s", mode_tuned ? "--tuned " : "",
+           variants_file ? "--variants LIST" : "--default",
+           !variants_file && !with_backward ? " --no-backward" : "");
   if (rc) {
     set_free(&s);
     return rc;
   }
   qsort(s.k, (size_t)s.n, sizeof *s.k, cmp_kernel);
   if (s.nc) qsort(s.c, (size_t)s.nc, sizeof *s.c, cmp_choice);
+  if (dry_run) { /* a variant list (what --variants reads), the choices as comments */
+    int nbwd = 0;
+    for (int i = 0; i < s.n; i++) nbwd += s.k[i].v.pass == FG_PASS_BWD;
+    printf("# flashgen export %s --arch %s: %d kernels (%d forward, %d backward), %d tuned "
+           "choices\n", mode_line, in.archs, s.n, s.n - nbwd, nbwd, s.nc);
+    for (int i = 0; i < s.n; i++) printf("%s\n", s.k[i].name);
+    for (int i = 0; i < s.nc; i++)
+      printf("# choice %s -> %s (tuned on %s)\n", s.c[i].bucket, s.c[i].variant, s.c[i].device);
+    set_free(&s);
+    return ferror(stdout) ? 1 : 0;
+  }
 
   char err[4096];
   if (fg_nvrtc_load(err, sizeof err) != 0) {
@@ -799,15 +887,22 @@ int fg_cmd_export(int argc, char **argv) {
   pthread_mutex_destroy(&pool.mu);
   fg_generator_destroy(g);
   int failed = 0;
-  for (int i = 0; i < s.n; i++)
+  for (int i = 0; i < s.n; i++) {
+    char why[512];
+    const char *bad = NULL;
     if (!s.k[i].built) {
       fprintf(stderr, "flashgen export: %s did not compile: %s\n", s.k[i].name,
               s.k[i].err ? s.k[i].err : "(no message)");
       failed++;
+    } else if ((bad = check_contract(&s.k[i], why, sizeof why)) != NULL) {
+      fprintf(stderr, "flashgen export: %s %s; the templates and this flashgen disagree (check "
+                      "FLASHGEN_TEMPLATE_DIR)\n", s.k[i].name, bad);
+      failed++;
     }
+  }
   if (failed) {
-    fprintf(stderr, "flashgen export: %d of %d kernels did not compile; nothing written\n", failed,
-            s.n);
+    fprintf(stderr, "flashgen export: %d of %d kernels did not compile or check; nothing written\n",
+            failed, s.n);
     set_free(&s);
     return 1;
   }
@@ -838,15 +933,17 @@ int fg_cmd_export(int argc, char **argv) {
     return 1;
   }
   size_t cubin = 0, ptx = 0;
+  int nbwd = 0;
   for (int i = 0; i < s.n; i++) {
     cubin += s.k[i].img.cubin_size;
     ptx += with_ptx ? s.k[i].img.ptx_size + 1 : 0;
+    nbwd += s.k[i].v.pass == FG_PASS_BWD;
   }
   struct stat st;
   long long csize = stat(cpath, &st) == 0 ? (long long)st.st_size : -1;
-  printf("wrote %s (%lld bytes) and %s: %d kernels for %s (%zu bytes of cubin, %zu of PTX), %d "
-         "tuned choices\n",
-         cpath, csize, hpath, s.n, in.archs, cubin, ptx, s.nc);
+  printf("wrote %s (%lld bytes) and %s: %d kernels for %s (%d forward, %d backward; %zu bytes of "
+         "cubin, %zu of PTX), %d tuned choices\n",
+         cpath, csize, hpath, s.n, in.archs, s.n - nbwd, nbwd, cubin, ptx, s.nc);
   set_free(&s);
   return 0;
 }

@@ -7,6 +7,7 @@
  *
  *     flashgen export --default --arch sm_80,sm_90a --prefix myapp -o gen/
  *
+ * (the built-in rule's forward and backward kernels for every head_dim, dtype and masking),
  * compiles gen/myapp_kernels.c with its sources, links flashgen_runtime (no Lua, NVRTC or
  * SQLite) and registers the table once, before or after creating contexts:
  *
@@ -29,18 +30,27 @@ extern "C" {
 #endif
 
 /* The layout version written into every table. Bumped only if a field changes meaning, which
- * the rule above forbids; appending fields does not bump it (the sizes tell). */
+ * the rule above forbids; appending fields does not bump it (the sizes tell), and neither does a
+ * new value of a field (FG_EXPORT_GRID_KV_TILES, the backward pass, came in version 1: a
+ * runtime older than it refuses a table holding a backward kernel, naming the kernel; export
+ * with --no-backward for such a runtime, or link the runtime of the flashgen that exported). */
 #define FG_EXPORT_ABI_VERSION 1
 
 /* How a kernel's grid is formed from the problem (the values of the runtime's fg_grid_kind). */
 #define FG_EXPORT_GRID_Q_TILES 1 /* (ceil(seqlen_q / br), batch * heads_q): one block per Q block */
 #define FG_EXPORT_GRID_HEADS 2   /* (batch * heads_q): one block per head (Algorithm 1) */
 #define FG_EXPORT_GRID_ROWS 3    /* (seqlen_q, batch * heads_q): one block per query row */
+/* The backward pass (a bwd_ variant): (ceil(seqlen_k / br), batch * heads_kv), one block per K/V
+ * block, br holding the variant's Bc. Its binary is one module with three entries, run in this
+ * order: `<entry>_pre` (D = rowsum(dO * O), the dQ accumulator zeroed), `<entry>` (dK, dV and
+ * the dQ accumulator) and `<entry>_post` (dQ converted); the runtime resolves all three. */
+#define FG_EXPORT_GRID_KV_TILES 4
 
 /* One compiled kernel: the binary for one arch and its launch contract. */
 typedef struct fg_export_kernel {
   const char *variant;          /* canonical variant name, e.g.
-                                   "fwd_d128_br128_bc64_bf16_causal_qouter_w8_s2_sm80" */
+                                   "fwd_d128_br128_bc64_bf16_causal_qouter_w8_s2_sm80" or
+                                   "bwd_d128_br32_bc64_bf16_causal_kvouter_w8_s2_sm80" */
   const char *arch;             /* the arch it was compiled for, "sm_80" ... "sm_90a" (the
                                    arch in the variant name) */
   const unsigned char *cubin;   /* ELF for exactly arch; may be NULL when ptx is set */
@@ -48,12 +58,15 @@ typedef struct fg_export_kernel {
   const char *ptx;              /* NUL-terminated PTX, so a newer GPU can JIT it; may be NULL */
   size_t ptx_size;              /* bytes without the NUL */
   /* The launch contract. */
-  const char *entry;            /* kernel symbol (extern "C") */
+  const char *entry;            /* kernel symbol (extern "C"); for FG_EXPORT_GRID_KV_TILES the
+                                   main kernel, with <entry>_pre and <entry>_post beside it */
   int threads;                  /* threads per block */
   int smem_bytes;               /* dynamic shared memory per block */
   int grid;                     /* FG_EXPORT_GRID_* */
-  int br;                       /* rows per Q block (FG_EXPORT_GRID_Q_TILES) */
-  int workspace_floats_per_row; /* fp32 workspace per (batch, head, query row); 0 = none */
+  int br;                       /* rows per Q block (FG_EXPORT_GRID_Q_TILES), rows per K/V
+                                   block (FG_EXPORT_GRID_KV_TILES) */
+  int workspace_floats_per_row; /* fp32 workspace per (batch, head, query row); 0 = none
+                                   (the backward: head_dim + 1) */
   /* Resource usage ptxas reported at export time (-1 when unknown); informational. */
   int regs, spill_store_bytes, spill_load_bytes, stack_bytes;
 } fg_export_kernel;

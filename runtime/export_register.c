@@ -1,7 +1,9 @@
 /* export_register.c: fg_register_export, the public way in for exported tables. Reads a table in
  * the stable layout of flashgen_export.h (by the sizes it records, so older and newer tables
- * both read), checks it, turns it into the registry's fg_exported_table and hands that to
- * fg_register_exported. The converted tables live as long as the process, like the tables. */
+ * both read), checks it (a kernel's launch contract against its variant name: backward
+ * variants, and only they, with the K/V-tile grid), turns it into the registry's
+ * fg_exported_table and hands that to fg_register_exported. The converted tables live as long as
+ * the process, like the tables. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -70,10 +72,36 @@ static const char *fg_export_convert_kernel(const fg_export_kernel *k, fg_kernel
     return "has PTX that is not NUL-terminated at ptx_size";
   if (!k->entry || !k->entry[0]) return "has no entry point in its launch contract";
   if (strlen(k->entry) >= sizeof img->meta.entry) return "has an entry point name too long";
-  if (k->threads <= 0 || k->grid < FG_EXPORT_GRID_Q_TILES || k->grid > FG_EXPORT_GRID_ROWS ||
-      (k->grid == FG_EXPORT_GRID_Q_TILES && k->br <= 0) || k->smem_bytes < 0 ||
-      k->workspace_floats_per_row < 0)
-    return "has a malformed launch contract (threads, grid, br, shared memory or workspace)";
+  if (k->grid < FG_EXPORT_GRID_Q_TILES || k->grid > FG_EXPORT_GRID_KV_TILES) {
+    snprintf(why, whylen,
+             "has grid kind %d, which this runtime (flashgen %s) does not know (it knows 1 to %d: "
+             "Q_TILES, HEADS, ROWS, KV_TILES): the table is damaged or from a newer flashgen; "
+             "export it again with flashgen %s",
+             k->grid, fg_version(), FG_EXPORT_GRID_KV_TILES, fg_version());
+    return why;
+  }
+  if (k->threads <= 0 || ((k->grid == FG_EXPORT_GRID_Q_TILES || k->grid == FG_EXPORT_GRID_KV_TILES) &&
+                          k->br <= 0) ||
+      k->smem_bytes < 0 || k->workspace_floats_per_row < 0)
+    return "has a malformed launch contract (threads, br, shared memory or workspace)";
+  /* The backward plan and only it has the K/V-tile grid (runtime/backward.c launches it with
+   * <entry>_pre and <entry>_post from the same module; the forward would launch it wrongly). */
+  const int bwd = v.pass == FG_PASS_BWD, kv_tiles = k->grid == FG_EXPORT_GRID_KV_TILES;
+  if (bwd != kv_tiles) {
+    snprintf(why, whylen,
+             "is a %s variant with grid kind %d; a %s variant needs %s: the table is damaged, "
+             "export it again",
+             bwd ? "backward" : "forward", k->grid, bwd ? "backward" : "forward",
+             bwd ? "FG_EXPORT_GRID_KV_TILES (4)" : "a forward grid kind (1 to 3)");
+    return why;
+  }
+  if (kv_tiles && k->br != v.bc) {
+    snprintf(why, whylen,
+             "has br = %d in its launch contract, but its K/V blocks are %d rows (bc in its name): "
+             "the table is damaged, export it again",
+             k->br, v.bc);
+    return why;
+  }
   snprintf(img->variant, sizeof img->variant, "%s", k->variant);
   /* The registry never writes through these: the arrays stay in read-only storage. */
   img->cubin = k->cubin && k->cubin_size ? (unsigned char *)(uintptr_t)k->cubin : NULL;

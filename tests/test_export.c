@@ -1,9 +1,14 @@
-/* test_export.c: exported tables without a GPU: fg_register_export's checks and messages, the
- * documented FG_ERROR_KERNEL_MISSING for a table built for another arch (on the fake driver,
- * tests/fake_cuda), and `flashgen export`: identical bytes twice, the tuned choices from the
- * cache, and clear failures for empty or bad variant lists and unknown arches. The install +
- * example + link checks are in tests/export/run_export_tests.sh. */
+/* test_export.c: exported tables without a GPU: fg_register_export's checks and messages (the
+ * backward's grid kind KV_TILES accepted and checked against the variant, an unknown grid kind
+ * refused saying what to do), the documented FG_ERROR_KERNEL_MISSING for a table built for
+ * another arch (on the fake driver, tests/fake_cuda), and `flashgen export`: identical bytes
+ * twice, the tuned choices from the cache, the default set with its backward variants
+ * (--dry-run), a backward variant exported as KV_TILES with its three-entry module and run by
+ * fg_attention_backward from the table under the exported-only policy, and clear failures for
+ * empty or bad variant lists and unknown arches. The install + example + link checks are in
+ * tests/export/run_export_tests.sh. */
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,7 +118,75 @@ Test(register_export, malformed_kernels_are_named) {
   k = kernel_sm80();
   k.grid = 7;
   cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "kernel 0") && strstr(err, "grid kind 7") &&
+                strstr(err, "does not know") && strstr(err, "export it again"),
+            "%s", err);
+  k.grid = 0;
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "grid kind 0"), "%s", err);
+  k = kernel_sm80();
+  k.br = 0;
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
   cr_assert(strstr(err, "malformed launch contract"), "%s", err);
+  k = kernel_sm80();
+  k.grid = FG_EXPORT_GRID_KV_TILES; /* a forward kernel on the backward's grid */
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "is a forward variant with grid kind 4") && strstr(err, "export it again"),
+            "%s", err);
+}
+
+/* A backward kernel as `flashgen export` writes it (templates/bwd.lua: br = Bc, d + 1 floats). */
+#define BWD128 "bwd_d128_br32_bc64_bf16_causal_kvouter_w8_s2_"
+
+static fg_export_kernel bwd_kernel_sm90a(void) {
+  fg_export_kernel k;
+  memset(&k, 0, sizeof k);
+  k.variant = BWD128 "sm90a";
+  k.arch = "sm_90a";
+  k.cubin = fake_cubin;
+  k.cubin_size = sizeof fake_cubin;
+  k.entry = "fg_" BWD128 "sm90a";
+  k.threads = 256;
+  k.smem_bytes = 90112;
+  k.grid = FG_EXPORT_GRID_KV_TILES;
+  k.br = 64;
+  k.workspace_floats_per_row = 129;
+  k.regs = k.spill_load_bytes = k.spill_store_bytes = k.stack_bytes = -1;
+  return k;
+}
+
+Test(register_export, accepts_a_backward_kernel_on_the_kv_tile_grid) {
+  static fg_export_kernel k[2];
+  k[0] = bwd_kernel_sm90a();
+  k[1] = kernel_sm80();
+  static fg_export e;
+  e = table_of(k, 2, NULL, 0);
+  char err[512] = "x";
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_OK, "%s", err);
+  cr_assert_str_empty(err);
+}
+
+Test(register_export, a_backward_kernel_contract_is_checked_against_its_name) {
+  char err[512];
+  fg_export_kernel k = bwd_kernel_sm90a();
+  fg_export e = table_of(&k, 1, NULL, 0);
+  k.grid = FG_EXPORT_GRID_Q_TILES;
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "'" BWD128 "sm90a'") && strstr(err, "backward variant with grid kind 1") &&
+                strstr(err, "FG_EXPORT_GRID_KV_TILES"),
+            "%s", err);
+  k = bwd_kernel_sm90a();
+  k.br = 32; /* the Q block, not the K/V block */
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "br = 32") && strstr(err, "K/V blocks are 64 rows"), "%s", err);
+  k = bwd_kernel_sm90a();
+  k.br = 0;
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "malformed launch contract"), "%s", err);
+  k = bwd_kernel_sm90a();
+  k.grid = 5; /* a kind from a newer flashgen */
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "grid kind 5") && strstr(err, "newer flashgen"), "%s", err);
 }
 
 Test(register_export, choices_must_name_a_kernel_of_the_table) {
@@ -370,4 +443,143 @@ Test(export_cli, tuned_choices_come_from_the_cache, .init = make_tmp, .fini = re
   cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, args), 1, "%s", fg_test_err);
   cr_assert(strstr(fg_test_err, "has no tuning record") && strstr(fg_test_err, "flashgen tune"), "%s",
             fg_test_err);
+}
+
+/* ---- the backward in flashgen export ------------------------------------------------------ */
+Test(export_cli, the_default_set_holds_the_backward_of_every_problem, .init = make_tmp,
+     .fini = remove_tmp) {
+  /* --dry-run compiles nothing: no NVRTC needed. */
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export --default --arch sm_80,sm_86 --dry-run"), 0,
+               "%s", fg_test_err);
+  cr_assert(strstr(fg_test_out, "464 kernels (232 forward, 232 backward)"), "%.400s", fg_test_out);
+  const fg_arch archs[2] = {FG_ARCH_SM80, FG_ARCH_SM86};
+  for (int a = 0; a < 2; a++)
+    for (int d = 32; d <= 256; d += 8)
+      for (int dt = FG_DTYPE_F16; dt <= FG_DTYPE_BF16; dt++)
+        for (int causal = 0; causal <= 1; causal++) {
+          fg_variant f = fg_builtin_variant(d, (fg_dtype)dt, causal, archs[a]);
+          fg_variant b = fg_builtin_backward_variant(d, (fg_dtype)dt, causal, archs[a]);
+          char fn[FG_VARIANT_NAME_MAX + 2] = "\n", bn[FG_VARIANT_NAME_MAX + 2] = "\n";
+          fg_variant_name(&f, fn + 1, sizeof fn - 1);
+          fg_variant_name(&b, bn + 1, sizeof bn - 1);
+          strcat(fn, "\n"), strcat(bn, "\n");
+          cr_assert(strstr(fg_test_out, fn), "the forward %s is missing", fn + 1);
+          cr_assert(strstr(fg_test_out, bn), "the backward %s is missing", bn + 1);
+        }
+  /* --no-backward: the forward kernels only; it names the default set's option, not a list's. */
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export --default --no-backward --arch sm_80 --dry-run"),
+               0, "%s", fg_test_err);
+  cr_assert(strstr(fg_test_out, "116 kernels (116 forward, 0 backward)"), "%.400s", fg_test_out);
+  cr_assert_null(strstr(fg_test_out, "\nbwd_"), "%.400s", fg_test_out);
+  write_text("v.txt", "fwd_d64_br64_bc64_f16_noncausal_qouter_w4_s2_sm80\n");
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export --variants v.txt --no-backward --arch sm_80 "
+                                              "--dry-run"), 2);
+  cr_assert(strstr(fg_test_err, "--no-backward applies to the default set"), "%s", fg_test_err);
+  /* A list may name backward variants; a bad one names its line. */
+  write_text("b.txt", "bwd_d64_br64_bc64_f16_noncausal_kvouter_w8_s2_sm80\n"
+                      "bwd_d64_br64_bc64_f16_noncausal_qouter_w8_s2_sm80\n");
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export --variants b.txt --arch sm_80 --dry-run"), 2);
+  cr_assert(strstr(fg_test_err, "b.txt:2:"), "%s", fg_test_err);
+}
+
+typedef const fg_export *(*export_fn)(void);
+
+Test(export_cli, a_backward_variant_is_exported_with_its_plan_and_runs_from_the_table,
+     .init = make_tmp, .fini = remove_tmp, .timeout = 300) {
+  need_nvrtc();
+  const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
+  if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
+  write_text("v.txt", "# the built-in rule's backward of d = 64, f16, non-causal\n"
+                      "bwd_d64_br64_bc64_f16_noncausal_kvouter_w8_s2_sm80\n");
+  cr_assert_eq(fg_test_run_cli(tmp_dir, NULL, "export -q --arch sm_90a --variants v.txt --prefix tb -o out"),
+               0, "%s", fg_test_err);
+  cr_assert(strstr(fg_test_out, "1 kernels for sm_90a (0 forward, 1 backward"), "%s", fg_test_out);
+
+  /* The generated C: the launch contract with grid kind KV_TILES, br = Bc, d + 1 floats of
+   * workspace, and the module's three entries named. */
+  const size_t cap = 16u << 20;
+  char *text = malloc(cap), p[160];
+  cr_assert_not_null(text);
+  snprintf(p, sizeof p, "%s/out/tb_kernels.c", tmp_dir);
+  fg_test_slurp(p, text, cap);
+#define E "fg_bwd_d64_br64_bc64_f16_noncausal_kvouter_w8_s2_sm90a"
+  cr_assert(strstr(text, "The backward plan, one module with three entries:\n *   " E "_pre,\n *   " E
+                         ",\n *   " E "_post. */"),
+            "the plan comment is missing");
+  const char *k = strstr(text, "{.variant = \"bwd_d64_br64_bc64_f16_noncausal_kvouter_w8_s2_sm90a\"");
+  cr_assert_not_null(k, "the kernel entry is missing");
+  cr_assert(strstr(k, ".entry = \"" E "\",\n"), "%.800s", k);
+  cr_assert(strstr(k, ".grid = FG_EXPORT_GRID_KV_TILES,\n     .br = 64,\n"
+                      "     .workspace_floats_per_row = 65,"), "%.800s", k);
+
+  /* It compiles, and its PTX declares the three entries of the plan. */
+  char cmd[1024], so[160];
+  snprintf(so, sizeof so, "%s/tb.so", tmp_dir);
+  const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
+  snprintf(cmd, sizeof cmd,
+           "%s -std=c11 -Wall -Wextra -Werror -pedantic -shared -fPIC -I'%s/include' -I'%s/out' "
+           "-o '%s' '%s'", cc, src, tmp_dir, so, p);
+  cr_assert_eq(system(cmd), 0, "the exported C does not compile: %s", cmd);
+  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  cr_assert_not_null(h, "%s", dlerror());
+  export_fn fn;
+  *(void **)&fn = dlsym(h, "tb_flashgen_export");
+  cr_assert_not_null(fn, "%s", dlerror());
+  const fg_export *t = fn();
+  cr_assert_eq(t->n_kernels, 1);
+  cr_assert_eq(t->kernels[0].grid, FG_EXPORT_GRID_KV_TILES);
+  cr_assert_not_null(t->kernels[0].ptx);
+  cr_assert(strstr(t->kernels[0].ptx, ".entry " E "_pre("), "no _pre entry in the PTX");
+  cr_assert(strstr(t->kernels[0].ptx, ".entry " E "("), "no main entry in the PTX");
+  cr_assert(strstr(t->kernels[0].ptx, ".entry " E "_post("), "no _post entry in the PTX");
+#undef E
+  free(text);
+
+  /* Registered, it serves fg_attention_backward under the exported-only policy (on the fake
+   * driver, which emulates the plan): nothing compiled, the binary from the table. */
+  char err[512];
+  cr_assert_eq(fg_register_export(t, err, sizeof err), FG_OK, "%s", err);
+  use_fake_driver();
+  setenv("FLASHGEN_NVRTC_LIBRARY", "/nonexistent/libnvrtc.so", 1);
+  fg_context_options o;
+  memset(&o, 0, sizeof o);
+  o.size = sizeof o;
+  o.policy = FG_POLICY_EXPORTED_ONLY;
+  o.quiet = 1;
+  fg_context *ctx;
+  cr_assert_eq(fg_context_create(&ctx, &o), FG_OK, "%s", fg_last_create_error());
+  enum { N = 32, D = 64, EL = N * D };
+  CUdeviceptr m[8];
+  for (int i = 0; i < 8; i++) cr_assert_eq(fg_dev_alloc(ctx, &m[i], EL * 2), FG_OK);
+  uint16_t host[EL];
+  for (int i = 0; i < EL; i++) host[i] = (uint16_t)(0x3000 + (i * 7919) % 0x800); /* f16 (0.125, 0.25) */
+  for (int i = 0; i < 5; i++) cr_assert_eq(fg_dev_upload(ctx, m[i], host, EL * 2), FG_OK);
+  CUdeviceptr lse;
+  cr_assert_eq(fg_dev_alloc(ctx, &lse, N * 4), FG_OK);
+  fg_attention_backward_args a;
+  memset(&a, 0, sizeof a);
+  a.dtype = FG_DTYPE_F16;
+  a.batch = a.heads_q = a.heads_kv = 1;
+  a.seqlen_q = a.seqlen_k = N;
+  a.head_dim = D;
+  a.q = (const void *)(uintptr_t)m[0], a.k = (const void *)(uintptr_t)m[1];
+  a.v = (const void *)(uintptr_t)m[2], a.o = (const void *)(uintptr_t)m[3];
+  a.d_o = (const void *)(uintptr_t)m[4], a.lse = (const float *)(uintptr_t)lse;
+  a.dq = (void *)(uintptr_t)m[5], a.dk = (void *)(uintptr_t)m[6], a.dv = (void *)(uintptr_t)m[7];
+  fg_status st = fg_attention_backward(ctx, &a, NULL);
+  cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
+  /* dV = P^T dO with P and dO positive: every element finite, nonzero, so written by the plan. */
+  uint16_t dv[EL];
+  cr_assert_eq(fg_dev_download(ctx, dv, m[7], EL * 2), FG_OK);
+  int nonzero = 0;
+  for (int i = 0; i < EL; i++) nonzero += (dv[i] & 0x7fff) != 0 && (dv[i] & 0x7c00) != 0x7c00;
+  cr_assert_eq(nonzero, EL, "dV was not written by the plan");
+  /* A backward head_dim the table lacks: the documented error, not a compile. */
+  a.head_dim = 32;
+  st = fg_attention_backward(ctx, &a, NULL);
+  cr_assert_eq(st, FG_ERROR_KERNEL_MISSING, "%s: %s", fg_status_string(st),
+               fg_context_last_error(ctx));
+  for (int i = 0; i < 8; i++) fg_dev_free(ctx, m[i]);
+  fg_dev_free(ctx, lse);
+  fg_context_destroy(ctx);
 }

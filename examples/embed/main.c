@@ -1,14 +1,17 @@
-/* main.c: embedding flashgen without a compiler: attention through kernels exported ahead of
- * time (`flashgen export`), with only flashgen_runtime linked (no Lua, NVRTC or SQLite), checked
- * against a CPU reference computed in double.
+/* main.c: embedding flashgen without a compiler: attention forward and backward through kernels
+ * exported ahead of time (`flashgen export`), with only flashgen_runtime linked (no Lua, NVRTC
+ * or SQLite), checked against a CPU reference computed in double.
  *
  * Build (against an installed flashgen; see README.md beside this file):
  *     cmake -S examples/embed -B build-embed -DCMAKE_PREFIX_PATH=/path/to/prefix
  *     cmake --build build-embed && ./build-embed/flashgen_embed
- * It prints, per problem, the kernel the dispatcher chose, the max error against the reference
- * and PASS or FAIL; then that a head_dim the export lacks fails with FG_ERROR_KERNEL_MISSING
- * and the message naming the problem, the GPU and what the export holds. Exit status 0 when
- * everything passed.
+ * It prints, per forward problem, the kernel the dispatcher chose, the max error against the
+ * reference and PASS or FAIL; then that a head_dim the export lacks fails with
+ * FG_ERROR_KERNEL_MISSING and the message naming the problem, the GPU and what the export
+ * holds; then, per backward problem (forward with lse, then fg_attention_backward), the max
+ * errors of dQ, dK and dV against the reference and PASS or FAIL, and the same
+ * FG_ERROR_KERNEL_MISSING for a backward the export lacks. Exit status 0 when everything
+ * passed.
  *
  * Device memory: the example loads the CUDA driver itself (dlopen, like flashgen: nothing here
  * needs the CUDA toolkit at build time) and works in the device's primary context, which is
@@ -119,7 +122,8 @@ typedef struct problem {
   fg_dtype dtype;
   int causal;
   int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k, d;
-  double tol; /* max |O - reference|: a few units in the last place of the output dtype */
+  double tol; /* forward: max |O - reference|, a few units in the last place of the output
+                 dtype; backward: max |gradient - reference| as a fraction of max |reference| */
 } problem;
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -224,6 +228,180 @@ static int run(fg_context *ctx, CUcontext cuctx, const problem *p) {
   return pass;
 }
 
+/* ---- the backward ------------------------------------------------------------------------ */
+static double half_to_double(int bf, uint16_t h) { return bf ? from_bf16(h) : from_f16(h); }
+
+/* The gradients in double from the rounded inputs, for contiguous (B, H, N, d) tensors: with
+ * P = softmax(scale Q K^T) (masked), dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)),
+ * dQ = scale dS K, dK = scale dS^T Q; dK and dV of a KV head summed over its query heads. */
+static void backward_reference(const problem *p, const uint16_t *q, const uint16_t *k,
+                               const uint16_t *v, const uint16_t *dout, double *gq, double *gk,
+                               double *gv) {
+  const int bf = p->dtype == FG_DTYPE_BF16;
+  const int64_t d = p->d, nq = p->seqlen_q, nk = p->seqlen_k, group = p->heads_q / p->heads_kv;
+  const double scale = 1.0 / sqrt((double)d);
+  double *pr = malloc(sizeof(double) * (size_t)nk), *dp = malloc(sizeof(double) * (size_t)nk);
+  memset(gk, 0, sizeof(double) * (size_t)(p->batch * p->heads_kv * nk * d));
+  memset(gv, 0, sizeof(double) * (size_t)(p->batch * p->heads_kv * nk * d));
+  for (int64_t b = 0; b < p->batch; b++)
+    for (int64_t h = 0; h < p->heads_q; h++) {
+      const int64_t hk = h / group, qo = (b * p->heads_q + h) * nq * d,
+                    ko = (b * p->heads_kv + hk) * nk * d;
+      for (int64_t i = 0; i < nq; i++) {
+        int64_t n = nk;
+        if (p->causal && i + nk - nq + 1 < n) n = i + nk - nq + 1;
+        if (n < 0) n = 0;
+        double mx = -INFINITY, sum = 0, rowsum = 0;
+        for (int64_t j = 0; j < n; j++) {
+          double acc = 0;
+          for (int64_t c = 0; c < d; c++)
+            acc += half_to_double(bf, q[qo + i * d + c]) * half_to_double(bf, k[ko + j * d + c]);
+          pr[j] = acc * scale;
+          if (pr[j] > mx) mx = pr[j];
+        }
+        for (int64_t j = 0; j < n; j++) sum += (pr[j] = exp(pr[j] - mx));
+        for (int64_t j = 0; j < n; j++) {
+          pr[j] /= sum;
+          dp[j] = 0;
+          for (int64_t c = 0; c < d; c++)
+            dp[j] += half_to_double(bf, dout[qo + i * d + c]) * half_to_double(bf, v[ko + j * d + c]);
+          rowsum += pr[j] * dp[j]; /* rowsum(dO * O), O = P V */
+        }
+        for (int64_t c = 0; c < d; c++) {
+          double g = 0;
+          const double qc = half_to_double(bf, q[qo + i * d + c]);
+          const double doc = half_to_double(bf, dout[qo + i * d + c]);
+          for (int64_t j = 0; j < n; j++) {
+            const double ds = pr[j] * (dp[j] - rowsum);
+            g += ds * half_to_double(bf, k[ko + j * d + c]);
+            gk[ko + j * d + c] += scale * ds * qc;
+            gv[ko + j * d + c] += pr[j] * doc;
+          }
+          gq[qo + i * d + c] = scale * g;
+        }
+      }
+    }
+  free(pr), free(dp);
+}
+
+/* Max |got - ref| over n elements, and max |ref| into *mag; NaN counts as the worst. */
+static double max_error(int bf, const uint16_t *got, const double *ref, size_t n, double *mag) {
+  double err = 0;
+  *mag = 0;
+  for (size_t i = 0; i < n; i++) {
+    const double e = fabs(half_to_double(bf, got[i]) - ref[i]);
+    if (!(e <= err)) err = e;
+    if (fabs(ref[i]) > *mag) *mag = fabs(ref[i]);
+  }
+  return err;
+}
+
+/* Runs the forward (for O and lse) and then the backward of one problem; returns 1 when dQ, dK
+ * and dV are each within p->tol * max|reference| of the reference. */
+static int run_backward(fg_context *ctx, CUcontext cuctx, const problem *p) {
+  const int bf = p->dtype == FG_DTYPE_BF16;
+  const size_t nq = (size_t)(p->batch * p->heads_q * p->seqlen_q * p->d);
+  const size_t nk = (size_t)(p->batch * p->heads_kv * p->seqlen_k * p->d);
+  const size_t rows = (size_t)(p->batch * p->heads_q * p->seqlen_q);
+  uint16_t *q = malloc(nq * 2), *k = malloc(nk * 2), *v = malloc(nk * 2), *dout = malloc(nq * 2);
+  uint16_t *gq = malloc(nq * 2), *gk = malloc(nk * 2), *gv = malloc(nk * 2);
+  double *rq = malloc(nq * sizeof(double)), *rk = malloc(nk * sizeof(double)),
+         *rv = malloc(nk * sizeof(double));
+  for (size_t i = 0; i < nq; i++) q[i] = bf ? to_bf16(uniform()) : to_f16(uniform());
+  for (size_t i = 0; i < nk; i++) k[i] = bf ? to_bf16(uniform()) : to_f16(uniform());
+  for (size_t i = 0; i < nk; i++) v[i] = bf ? to_bf16(uniform()) : to_f16(uniform());
+  for (size_t i = 0; i < nq; i++) dout[i] = bf ? to_bf16(uniform()) : to_f16(uniform());
+
+  CUdeviceptr dq_in, dk_in, dv_in, d_o, d_dout, d_lse, d_gq, d_gk, d_gv, d_ws = 0;
+  CU_CHECK(cu.CtxPush(cuctx));
+  CU_CHECK(cu.MemAlloc(&dq_in, nq * 2));
+  CU_CHECK(cu.MemAlloc(&dk_in, nk * 2));
+  CU_CHECK(cu.MemAlloc(&dv_in, nk * 2));
+  CU_CHECK(cu.MemAlloc(&d_o, nq * 2));
+  CU_CHECK(cu.MemAlloc(&d_dout, nq * 2));
+  CU_CHECK(cu.MemAlloc(&d_lse, rows * 4));
+  CU_CHECK(cu.MemAlloc(&d_gq, nq * 2));
+  CU_CHECK(cu.MemAlloc(&d_gk, nk * 2));
+  CU_CHECK(cu.MemAlloc(&d_gv, nk * 2));
+  CU_CHECK(cu.HtoD(dq_in, q, nq * 2));
+  CU_CHECK(cu.HtoD(dk_in, k, nk * 2));
+  CU_CHECK(cu.HtoD(dv_in, v, nk * 2));
+  CU_CHECK(cu.HtoD(d_dout, dout, nq * 2));
+
+  printf("backward: %s d=%lld B=%lld Hq=%lld Hkv=%lld Nq=%lld Nk=%lld %s\n", bf ? "bf16" : "f16",
+         (long long)p->d, (long long)p->batch, (long long)p->heads_q, (long long)p->heads_kv,
+         (long long)p->seqlen_q, (long long)p->seqlen_k, p->causal ? "causal" : "non-causal");
+  /* 1. The forward, keeping lse (the backward recomputes P from it). */
+  fg_attention_args f;
+  memset(&f, 0, sizeof f);
+  f.size = sizeof f;
+  f.dtype = p->dtype;
+  f.causal = p->causal;
+  f.batch = p->batch, f.heads_q = p->heads_q, f.heads_kv = p->heads_kv;
+  f.seqlen_q = p->seqlen_q, f.seqlen_k = p->seqlen_k, f.head_dim = p->d;
+  f.q = (const void *)(uintptr_t)dq_in, f.k = (const void *)(uintptr_t)dk_in;
+  f.v = (const void *)(uintptr_t)dv_in, f.o = (void *)(uintptr_t)d_o;
+  f.lse = (float *)(uintptr_t)d_lse;
+  /* 2. The backward: the forward's arguments again, its outputs, dO and the gradients. */
+  fg_attention_backward_args a;
+  memset(&a, 0, sizeof a);
+  a.size = sizeof a;
+  a.dtype = f.dtype;
+  a.causal = f.causal;
+  a.batch = f.batch, a.heads_q = f.heads_q, a.heads_kv = f.heads_kv;
+  a.seqlen_q = f.seqlen_q, a.seqlen_k = f.seqlen_k, a.head_dim = f.head_dim;
+  a.q = f.q, a.k = f.k, a.v = f.v, a.o = f.o, a.lse = f.lse;
+  a.d_o = (const void *)(uintptr_t)d_dout;
+  a.dq = (void *)(uintptr_t)d_gq, a.dk = (void *)(uintptr_t)d_gk, a.dv = (void *)(uintptr_t)d_gv;
+  /* The fp32 workspace, ours (without it flashgen allocates one per call). */
+  size_t ws = 0;
+  fg_status s = fg_attention_forward(ctx, &f, NULL);
+  const char *what = "fg_attention_forward";
+  if (s == FG_OK) {
+    what = "fg_attention_backward_workspace_size";
+    s = fg_attention_backward_workspace_size(ctx, &a, &ws);
+  }
+  if (s == FG_OK && ws) {
+    CU_CHECK(cu.MemAlloc(&d_ws, ws));
+    a.workspace = (void *)(uintptr_t)d_ws, a.workspace_size = ws;
+  }
+  if (s == FG_OK) {
+    what = "fg_attention_backward";
+    s = fg_attention_backward(ctx, &a, NULL);
+  }
+  int pass = 0;
+  if (s != FG_OK) {
+    printf("  FAIL: %s: %s: %s\n", what, fg_status_string(s), fg_context_last_error(ctx));
+  } else {
+    CU_CHECK(cu.CtxSynchronize());
+    CU_CHECK(cu.DtoH(gq, d_gq, nq * 2));
+    CU_CHECK(cu.DtoH(gk, d_gk, nk * 2));
+    CU_CHECK(cu.DtoH(gv, d_gv, nk * 2));
+    backward_reference(p, q, k, v, dout, rq, rk, rv);
+    static const char *const names[3] = {"dQ", "dK", "dV"};
+    const uint16_t *got[3] = {gq, gk, gv};
+    const double *ref[3] = {rq, rk, rv};
+    const size_t n[3] = {nq, nk, nk};
+    pass = 1;
+    printf("  workspace %zu bytes (fg_attention_backward_workspace_size)\n", ws);
+    for (int t = 0; t < 3; t++) {
+      double mag;
+      const double err = max_error(bf, got[t], ref[t], n[t], &mag), tol = p->tol * mag + 1e-6;
+      const int ok = err <= tol;
+      pass &= ok;
+      printf("  %s: max error %.3g (tolerance %.3g = %.3g of max|%s| %.3g): %s\n", names[t], err,
+             tol, p->tol, names[t], mag, ok ? "PASS" : "FAIL");
+    }
+  }
+  cu.MemFree(dq_in), cu.MemFree(dk_in), cu.MemFree(dv_in), cu.MemFree(d_o), cu.MemFree(d_dout);
+  cu.MemFree(d_lse), cu.MemFree(d_gq), cu.MemFree(d_gk), cu.MemFree(d_gv);
+  if (d_ws) cu.MemFree(d_ws);
+  CUcontext popped;
+  cu.CtxPop(&popped);
+  free(q), free(k), free(v), free(dout), free(gq), free(gk), free(gv), free(rq), free(rk), free(rv);
+  return pass;
+}
+
 int main(void) {
   char err[1024];
   /* 1. Register the exported kernels: one call, before or after creating contexts. */
@@ -282,7 +460,45 @@ int main(void) {
     printf("head_dim 96 (not exported): expected FG_ERROR_KERNEL_MISSING, got %s: FAIL\n  %s\n",
            fg_status_string(s), fg_context_last_error(ctx));
   }
-  cu.MemFree(in), cu.MemFree(out);
+
+  /* 5. The backward of problems covered by the export (variants.txt: the built-in rule's backward
+   * variants of d = 128 bf16 causal and d = 64 f16 non-causal, which is what
+   * fg_attention_backward runs under the exported-only policy). Tolerance: a fraction of the
+   * gradient's largest magnitude, 16 units of the dtype's precision (2^-8 bf16, 2^-11 f16). */
+  const problem bwd[] = {
+      {FG_DTYPE_BF16, 1, 1, 4, 2, 100, 130, 128, 16 * 0x1p-8}, /* GQA, Nq != Nk, ragged tails */
+      {FG_DTYPE_F16, 0, 2, 2, 2, 64, 64, 64, 16 * 0x1p-11},
+  };
+  for (size_t i = 0; i < sizeof bwd / sizeof bwd[0]; i++, total++)
+    passed += run_backward(ctx, cuctx, &bwd[i]);
+
+  /* 6. A backward the export lacks (head_dim 96): the documented error too. */
+  fg_attention_backward_args b;
+  memset(&b, 0, sizeof b);
+  b.size = sizeof b;
+  b.dtype = FG_DTYPE_BF16;
+  b.batch = 1, b.heads_q = 1, b.heads_kv = 1, b.seqlen_q = 16, b.seqlen_k = 16, b.head_dim = 96;
+  CUdeviceptr lse, grads;
+  CU_CHECK(cu.MemAlloc(&lse, 16 * 4));
+  CU_CHECK(cu.MemAlloc(&grads, 3 * 16 * 96 * 2));
+  b.q = b.k = b.v = b.d_o = (const void *)(uintptr_t)in; /* inputs may share memory */
+  b.o = (const void *)(uintptr_t)out;
+  b.lse = (const float *)(uintptr_t)lse;
+  b.dq = (void *)(uintptr_t)grads;
+  b.dk = (void *)(uintptr_t)(grads + 16 * 96 * 2);
+  b.dv = (void *)(uintptr_t)(grads + 2 * 16 * 96 * 2);
+  s = fg_attention_backward(ctx, &b, NULL);
+  total++;
+  if (s == FG_ERROR_KERNEL_MISSING && strstr(fg_context_last_error(ctx), "bwd_d96")) {
+    passed++;
+    printf("backward head_dim 96 (not exported): FG_ERROR_KERNEL_MISSING as expected: PASS\n  %s\n",
+           fg_context_last_error(ctx));
+  } else {
+    printf("backward head_dim 96 (not exported): expected FG_ERROR_KERNEL_MISSING, got %s: "
+           "FAIL\n  %s\n",
+           fg_status_string(s), fg_context_last_error(ctx));
+  }
+  cu.MemFree(in), cu.MemFree(out), cu.MemFree(lse), cu.MemFree(grads);
   CUcontext popped;
   cu.CtxPop(&popped);
   fg_context_destroy(ctx);

@@ -2,8 +2,9 @@
 # run_export_tests.sh: the install and embedding checks of issue 5, no GPU: `cmake --install`
 # into a clean prefix; examples/embed, copied out of the tree, configured with find_package
 # against that prefix and built (its kernels exported at build time by the installed flashgen);
-# its link line, symbols and ldd show the runtime only (no Lua, SQLite or NVRTC); it runs on the
-# fake driver (tests/fake_cuda) and prints PASS; the pkg-config files and the Python package.
+# its link line, symbols and ldd show the runtime only (no Lua, SQLite or NVRTC); it runs forward
+# and backward on the fake driver (tests/fake_cuda), with no NVRTC, and prints PASS; the
+# pkg-config files and the Python package.
 #
 # Environment (set by tests/CMakeLists.txt): FLASHGEN_TEST_SOURCE_DIR, FLASHGEN_BUILD_DIR,
 # CMAKE (the cmake command), CC. Prints "N passed, N failed"; exit status 0 when none failed.
@@ -65,10 +66,17 @@ if [ -x "$EXE" ]; then
   # Run it on the fake driver: the whole exported path, no GPU.
   if "$CC" -std=c11 -D_POSIX_C_SOURCE=200809L -O1 -shared -fPIC -o "$T/libcuda_fake.so" \
        "$SRC/tests/fake_cuda/libcuda.c" -lm 2>"$T/fake.log"; then
-    if FLASHGEN_CUDA_LIBRARY="$T/libcuda_fake.so" "$EXE" >"$T/run.log" 2>&1 &&
-       grep -q '^4 passed, 0 failed: PASS' "$T/run.log" &&
+    if FLASHGEN_CUDA_LIBRARY="$T/libcuda_fake.so" FLASHGEN_NVRTC_LIBRARY=/nonexistent "$EXE" \
+         >"$T/run.log" 2>&1 &&
+       grep -q '^7 passed, 0 failed: PASS' "$T/run.log" &&
        grep -q "binary: the exported table 'embed:" "$T/run.log"; then ok "the example passes on the fake driver"
     else bad "the example on the fake driver" "$T/run.log"; fi
+    # The backward part: two problems, each dQ, dK and dV checked, and the missing head_dim.
+    if [ "$(grep -c '^backward: ' "$T/run.log")" -eq 2 ] &&
+       [ "$(grep -cE '^  d[QKV]: max error .*: PASS$' "$T/run.log")" -eq 6 ] &&
+       grep -q '^backward head_dim 96 (not exported): FG_ERROR_KERNEL_MISSING as expected: PASS' "$T/run.log"
+    then ok "the example's backward (fg_attention_backward from the exported table) on the fake driver"
+    else bad "the example's backward on the fake driver" "$T/run.log"; fi
   else bad "building the fake driver" "$T/fake.log"; fi
   # With no driver at all: a clear message, exit 1.
   if FLASHGEN_CUDA_LIBRARY=/nonexistent/libcuda.so.1 "$EXE" >"$T/nodrv.log" 2>&1; then bad "ran without a driver" "$T/nodrv.log"

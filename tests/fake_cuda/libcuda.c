@@ -6,12 +6,13 @@
  * fp64, the forward variants write f16/bf16. Planted faults, so rejection is tested too:
  * kv_outer variants leave the last output unwritten (NaN), br128_bc128 variants are wrong by
  * 0.25; variants with w8 spin 5x longer (early stop). Events are host timestamps.
- * Backward kernels (entries fg_bwd_*) compute nothing: their launches are recorded (entry,
- * grid, block, shared memory, a copy of the fg_bwd_params block), and so are cuMemAlloc and
- * cuMemFree (and cuMemAllocAsync/cuMemFreeAsync, offered as memory pools when
- * FAKE_CUDA_MEMORY_POOLS is set); tests read the record through fake_launch_count,
- * fake_launch_get, fake_mem_counts and fake_async_counts (dlopen the same library) and clear it
- * with fake_reset (tests/test_backward.c). */
+ * Backward kernels (entries fg_bwd_*): their launches are recorded (entry, grid, block, shared
+ * memory, a copy of the fg_bwd_params block), and so are cuMemAlloc and cuMemFree (and
+ * cuMemAllocAsync/cuMemFreeAsync, offered as memory pools when FAKE_CUDA_MEMORY_POOLS is set);
+ * tests read the record through fake_launch_count, fake_launch_get, fake_mem_counts and
+ * fake_async_counts (dlopen the same library) and clear it with fake_reset
+ * (tests/test_backward.c). Then the plan is emulated by fake_backward.c, unless
+ * FAKE_CUDA_BACKWARD_RECORD_ONLY is set (tests whose tensors are made-up addresses). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -247,6 +248,8 @@ static uint16_t from_double(int bf16, double v) {
   return (uint16_t)h;
 }
 
+#include "fake_backward.c" /* fake_backward: the fg_bwd_* kernels */
+
 API CUresult cuLaunchKernel(void *fnp, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                             unsigned by, unsigned bz, unsigned smem, void *st, void **params,
                             void **extra) {
@@ -262,7 +265,8 @@ API CUresult cuLaunchKernel(void *fnp, unsigned gx, unsigned gy, unsigned gz, un
       memcpy(&l->params, params[0], sizeof l->params);
     }
     fake_n_launches++;
-    return 0;
+    if (getenv("FAKE_CUDA_BACKWARD_RECORD_ONLY")) return 0;
+    return fake_backward(f->name, params[0]);
   }
   const fg_fwd_params *p = params[0];
   const double t0 = now_ms();
