@@ -71,11 +71,23 @@ static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg
   return n;
 }
 
+/* The register estimate (bwd.lua) above which a backward variant is not tried: ptxas holds
+ * such variants at its 255-register cap, and at 216 and above it spilled at d = 104..128
+ * (bwd.lua's note); a spilling candidate is rejected after compiling anyway. */
+#define BWD_REGS_MAX 216
+
 /* The backward grid (templates/bwd.lua): one loop order (kv_outer), Br and Bc in {32, 64, 128},
- * 4 or 8 warps, Q/dO single- or double-buffered: 36 points, of which bwd.lua's warp-tiling rule
- * and the device prune about half (H100: 17 fit at d = 64, 13 at d = 128; A100: 16 and 11).
- * Br and Bc of 16 are left out: with 4 warps they leave warps idle along Bc or Br, and the
- * built-in rule never takes them. */
+ * 4 or 8 warps, Q/dO single- or double-buffered: 36 points, pruned by the fit rule and by three
+ * tuning rules that keep a default tune within its time (each bucket times every candidate at
+ * full size, and one backward run costs 5 forward ones):
+ *   - Bc (the K/V block, rows kept on chip) at least 64: Bc = 32 doubles the dQ atomics and
+ *     halves the reuse of each Q/dO tile (the built-in rule's 32 on 99 KB GPUs stays, as the
+ *     baseline);
+ *   - a register estimate of at most BWD_REGS_MAX (counted under registers);
+ *   - single-buffered (1 stage) only where double-buffered does not fit: at ptxas's register
+ *     counts (up to 255 at 8 warps) registers, not shared memory, bound the blocks per SM, so
+ *     the double-buffered variant has the same occupancy and prefetches.
+ * The rules count under "rules". On an H100 and an A100: 7 candidates at d = 64, 5 at d = 128. */
 static int bwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
                           const fg_device_limits *lim, const fg_variant *seed, fg_variant *out,
                           int n, int cap, fg_prune_counts *pc) {
@@ -88,11 +100,23 @@ static int bwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg
           fg_variant v = {FG_PASS_BWD, d, brs[bi], bcs[ci], dtype, causal, FG_LOOP_KV_OUTER,
                           warps[wi], st, arch};
           if (memcmp(&v, seed, sizeof v) == 0) continue;
-          if (fg_variant_fits(g, &v, lim, why, sizeof why) == 1) {
-            if (n < cap) out[n++] = v;
-          } else {
+          if (fg_variant_fits(g, &v, lim, why, sizeof why) != 1) {
             count_pruned(pc, why);
+            continue;
           }
+          fg_resources r;
+          if (fg_generator_resources(g, &v, &r, why, sizeof why) == 0 &&
+              r.regs_estimate > BWD_REGS_MAX) {
+            pc->regs++;
+            continue;
+          }
+          fg_variant v2 = v;
+          v2.stages = 2;
+          if (v.bc < 64 || (v.stages == 1 && fg_variant_fits(g, &v2, lim, why, sizeof why) == 1)) {
+            pc->rules++;
+            continue;
+          }
+          if (n < cap) out[n++] = v;
         }
   return n;
 }

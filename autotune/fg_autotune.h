@@ -67,12 +67,12 @@ int fg_tune_problem_parse(const char *s, fg_tune_problem *out, char *err, size_t
  * nothing for a forward one). Returns the length. */
 int fg_tune_problem_format(const fg_tune_problem *p, char *buf, size_t len);
 /* The embedded default set. Forward: d in {64, 128} x {f16, bf16} x causal {0, 1} x n in {512,
- * 1k, 2k, 4k, 8k, 16k} (48 problems). Backward: the same (d, dtype, causal) x n in {1k, 4k, 16k}
- * (24; the other buckets take the nearest tuned one, which keeps the whole set within a minute
- * on an H100). quick: bf16 only, forward n in {1k, 4k}, backward n = 4k (8 + 4). Forward
- * problems first. Returns the count (<= cap). */
+ * 1k, 2k, 4k, 8k, 16k} (48 problems). Backward: the same (d, dtype, causal) x n in {1k, 4k}
+ * (16; the other buckets take the nearest tuned one: a backward run costs about 5 forward ones,
+ * and the whole set is to tune within a minute on an H100). quick: bf16 only, forward n in
+ * {1k, 4k}, backward n = 4k (8 + 4). Forward problems first. Returns the count (<= cap). */
 #define FG_TUNE_DEFAULT_FWD 48
-#define FG_TUNE_DEFAULT_BWD 24
+#define FG_TUNE_DEFAULT_BWD 16
 int fg_tune_default_problems(int quick, fg_tune_problem *out, int cap);
 /* Reads problems from a file, one per line ('#' starts a comment; blank lines are skipped).
  * Returns the count, or -1 with "FILE:LINE: message" in err. */

@@ -169,15 +169,16 @@ int fg_tune_problem_format(const fg_tune_problem *p, char *buf, size_t len) {
 
 int fg_tune_default_problems(int quick, fg_tune_problem *out, int cap) {
   static const int ds[] = {64, 128};
-  /* The backward's buckets are a subset: one run costs 2.5 times the forward's FLOPs at ~0.6 of
-   * its rate, and 1k, 4k, 16k leave every other bucket one step from a tuned one. */
+  /* The backward's buckets are a subset: one run costs 2.5 times the forward's FLOPs at about
+   * half its rate, and 16k alone would cost four times 1k and 4k together; the other buckets
+   * take the nearest of 1k and 4k (fg_dispatch_choose_pass). */
   static const int64_t fwd_ns[] = {512, 1024, 2048, 4096, 8192, 16384}, fwd_quick[] = {1024, 4096};
-  static const int64_t bwd_ns[] = {1024, 4096, 16384}, bwd_quick[] = {4096};
+  static const int64_t bwd_ns[] = {1024, 4096}, bwd_quick[] = {4096};
   int count = 0;
   for (int pass = FG_PASS_FWD; pass <= FG_PASS_BWD; pass++) {
     const int64_t *nv = pass == FG_PASS_FWD ? (quick ? fwd_quick : fwd_ns)
                                             : (quick ? bwd_quick : bwd_ns);
-    const int nn = pass == FG_PASS_FWD ? (quick ? 2 : 6) : (quick ? 1 : 3);
+    const int nn = pass == FG_PASS_FWD ? (quick ? 2 : 6) : (quick ? 1 : 2);
     for (int dt = quick ? FG_DTYPE_BF16 : FG_DTYPE_F16; dt <= FG_DTYPE_BF16; dt++)
       for (int di = 0; di < 2; di++)
         for (int causal = 0; causal <= 1; causal++)

@@ -28,7 +28,7 @@ static void tune_usage(FILE *f) {
           "unless candidates are new (--retune measures everything again).\n\n"
           "Without PROBLEMs: the default set: d in {64, 128}, f16 and bf16, causal and not,\n"
           "B*N = 16384 tokens, H = 2048/d; forward at N in {512, 1k, 2k, 4k, 8k, 16k} (48\n"
-          "problems), backward at N in {1k, 4k, 16k} (24; other buckets use the nearest).\n\n"
+          "problems), backward at N in {1k, 4k} (16; other buckets use the nearest).\n\n"
           "PROBLEM: d=128,dtype=bf16,causal=1,n=4096[,batch=B][,heads=H][,pass=bwd]\n"
           "  d and n are required; dtype defaults to bf16, causal to 0, batch to 16384/n,\n"
           "  heads to 2048/d and pass to fwd (bwd=1 is pass=bwd: the backward, FLOPs counted\n"
