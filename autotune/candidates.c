@@ -1,5 +1,6 @@
-/* candidates.c: the candidate variants of a problem on a device, pruned by the fit rule before
- * anything is compiled, and the seed's block-size rule. */
+/* candidates.c: the candidate variants of a problem (forward or backward) on a device, pruned by
+ * the fit rule before anything is compiled; the seed's block-size rule (forward) and the baseline
+ * of each pass. */
 #include <string.h>
 
 #include "fg_autotune.h"
@@ -28,14 +29,26 @@ fg_variant fg_seed_rule_variant(fg_generator *g, int d, fg_dtype dtype, int caus
   return v;
 }
 
-int fg_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
-                  const fg_device_limits *lim, fg_variant *out, int cap, fg_prune_counts *pruned) {
+/* Counts a variant the fit rule rejected under the cause its reason names. */
+static void count_pruned(fg_prune_counts *pc, const char *why) {
+  if (strstr(why, "shared memory")) pc->smem++;
+  else if (strstr(why, "registers")) pc->regs++;
+  else if (strstr(why, "threads")) pc->threads++;
+  else pc->rules++;
+}
+
+fg_variant fg_baseline_variant(fg_generator *g, fg_pass pass, int d, fg_dtype dtype, int causal,
+                               fg_arch arch, const fg_device_limits *lim) {
+  if (pass == FG_PASS_BWD) return fg_builtin_backward_variant(d, dtype, causal, arch);
+  return fg_seed_rule_variant(g, d, dtype, causal, arch, lim);
+}
+
+/* The forward grid: Br, Bc, warps, stages, every loop order. */
+static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
+                          const fg_device_limits *lim, const fg_variant *seed, fg_variant *out,
+                          int n, int cap, fg_prune_counts *pc) {
   static const int brs[] = {64, 128}, bcs[] = {16, 32, 64, 128}, warps[] = {4, 8};
-  fg_prune_counts pc = {0, 0, 0, 0};
-  int n = 0;
-  fg_variant seed = fg_seed_rule_variant(g, d, dtype, causal, arch, lim);
   char why[256];
-  if (fg_variant_fits(g, &seed, lim, why, sizeof why) == 1 && n < cap) out[n++] = seed;
   /* q_outer: 2 or 3 stages; q_wgmma and q_wgmma_ov: 2 (3 is pruned by their rule); kv_outer: 1
    * (Algorithm 1). The wgmma loops are pruned on every arch but sm_90a by their rule (fwd.lua),
    * so there they count among "rules". */
@@ -48,17 +61,87 @@ int fg_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch ar
                             warps[wi], st, arch};
             /* too little work per barrier */
             if (loop != FG_LOOP_KV_OUTER && v.bc < 32) continue;
-            if (memcmp(&v, &seed, sizeof v) == 0) continue;
-            int fits = fg_variant_fits(g, &v, lim, why, sizeof why);
-            if (fits == 1) {
+            if (memcmp(&v, seed, sizeof v) == 0) continue;
+            if (fg_variant_fits(g, &v, lim, why, sizeof why) == 1) {
               if (n < cap) out[n++] = v;
-              continue;
+            } else {
+              count_pruned(pc, why);
             }
-            if (strstr(why, "shared memory")) pc.smem++;
-            else if (strstr(why, "registers")) pc.regs++;
-            else if (strstr(why, "threads")) pc.threads++;
-            else pc.rules++;
           }
+  return n;
+}
+
+/* The register estimate (bwd.lua) above which a backward variant is not tried: ptxas holds
+ * such variants at its 255-register cap, and at 216 and above it spilled at d = 104..128
+ * (bwd.lua's note); a spilling candidate is rejected after compiling anyway. */
+#define BWD_REGS_MAX 216
+
+/* The backward grid (templates/bwd.lua): one loop order (kv_outer), Br and Bc in {32, 64, 128},
+ * 4 or 8 warps, Q/dO single- or double-buffered: 36 points, pruned by the fit rule and by three
+ * tuning rules that keep a default tune within its time (each bucket times every candidate at
+ * full size, and one backward run costs 5 forward ones):
+ *   - Bc (the K/V block, rows kept on chip) at least 64: Bc = 32 doubles the dQ atomics and
+ *     halves the reuse of each Q/dO tile (the built-in rule's 32 on 99 KB GPUs stays, as the
+ *     baseline);
+ *   - a register estimate of at most BWD_REGS_MAX (counted under registers);
+ *   - single-buffered (1 stage) only where double-buffered does not fit: at ptxas's register
+ *     counts (up to 255 at 8 warps) registers, not shared memory, bound the blocks per SM, so
+ *     the double-buffered variant has the same occupancy and prefetches.
+ * The rules count under "rules". On an H100 and an A100: 7 candidates at d = 64, 5 at d = 128. */
+static int bwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
+                          const fg_device_limits *lim, const fg_variant *seed, fg_variant *out,
+                          int n, int cap, fg_prune_counts *pc) {
+  static const int brs[] = {32, 64, 128}, bcs[] = {32, 64, 128}, warps[] = {4, 8};
+  char why[256];
+  for (size_t bi = 0; bi < sizeof brs / sizeof brs[0]; bi++)
+    for (size_t ci = 0; ci < sizeof bcs / sizeof bcs[0]; ci++)
+      for (size_t wi = 0; wi < sizeof warps / sizeof warps[0]; wi++)
+        for (int st = 1; st <= 2; st++) {
+          fg_variant v = {FG_PASS_BWD, d, brs[bi], bcs[ci], dtype, causal, FG_LOOP_KV_OUTER,
+                          warps[wi], st, arch};
+          if (memcmp(&v, seed, sizeof v) == 0) continue;
+          if (fg_variant_fits(g, &v, lim, why, sizeof why) != 1) {
+            count_pruned(pc, why);
+            continue;
+          }
+          fg_resources r;
+          if (fg_generator_resources(g, &v, &r, why, sizeof why) == 0 &&
+              r.regs_estimate > BWD_REGS_MAX) {
+            pc->regs++;
+            continue;
+          }
+          fg_variant v2 = v;
+          v2.stages = 2;
+          if (v.bc < 64 || (v.stages == 1 && fg_variant_fits(g, &v2, lim, why, sizeof why) == 1)) {
+            pc->rules++;
+            continue;
+          }
+          if (n < cap) out[n++] = v;
+        }
+  return n;
+}
+
+int fg_candidates_pass(fg_generator *g, fg_pass pass, int d, fg_dtype dtype, int causal,
+                       fg_arch arch, const fg_device_limits *lim, fg_variant *out, int cap,
+                       fg_prune_counts *pruned) {
+  fg_prune_counts pc = {0, 0, 0, 0};
+  int n = 0;
+  const fg_variant seed = fg_baseline_variant(g, pass, d, dtype, causal, arch, lim);
+  char why[256];
+  if (fg_variant_fits(g, &seed, lim, why, sizeof why) == 1) {
+    if (n < cap) out[n++] = seed;
+  } else if (pass == FG_PASS_BWD) {
+    count_pruned(&pc, why); /* the built-in rule is a point of the grid: count it once */
+  }
+  if (pass == FG_PASS_BWD)
+    n = bwd_candidates(g, d, dtype, causal, arch, lim, &seed, out, n, cap, &pc);
+  else
+    n = fwd_candidates(g, d, dtype, causal, arch, lim, &seed, out, n, cap, &pc);
   if (pruned) *pruned = pc;
   return n;
+}
+
+int fg_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
+                  const fg_device_limits *lim, fg_variant *out, int cap, fg_prune_counts *pruned) {
+  return fg_candidates_pass(g, FG_PASS_FWD, d, dtype, causal, arch, lim, out, cap, pruned);
 }

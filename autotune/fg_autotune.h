@@ -1,5 +1,6 @@
-/* fg_autotune.h: candidate enumeration (pruned by the fit rule before anything is compiled),
- * the seed's block-size rule, and (with a GPU) the correctness gate and timing. */
+/* fg_autotune.h: candidate enumeration for each pass (pruned by the fit rule before anything is
+ * compiled), the seed's block-size rule, the problem set, the backward correctness gate (shared
+ * with `flashgen check`), and (with a GPU) the tuning run. */
 #ifndef FG_AUTOTUNE_H
 #define FG_AUTOTUNE_H
 #include <stdio.h>
@@ -19,20 +20,35 @@ typedef struct fg_prune_counts {
 fg_variant fg_seed_rule_variant(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
                                 const fg_device_limits *lim);
 
-/* Enumerates the candidates for (d, dtype, causal) on a device: Br, Bc, warps, stages and loop
- * order, keeping those that fit lim; the seed-rule variant is always included (first). Returns the
- * count written (at most cap); pruned (may be NULL) counts what was rejected and why. */
+/* The baseline a pass's tuned winner is compared with ("SEED" in the report), always the first
+ * candidate when it fits: the forward's seed rule (fg_seed_rule_variant); the backward's
+ * built-in rule (fg_builtin_backward_variant, what runs without a tuning record). */
+fg_variant fg_baseline_variant(fg_generator *g, fg_pass pass, int d, fg_dtype dtype, int causal,
+                               fg_arch arch, const fg_device_limits *lim);
+
+/* Enumerates the candidates of a pass for (d, dtype, causal) on a device, keeping those that fit
+ * lim (fg_variant_fits: the template's check and resources through the generator); the baseline
+ * (fg_baseline_variant) comes first when it fits. Forward: Br in {64, 128}, Bc in {16..128}
+ * (32 and up but for kv_outer), 4 or 8 warps, every loop order with its stages. Backward
+ * (templates/bwd.lua): kv_outer, Br and Bc in {32, 64, 128}, 4 or 8 warps, 1 or 2 stages (36
+ * points before pruning). Returns the count written (at most cap); pruned (may be NULL) counts
+ * what was rejected and why. */
+int fg_candidates_pass(fg_generator *g, fg_pass pass, int d, fg_dtype dtype, int causal,
+                       fg_arch arch, const fg_device_limits *lim, fg_variant *out, int cap,
+                       fg_prune_counts *pruned);
+/* fg_candidates_pass for the forward. */
 int fg_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
                   const fg_device_limits *lim, fg_variant *out, int cap, fg_prune_counts *pruned);
 /* ==== Tuning (problems.c: the problem set; tune.c: the run on the live GPU) ==== */
 
-/* One tuning problem: forward attention, Q, K, V and O contiguous (B, H, N, d), heads_q =
- * heads_kv = heads, seqlen_q = seqlen_k = n. */
+/* One tuning problem: attention forward (pass FG_PASS_FWD, the zero value) or backward, every
+ * tensor contiguous (B, H, N, d), heads_q = heads_kv = heads, seqlen_q = seqlen_k = n. */
 typedef struct fg_tune_problem {
   int d;
   fg_dtype dtype;
   int causal;
   int64_t batch, heads, n;
+  fg_pass pass;
 } fg_tune_problem;
 
 /* The benchmark grid of ANCHORS.md: batch * n = 16384 tokens, hidden 2048 (heads = 2048 / d). */
@@ -41,21 +57,29 @@ typedef struct fg_tune_problem {
 /* Most problems `flashgen tune` accepts at once. */
 #define FG_TUNE_MAX_PROBLEMS 1024
 
-/* Parses "d=128,dtype=bf16,causal=1,n=4096[,batch=4][,heads=16]". Keys: d (head_dim), n (seqlen,
- * N; "4k" = 4096), dtype (f16, bf16; default bf16), causal (0/1, yes/no, true/false; default 0),
- * batch (B; default max(1, 16384 / n)), heads (H; default max(1, 2048 / d)). d and n are
- * required. Returns 0, or -1 with a message in err that names the key and its value. */
+/* Parses "d=128,dtype=bf16,causal=1,n=4096[,batch=4][,heads=16][,pass=bwd]". Keys: d (head_dim),
+ * n (seqlen, N; "4k" = 4096), dtype (f16, bf16; default bf16), causal (0/1, yes/no, true/false;
+ * default 0), batch (B; default max(1, 16384 / n)), heads (H; default max(1, 2048 / d)), pass
+ * (fwd or bwd; default fwd) or its shorthand bwd (0/1, as causal). d and n are required.
+ * Returns 0, or -1 with a message in err that names the key and its value. */
 int fg_tune_problem_parse(const char *s, fg_tune_problem *out, char *err, size_t errlen);
-/* Writes the problem in the syntax above (every key). Returns the length. */
+/* Writes the problem in the syntax above (every key; ",pass=bwd" last for a backward problem,
+ * nothing for a forward one). Returns the length. */
 int fg_tune_problem_format(const fg_tune_problem *p, char *buf, size_t len);
-/* The embedded default set: d in {64, 128} x {f16, bf16} x causal {0, 1} x n in {512, 1k, 2k, 4k,
- * 8k, 16k} (48 problems); quick: bf16 and n in {1k, 4k} only (8). Returns the count (<= cap). */
+/* The embedded default set. Forward: d in {64, 128} x {f16, bf16} x causal {0, 1} x n in {512,
+ * 1k, 2k, 4k, 8k, 16k} (48 problems). Backward: the same (d, dtype, causal) x n in {1k, 4k}
+ * (16; the other buckets take the nearest tuned one: a backward run costs about 5 forward ones,
+ * and the whole set is to tune within a minute on an H100). quick: bf16 only, forward n in
+ * {1k, 4k}, backward n = 4k (8 + 4). Forward problems first. Returns the count (<= cap). */
+#define FG_TUNE_DEFAULT_FWD 48
+#define FG_TUNE_DEFAULT_BWD 16
 int fg_tune_default_problems(int quick, fg_tune_problem *out, int cap);
 /* Reads problems from a file, one per line ('#' starts a comment; blank lines are skipped).
  * Returns the count, or -1 with "FILE:LINE: message" in err. */
 int fg_tune_problems_read(const char *path, fg_tune_problem *out, int cap, char *err,
                           size_t errlen);
-/* FlashAttention convention: 4 * B * H * N^2 * d, halved when causal. */
+/* FlashAttention convention: 4 * B * H * N^2 * d, halved when causal; the backward counts 2.5
+ * times the forward (five matrix products to the forward's two). */
 double fg_tune_flops(const fg_tune_problem *p);
 /* TFLOP/s of a run of ms milliseconds (0 when ms <= 0). */
 double fg_tune_tflops(const fg_tune_problem *p, double ms);
@@ -142,4 +166,36 @@ typedef struct fg_bwd_host_problem {
  * rows that see no key. Returns 0, or -1 (heads_q not a multiple of heads_kv, out of memory). */
 int fg_reference_backward(const fg_bwd_host_problem *p, int exact, double *dq, double *dk,
                           double *dv, double *lse, int threads);
+
+/* ==== The backward correctness gate (gate.c): `flashgen tune` and `flashgen check` ==== */
+
+/* The verdict on one gradient, or on all three. */
+typedef struct fg_gate_result {
+  int pass;                 /* 1: every value finite and every error within its tolerance */
+  double err[3];            /* max |x - ref| of dQ, dK, dV */
+  double tol[3];            /* 2 * max |naive - ref| + eps(dtype) * max |ref| + FG_GATE_FLOOR */
+  double naive_err[3];      /* max |naive - ref| */
+  double ref_max[3];        /* max |ref| */
+  int64_t worst[3];         /* index of the largest error (or of the first non-finite value) */
+  char reason[512];         /* why it failed (the first failure), "" when it passed */
+} fg_gate_result;
+
+/* The absolute floor of every tolerance (a gradient whose reference is all but zero). */
+#define FG_GATE_FLOOR 1e-6
+
+/* The FlashAttention rule for one gradient `what` ("dQ", "dK", "dV") of n values x (dtype's
+ * bits) against the fp64 reference ref and the naive same-dtype computation naive: every x
+ * finite and max|x - ref| <= 2 * max|naive - ref| + eps(dtype) * max|ref| + FG_GATE_FLOOR,
+ * eps = 2^-8 for bf16 and 2^-11 for f16. Fills slot `slot` (0..2) of *r and, on the first
+ * failure, r->pass = 0 and r->reason (set r->pass = 1 before the first call, as
+ * fg_gate_backward does). Returns 1 when this gradient passes, else 0. */
+int fg_gate_tensor(const char *what, const uint16_t *x, const double *ref, const double *naive,
+                   int64_t n, fg_dtype dtype, int slot, fg_gate_result *r);
+/* The gate of a backward result: dQ (nq values, the shape of Q), dK and dV (nk values each, the
+ * shape of K), against fp64 references and naive computations laid out as fg_reference_backward
+ * writes them (ref and naive hold dQ, then dK, then dV: nq + 2 * nk values). Resets *r first.
+ * Returns 1 when all three pass (r->pass), else 0 with r->reason naming the first failure. */
+int fg_gate_backward(fg_dtype dtype, const uint16_t *dq, const uint16_t *dk, const uint16_t *dv,
+                     const double *ref, const double *naive, int64_t nq, int64_t nk,
+                     fg_gate_result *r);
 #endif

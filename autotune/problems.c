@@ -1,6 +1,7 @@
 /* problems.c: the tuning problem set: the problem syntax of `flashgen tune` ("d=128,dtype=bf16,
- * causal=1,n=4096"), problem files, the embedded default set (the ANCHORS.md grid), and the
- * arithmetic of a tuning run that needs no GPU (FLOP count, median, L2 rotation). */
+ * causal=1,n=4096[,pass=bwd]"), problem files, the embedded default set (the ANCHORS.md grid,
+ * forward and backward), and the arithmetic of a tuning run that needs no GPU (FLOP count,
+ * median, L2 rotation). */
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -37,10 +38,10 @@ static int parse_bool(const char *s, int *out) {
 }
 
 int fg_tune_problem_parse(const char *s, fg_tune_problem *out, char *err, size_t errlen) {
-  enum { K_D, K_N, K_DTYPE, K_CAUSAL, K_BATCH, K_HEADS, K_COUNT };
-  static const char *names[K_COUNT] = {"d", "n", "dtype", "causal", "batch", "heads"};
+  enum { K_D, K_N, K_DTYPE, K_CAUSAL, K_BATCH, K_HEADS, K_PASS, K_COUNT };
+  static const char *names[K_COUNT] = {"d", "n", "dtype", "causal", "batch", "heads", "pass"};
   int seen[K_COUNT] = {0};
-  fg_tune_problem p = {0, FG_DTYPE_BF16, 0, 0, 0, 0};
+  fg_tune_problem p = {0, FG_DTYPE_BF16, 0, 0, 0, 0, FG_PASS_FWD};
   char buf[512];
   if (!s || !*s) {
     snprintf(err, errlen, "empty problem; expected e.g. d=128,dtype=bf16,causal=1,n=4096");
@@ -71,16 +72,11 @@ int fg_tune_problem_parse(const char *s, fg_tune_problem *out, char *err, size_t
     else if (strcmp(key, "causal") == 0) k = K_CAUSAL;
     else if (strcmp(key, "batch") == 0 || strcmp(key, "b") == 0 || strcmp(key, "B") == 0) k = K_BATCH;
     else if (strcmp(key, "heads") == 0 || strcmp(key, "h") == 0 || strcmp(key, "H") == 0) k = K_HEADS;
-    else if (strcmp(key, "pass") == 0) {
-      if (strcmp(val, "fwd") != 0) {
-        snprintf(err, errlen, "in problem '%s': pass '%s' cannot be tuned (only fwd)", s, val);
-        return -1;
-      }
-      continue;
-    } else {
+    else if (strcmp(key, "pass") == 0 || strcmp(key, "bwd") == 0) k = K_PASS;
+    else {
       snprintf(err, errlen,
-               "in problem '%s': unknown key '%s' (keys: d, n, dtype, causal, batch, heads)", s,
-               key);
+               "in problem '%s': unknown key '%s' (keys: d, n, dtype, causal, batch, heads, pass)",
+               s, key);
       return -1;
     }
     if (seen[k]++) {
@@ -117,6 +113,24 @@ int fg_tune_problem_parse(const char *s, fg_tune_problem *out, char *err, size_t
         return -1;
       }
       break;
+    case K_PASS:
+      if (strcmp(key, "bwd") == 0) { /* bwd=1: the shorthand of pass=bwd */
+        int b;
+        if (parse_bool(val, &b)) {
+          snprintf(err, errlen, "in problem '%s': bwd=%s: expected 0 or 1 (or pass=fwd|bwd)", s,
+                   val);
+          return -1;
+        }
+        p.pass = b ? FG_PASS_BWD : FG_PASS_FWD;
+      } else if (strcmp(val, "fwd") == 0 || strcmp(val, "forward") == 0) {
+        p.pass = FG_PASS_FWD;
+      } else if (strcmp(val, "bwd") == 0 || strcmp(val, "backward") == 0) {
+        p.pass = FG_PASS_BWD;
+      } else {
+        snprintf(err, errlen, "in problem '%s': pass=%s: expected fwd or bwd", s, val);
+        return -1;
+      }
+      break;
     case K_BATCH:
     case K_HEADS:
       if (parse_count(val, &v) || v > 65536) {
@@ -147,26 +161,34 @@ int fg_tune_problem_parse(const char *s, fg_tune_problem *out, char *err, size_t
 }
 
 int fg_tune_problem_format(const fg_tune_problem *p, char *buf, size_t len) {
-  return snprintf(buf, len, "d=%d,dtype=%s,causal=%d,n=%lld,batch=%lld,heads=%lld", p->d,
+  return snprintf(buf, len, "d=%d,dtype=%s,causal=%d,n=%lld,batch=%lld,heads=%lld%s", p->d,
                   fg_dtype_name(p->dtype), p->causal ? 1 : 0, (long long)p->n,
-                  (long long)p->batch, (long long)p->heads);
+                  (long long)p->batch, (long long)p->heads,
+                  p->pass == FG_PASS_BWD ? ",pass=bwd" : "");
 }
 
 int fg_tune_default_problems(int quick, fg_tune_problem *out, int cap) {
   static const int ds[] = {64, 128};
-  static const int64_t ns[] = {512, 1024, 2048, 4096, 8192, 16384}, quick_ns[] = {1024, 4096};
-  const int64_t *nv = quick ? quick_ns : ns;
-  const int nn = quick ? 2 : 6;
+  /* The backward's buckets are a subset: one run costs 2.5 times the forward's FLOPs at about
+   * half its rate, and 16k alone would cost four times 1k and 4k together; the other buckets
+   * take the nearest of 1k and 4k (fg_dispatch_choose_pass). */
+  static const int64_t fwd_ns[] = {512, 1024, 2048, 4096, 8192, 16384}, fwd_quick[] = {1024, 4096};
+  static const int64_t bwd_ns[] = {1024, 4096}, bwd_quick[] = {4096};
   int count = 0;
-  for (int dt = quick ? FG_DTYPE_BF16 : FG_DTYPE_F16; dt <= FG_DTYPE_BF16; dt++)
-    for (int di = 0; di < 2; di++)
-      for (int causal = 0; causal <= 1; causal++)
-        for (int i = 0; i < nn; i++) {
-          fg_tune_problem p = {ds[di], (fg_dtype)dt, causal, FG_TUNE_TOKENS / nv[i],
-                               FG_TUNE_HIDDEN / ds[di], nv[i]};
-          if (count < cap) out[count] = p;
-          count++;
-        }
+  for (int pass = FG_PASS_FWD; pass <= FG_PASS_BWD; pass++) {
+    const int64_t *nv = pass == FG_PASS_FWD ? (quick ? fwd_quick : fwd_ns)
+                                            : (quick ? bwd_quick : bwd_ns);
+    const int nn = pass == FG_PASS_FWD ? (quick ? 2 : 6) : (quick ? 1 : 2);
+    for (int dt = quick ? FG_DTYPE_BF16 : FG_DTYPE_F16; dt <= FG_DTYPE_BF16; dt++)
+      for (int di = 0; di < 2; di++)
+        for (int causal = 0; causal <= 1; causal++)
+          for (int i = 0; i < nn; i++) {
+            fg_tune_problem p = {ds[di], (fg_dtype)dt, causal, FG_TUNE_TOKENS / nv[i],
+                                 FG_TUNE_HIDDEN / ds[di], nv[i], (fg_pass)pass};
+            if (count < cap) out[count] = p;
+            count++;
+          }
+  }
   return count < cap ? count : cap;
 }
 
@@ -219,6 +241,7 @@ int fg_tune_problems_read(const char *path, fg_tune_problem *out, int cap, char 
 
 double fg_tune_flops(const fg_tune_problem *p) {
   double f = 4.0 * (double)p->batch * (double)p->heads * (double)p->n * (double)p->n * p->d;
+  if (p->pass == FG_PASS_BWD) f *= 2.5;
   return p->causal ? f / 2 : f;
 }
 

@@ -1,8 +1,11 @@
-/* tune.c: a tuning run on the live GPU (`flashgen tune`): the candidates of each (d, dtype,
- * causal) from the device limits; every candidate compiled in parallel into the kernel cache
- * before anything is timed; each checked against the fp64 reference on fresh random inputs
- * (correct before fast); the correct ones timed with CUDA events over input sets rotated past
- * the L2; the records stored in the cache; and the report. */
+/* tune.c: a tuning run on the live GPU (`flashgen tune`), the same for every pass (forward,
+ * backward): the candidates of each (pass, d, dtype, causal) from the device limits; every
+ * candidate compiled in parallel into the kernel cache before anything is timed; each checked on
+ * fresh random inputs (correct before fast: the forward's O against the fp64 reference kernel,
+ * the backward's dQ, dK, dV against the host's fp64 reference through fg_gate_backward); the
+ * correct ones timed with CUDA events over input sets rotated past the L2 (warm-up, early stop,
+ * median, runoff and hysteresis shared by both passes); the records stored in the cache under
+ * the pass's key; and the report. */
 #include <stdarg.h>
 #include <math.h>
 #include <pthread.h>
@@ -18,6 +21,11 @@
 #define MAX_CANDS 256     /* candidates of one (d, dtype, causal) */
 #define CHECK_N_MAX 2048  /* the correctness check runs batch 1, 2 heads, min(N, 2048) */
 #define CHECK_HEADS 2
+/* The backward's check: one batch, 2 query heads on 1 KV head (GQA: dK, dV summed over both), N
+ * = 257 queries and keys (a partial tile for every Br and Bc), whatever the problem's N. */
+#define BWD_CHECK_N 257
+#define BWD_CHECK_HQ 2
+#define BWD_CHECK_HKV 1
 #define WARMUP_RUNS 3
 #define FIRST_RUNS 3      /* timed runs before the early stop is considered */
 #define TIMED_RUNS 10     /* the median of this many */
@@ -101,15 +109,18 @@ static void reject_spills(tjob *j, const fg_kernel_meta *m) {
   }
 }
 
-/* The candidates of one (d, dtype, causal). */
+/* The candidates of one (pass, d, dtype, causal). */
 typedef struct ttriple {
+  fg_pass pass;
   int d, causal;
   fg_dtype dtype;
+  fg_variant fwd_v;             /* backward: the forward variant that makes O and LSE */
   fg_variant cands[MAX_CANDS];
   int job[MAX_CANDS];           /* index into the job list, -1 when not compiled */
   int n;
   fg_prune_counts pruned;
-  int seed;                     /* index of the seed-rule candidate, -1 if it does not fit */
+  int seed;                     /* index of the baseline (fg_baseline_variant), -1 if it does
+                                   not fit */
   fg_variant seed_v;
   int last_winner;              /* index of the winner of the previous bucket, -1 */
   double last_ratio[MAX_CANDS]; /* time / the winner's time at the previous bucket; 0: unknown */
@@ -291,6 +302,9 @@ typedef struct tdev {
   uint64_t rng;
 } tdev;
 
+/* Rounds a byte count up to 256 (every tensor of an input set starts aligned). */
+static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
 /* Whether the CUDA context still works after a failure (a sticky error breaks it for good). */
 static int context_alive(fg_context *ctx) { return fg_dev_synchronize(ctx) == FG_OK; }
 
@@ -407,15 +421,37 @@ static int ensure_pool(tdev *D, size_t bytes) {
   return 0;
 }
 
-/* `runs` timed runs of `inner` launches each, rotating the parameter sets; ms per launch into t. */
-static fg_status run_batch(tdev *D, const fg_loaded_kernel *k, const fg_fwd_params *prm, int sets,
-                           int *rot, int runs, int inner, double *t) {
+/* What a timed launch of a problem runs, on one of `sets` input sets: the forward kernel with a
+ * parameter block, or the backward plan (three kernels, fg_attention_backward_variant) with an
+ * argument block whose workspace is preallocated. */
+typedef struct tlaunch {
+  fg_pass pass;
+  int sets;
+  fg_fwd_params prm[8];                     /* forward */
+  fg_attention_backward_args bargs[8];      /* backward */
+} tlaunch;
+
+/* One candidate to time: its loaded kernel (forward) and its variant (backward). */
+typedef struct tcand {
+  const fg_loaded_kernel *k;
+  const fg_variant *v;
+} tcand;
+
+static fg_status launch_once(tdev *D, const tlaunch *L, const tcand *c, int set) {
+  if (L->pass == FG_PASS_BWD)
+    return fg_attention_backward_variant(D->ctx, &L->bargs[set], D->stream, c->v);
+  return fg_kernel_launch(D->ctx, c->k, &L->prm[set], FG_ELEMS_FORWARD, D->stream);
+}
+
+/* `runs` timed runs of `inner` launches each, rotating the input sets; ms per launch into t. */
+static fg_status run_batch(tdev *D, const tlaunch *L, const tcand *c, int *rot, int runs,
+                           int inner, double *t) {
   fg_context *ctx = D->ctx;
   fg_status st;
   for (int r = 0; r < runs; r++) {
     if ((st = fg_event_record(ctx, D->ev[2 * r], D->stream)) != FG_OK) return st;
     for (int i = 0; i < inner; i++) {
-      st = fg_kernel_launch(ctx, k, &prm[*rot % sets], FG_ELEMS_FORWARD, D->stream);
+      st = launch_once(D, L, c, *rot % L->sets);
       ++*rot;
       if (st != FG_OK) return st;
     }
@@ -432,8 +468,10 @@ static fg_status run_batch(tdev *D, const fg_loaded_kernel *k, const fg_fwd_para
 /* ------------------------------------------------------------------------------------------ */
 /* The report. */
 
+/* "d=128 bf16 causal N=4096" (forward), "bwd d=128 bf16 causal N=4096" (backward). */
 static void row_problem(const fg_tune_row *r, char *buf, size_t len) {
-  snprintf(buf, len, "d=%d %s %s N=%lld", r->problem.d, fg_dtype_name(r->problem.dtype),
+  snprintf(buf, len, "%sd=%d %s %s N=%lld", r->problem.pass == FG_PASS_BWD ? "bwd " : "",
+           r->problem.d, fg_dtype_name(r->problem.dtype),
            r->problem.causal ? "causal" : "noncausal", (long long)r->problem.n);
 }
 
@@ -445,7 +483,7 @@ void fg_tune_report_print(const fg_tune_report *rep, FILE *out, int md) {
                  "tried | pruned | rejected |\n");
     fprintf(out, "|---|---|---|---:|---:|---:|---:|---:|---:|\n");
   } else {
-    fprintf(out, "%-30s %-9s %-56s %8s %8s %7s %5s %6s %8s\n", "PROBLEM", "B x H", "WINNER",
+    fprintf(out, "%-34s %-9s %-56s %8s %8s %7s %5s %6s %8s\n", "PROBLEM", "B x H", "WINNER",
             "TFLOP/s", "SEED", "RATIO", "TRIED", "PRUNED", "REJECTED");
   }
   for (int i = 0; i < rep->n_rows; i++) {
@@ -470,7 +508,7 @@ void fg_tune_report_print(const fg_tune_report *rep, FILE *out, int md) {
       fprintf(out, "| %s | %s | %s | %s | %s | %s | %d | %d | %d |\n", prob, bh, win, tf, sd,
               ratio, r->tried, r->pruned, r->rejected);
     else
-      fprintf(out, "%-30s %-9s %-56s %8s %8s %7s %5d %6d %8d\n", prob, bh, win, tf, sd, ratio,
+      fprintf(out, "%-34s %-9s %-56s %8s %8s %7s %5d %6d %8d\n", prob, bh, win, tf, sd, ratio,
               r->tried, r->pruned, r->rejected);
   }
   const char *sep = md ? "\n" : "";
@@ -479,18 +517,29 @@ void fg_tune_report_print(const fg_tune_report *rep, FILE *out, int md) {
   if (recorded)
     fprintf(out, "%s* already tuned: from the record of an earlier run (--retune measures again)\n",
             sep);
-  /* The seed-rule candidate of each (d, dtype, causal), once. */
-  fprintf(out, "%sseed-rule candidates (Bc = ceil(M/4d), Br = min(ceil(M/4d), d)):%s\n", sep,
-          md ? "\n" : "");
-  for (int i = 0; i < rep->n_rows; i++) {
-    const fg_tune_row *r = &rep->rows[i];
-    int seen = 0;
-    for (int j = 0; j < i && !seen; j++)
-      seen = rep->rows[j].problem.d == r->problem.d && rep->rows[j].problem.dtype == r->problem.dtype &&
-             rep->rows[j].problem.causal == r->problem.causal;
-    if (seen || !r->seed_variant[0]) continue;
-    fprintf(out, "%s d=%d %s %s: %s\n", md ? "-" : " ", r->problem.d, fg_dtype_name(r->problem.dtype),
-            r->problem.causal ? "causal" : "noncausal", r->seed_variant);
+  /* The baseline ("SEED") of each (pass, d, dtype, causal), once: the forward's seed rule, the
+   * backward's built-in rule. */
+  for (int pass = FG_PASS_FWD; pass <= FG_PASS_BWD; pass++) {
+    int header = 0;
+    for (int i = 0; i < rep->n_rows; i++) {
+      const fg_tune_row *r = &rep->rows[i];
+      int seen = (int)r->problem.pass != pass;
+      for (int j = 0; j < i && !seen; j++)
+        seen = rep->rows[j].problem.pass == r->problem.pass &&
+               rep->rows[j].problem.d == r->problem.d &&
+               rep->rows[j].problem.dtype == r->problem.dtype &&
+               rep->rows[j].problem.causal == r->problem.causal;
+      if (seen || !r->seed_variant[0]) continue;
+      if (!header++)
+        fprintf(out, "%s%s:%s\n", sep,
+                pass == FG_PASS_FWD
+                    ? "seed-rule candidates (Bc = ceil(M/4d), Br = min(ceil(M/4d), d))"
+                    : "backward baseline (SEED): the built-in rule, what runs without a record",
+                md ? "\n" : "");
+      fprintf(out, "%s %sd=%d %s %s: %s\n", md ? "-" : " ", pass == FG_PASS_BWD ? "bwd " : "",
+              r->problem.d, fg_dtype_name(r->problem.dtype),
+              r->problem.causal ? "causal" : "noncausal", r->seed_variant);
+    }
   }
   fprintf(out, "%skernels: %d (%d from the cache, %d failed to compile or spilled) on %d threads in %.1f s; "
                "checks %.1f s; timing %.1f s; total tune time %.1f s%s\n",
@@ -530,6 +579,7 @@ typedef struct trun {
 } trun;
 
 static int sort_problem_cmp(const fg_tune_problem *a, const fg_tune_problem *b) {
+  if (a->pass != b->pass) return a->pass < b->pass ? -1 : 1;
   if (a->dtype != b->dtype) return a->dtype < b->dtype ? -1 : 1;
   if (a->d != b->d) return a->d < b->d ? -1 : 1;
   if (a->causal != b->causal) return a->causal < b->causal ? -1 : 1;
@@ -600,7 +650,136 @@ static fg_status candidate_failed(trun *R, tprob *P, ttriple *T, int c, const ch
                  doing, name, msg);
 }
 
+/* Marks every candidate of problem pi not decided yet as not checked, and why (the row's note). */
+static void not_checked(trun *R, int pi, const char *why) {
+  tprob *P = &R->pr[pi];
+  ttriple *T = &R->tri[P->tri];
+  snprintf(R->rep->rows[pi].note, sizeof R->rep->rows[pi].note, "%.250s", why);
+  for (int c = 0; c < T->n; c++)
+    if (P->measure[c] && !P->have_res[c]) set_result(P, T, c, 0, 0, 0, "not checked: %s", why);
+}
+
+/* The backward's check of every candidate to measure for problem pi: fresh random Q, K, V, dO
+ * (never zeros) of BWD_CHECK_HQ/BWD_CHECK_HKV heads and BWD_CHECK_N rows, O and LSE from the
+ * forward (T->fwd_v), the gradients poisoned with NaN before each candidate, and
+ * fg_gate_backward against the host's fp64 reference and naive computation (computed once).
+ * Returns FG_OK, or a failure that stops the whole run (the context is broken). */
+static fg_status check_problem_bwd(trun *R, int pi, uint64_t seed) {
+  fg_context *ctx = R->ctx;
+  tprob *P = &R->pr[pi];
+  ttriple *T = &R->tri[P->tri];
+  const fg_tune_problem *pb = &R->problems[pi];
+  tdev *D = &R->D;
+  const int64_t N = BWD_CHECK_N, d = pb->d;
+  const size_t nq = (size_t)(BWD_CHECK_HQ * N * d), nk = (size_t)(BWD_CHECK_HKV * N * d);
+  const size_t rows = (size_t)(BWD_CHECK_HQ * N);
+  /* Device: Q, O, dO, dQ (nq each), K, V, dK, dV (nk each), LSE; each 256-byte aligned. */
+  const size_t bq = align256(nq * 2), bk = align256(nk * 2), bl = align256(rows * 4);
+  const size_t total = 4 * bq + 4 * bk + bl;
+  uint16_t *h = malloc((2 * nq + 2 * nk) * 2 + (nq + 2 * nk) * 2); /* q, do, k, v; gq, gk, gv */
+  double *ref = malloc((nq + 2 * nk) * sizeof *ref), *naive = malloc((nq + 2 * nk) * sizeof *naive);
+  CUdeviceptr mem = 0;
+  fg_status st = FG_OK;
+  char why[1024];
+  if (!h || !ref || !naive) {
+    free(h), free(ref), free(naive);
+    return fg_fail(ctx, FG_ERROR_OUT_OF_MEMORY, "tune: out of host memory for the backward check");
+  }
+  uint16_t *hq = h, *hdo = hq + nq, *hk = hdo + nq, *hv = hk + nk, *gq = hv + nk, *gk = gq + nq,
+           *gv = gk + nk;
+  if ((st = fg_dev_alloc(ctx, &mem, total)) != FG_OK) goto out;
+  const CUdeviceptr q = mem, o = q + bq, dout = o + bq, dq = dout + bq, k = dq + bq, v = k + bk,
+                    dk = v + bk, dv = dk + bk, lse = dv + bk;
+  uint64_t s = seed;
+  const int normal = (int)(splitmix64(&s) & 1);
+  random_fill(hq, nq, pb->dtype, normal, &s);
+  random_fill(hk, nk, pb->dtype, normal, &s);
+  random_fill(hv, nk, pb->dtype, normal, &s);
+  random_fill(hdo, nq, pb->dtype, normal, &s);
+  if ((st = fg_dev_upload(ctx, q, hq, nq * 2)) != FG_OK ||
+      (st = fg_dev_upload(ctx, k, hk, nk * 2)) != FG_OK ||
+      (st = fg_dev_upload(ctx, v, hv, nk * 2)) != FG_OK ||
+      (st = fg_dev_upload(ctx, dout, hdo, nq * 2)) != FG_OK ||
+      (st = fg_dev_synchronize(ctx)) != FG_OK)
+    goto out;
+  fg_attention_backward_args b;
+  memset(&b, 0, sizeof b);
+  b.size = sizeof b;
+  b.dtype = pb->dtype;
+  b.causal = pb->causal;
+  b.batch = 1;
+  b.heads_q = BWD_CHECK_HQ;
+  b.heads_kv = BWD_CHECK_HKV;
+  b.seqlen_q = b.seqlen_k = N;
+  b.head_dim = d;
+  b.q = (const void *)(uintptr_t)q, b.k = (const void *)(uintptr_t)k;
+  b.v = (const void *)(uintptr_t)v, b.o = (const void *)(uintptr_t)o;
+  b.d_o = (const void *)(uintptr_t)dout, b.lse = (const float *)(uintptr_t)lse;
+  b.dq = (void *)(uintptr_t)dq, b.dk = (void *)(uintptr_t)dk, b.dv = (void *)(uintptr_t)dv;
+  fg_attention_args f;
+  fg_backward_forward_args(&b, &f);
+  if ((st = fg_attention_forward_variant(ctx, &f, D->stream, &T->fwd_v)) != FG_OK ||
+      (st = fg_stream_synchronize(ctx, D->stream)) != FG_OK) {
+    char name[FG_VARIANT_NAME_MAX];
+    fg_variant_name(&T->fwd_v, name, sizeof name);
+    snprintf(why, sizeof why, "the forward %s that makes O and LSE failed: %s", name,
+             fg_context_last_error(ctx));
+    if (!context_alive(ctx)) {
+      st = fg_fail(ctx, FG_ERROR_CUDA, "%s", why);
+      goto out;
+    }
+    not_checked(R, pi, why);
+    st = FG_OK;
+    goto out;
+  }
+  const fg_bwd_host_problem hp = {pb->dtype, pb->causal, 1, BWD_CHECK_HQ, BWD_CHECK_HKV, N, N, d,
+                                  1.0 / sqrt((double)d), hq, hk, hv, hdo};
+  const int threads = R->opt->jobs > 0 ? R->opt->jobs : online_cpus();
+  if (fg_reference_backward(&hp, 1, ref, ref + nq, ref + nq + nk, NULL, threads) != 0 ||
+      fg_reference_backward(&hp, 0, naive, naive + nq, naive + nq + nk, NULL, threads) != 0) {
+    not_checked(R, pi, "the host's backward reference failed (out of memory?)");
+    goto out;
+  }
+  const char *dist = normal ? "normal" : "uniform";
+  for (int c = 0; c < T->n; c++) {
+    if (!P->measure[c] || P->have_res[c]) continue; /* compile failures are already set */
+    const fg_variant *cv = &T->cands[c];
+    char name[FG_VARIANT_NAME_MAX];
+    fg_variant_name(cv, name, sizeof name);
+    if ((st = fg_dev_fill16(ctx, dq, 0xFFFF, nq)) != FG_OK || /* NaN */
+        (st = fg_dev_fill16(ctx, dk, 0xFFFF, nk)) != FG_OK ||
+        (st = fg_dev_fill16(ctx, dv, 0xFFFF, nk)) != FG_OK ||
+        (st = fg_dev_synchronize(ctx)) != FG_OK)
+      goto out;
+    st = fg_attention_backward_variant(ctx, &b, D->stream, cv);
+    const char *stage = "launch failed";
+    if (st == FG_OK) {
+      stage = "kernel failed";
+      st = fg_stream_synchronize(ctx, D->stream);
+    }
+    if (st != FG_OK) {
+      if ((st = candidate_failed(R, P, T, c, name, "checking", stage)) != FG_OK) goto out;
+      continue;
+    }
+    if ((st = fg_dev_download(ctx, gq, dq, nq * 2)) != FG_OK ||
+        (st = fg_dev_download(ctx, gk, dk, nk * 2)) != FG_OK ||
+        (st = fg_dev_download(ctx, gv, dv, nk * 2)) != FG_OK)
+      goto out;
+    fg_gate_result g;
+    if (!fg_gate_backward(pb->dtype, gq, gk, gv, ref, naive, (int64_t)nq, (int64_t)nk, &g))
+      set_result(P, T, c, 0, 0, 0,
+                 "wrong: %s; %s inputs, seed %llu, B=1 Hq=%d Hkv=%d N=%lld", g.reason, dist,
+                 (unsigned long long)seed, BWD_CHECK_HQ, BWD_CHECK_HKV, (long long)N);
+    /* A correct candidate gets its result in the timing stage. */
+  }
+out:
+  fg_dev_free(ctx, mem);
+  free(h), free(ref), free(naive);
+  return st;
+}
+
 static fg_status check_problem(trun *R, int pi, uint64_t seed) {
+  if (R->problems[pi].pass == FG_PASS_BWD) return check_problem_bwd(R, pi, seed);
   fg_context *ctx = R->ctx;
   tprob *P = &R->pr[pi];
   ttriple *T = &R->tri[P->tri];
@@ -725,8 +904,7 @@ static void eligible_times(const tprob *P, const ttriple *T, double *ms, int *ok
  * runoff runs. Timed one after another, near-equal candidates were decided by the drift of the
  * clock (an H100 under sustained tensor load lowers it within a second): the tuner picked a
  * kernel 3% slower than another for one bucket. Taking turns shares the drift out evenly. */
-static fg_status runoff(trun *R, int pi, const fg_fwd_params *prm, int sets, int *rot,
-                        const int *inner_of) {
+static fg_status runoff(trun *R, int pi, const tlaunch *L, int *rot, const int *inner_of) {
   tprob *P = &R->pr[pi];
   ttriple *T = &R->tri[P->tri];
   const fg_tune_problem *pb = &R->problems[pi];
@@ -735,15 +913,16 @@ static fg_status runoff(trun *R, int pi, const fg_fwd_params *prm, int sets, int
   eligible_times(P, T, ms, ok);
   const int nf = fg_tune_finalists(ms, ok, T->n, RUNOFF_WITHIN, RUNOFF_MAX, fin);
   if (nf < 2) return FG_OK;
-  const fg_loaded_kernel *k[RUNOFF_MAX];
+  tcand k[RUNOFF_MAX];
   for (int i = 0; i < nf; i++) {
-    fg_status st = fg_registry_get(R->ctx, &T->cands[fin[i]], &k[i]);
+    k[i].v = &T->cands[fin[i]];
+    fg_status st = fg_registry_get(R->ctx, k[i].v, &k[i].k);
     if (st != FG_OK) return FG_OK; /* timed a moment ago: keep the first timings */
   }
   double t[RUNOFF_MAX][RUNOFF_ROUNDS * RUNOFF_RUNS];
   for (int round = 0; round < RUNOFF_ROUNDS; round++)
     for (int i = 0; i < nf; i++) {
-      fg_status st = run_batch(&R->D, k[i], prm, sets, rot, RUNOFF_RUNS, inner_of[fin[i]],
+      fg_status st = run_batch(&R->D, L, &k[i], rot, RUNOFF_RUNS, inner_of[fin[i]],
                                t[i] + round * RUNOFF_RUNS);
       if (st != FG_OK) return context_alive(R->ctx) ? FG_OK : st;
     }
@@ -751,6 +930,96 @@ static fg_status runoff(trun *R, int pi, const fg_fwd_params *prm, int sets, int
     const double m = fg_tune_median(t[i], RUNOFF_ROUNDS * RUNOFF_RUNS);
     set_result(P, T, fin[i], 1, m, fg_tune_tflops(pb, m), NULL);
   }
+  return FG_OK;
+}
+
+/* The forward arguments of problem pb on the tensors at q, k, v, o (and lse when not 0). */
+static fg_attention_args problem_args(const fg_tune_problem *pb, CUdeviceptr q, CUdeviceptr k,
+                                      CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse) {
+  fg_attention_args a;
+  memset(&a, 0, sizeof a);
+  a.size = sizeof a;
+  a.dtype = pb->dtype;
+  a.causal = pb->causal;
+  a.batch = pb->batch;
+  a.heads_q = a.heads_kv = pb->heads;
+  a.seqlen_q = a.seqlen_k = pb->n;
+  a.head_dim = pb->d;
+  a.q = (const void *)(uintptr_t)q;
+  a.k = (const void *)(uintptr_t)k;
+  a.v = (const void *)(uintptr_t)v;
+  a.o = (void *)(uintptr_t)o;
+  a.lse = (float *)(uintptr_t)lse;
+  return a;
+}
+
+/* Bytes of one input set of problem pb: forward Q, K, V, O; backward Q, K, V, O, dO, dQ, dK,
+ * dV, LSE and the fp32 workspace. */
+static size_t set_bytes_of(const fg_tune_problem *pb) {
+  const size_t rows = (size_t)(pb->batch * pb->heads * pb->n);
+  const size_t tensor = align256(rows * (size_t)pb->d * 2);
+  if (pb->pass != FG_PASS_BWD) return 4 * tensor;
+  return 8 * tensor + align256(rows * 4) + align256(rows * (size_t)(pb->d + 1) * 4);
+}
+
+/* Fills L with the input sets of problem pi in the timing pool. The backward's O and LSE come
+ * from the forward (T->fwd_v) on each set; the pool is then marked for refilling, since the
+ * fp32 LSE and workspace are no inputs for the next problem. */
+static fg_status make_sets(trun *R, int pi, int sets, tlaunch *L) {
+  fg_context *ctx = R->ctx;
+  const fg_tune_problem *pb = &R->problems[pi];
+  const ttriple *T = &R->tri[R->pr[pi].tri];
+  tdev *D = &R->D;
+  const size_t rows = (size_t)(pb->batch * pb->heads * pb->n);
+  const size_t tensor = align256(rows * (size_t)pb->d * 2), set_bytes = set_bytes_of(pb);
+  char err[512];
+  fg_status st;
+  L->pass = pb->pass;
+  L->sets = sets;
+  for (int s = 0; s < sets; s++) {
+    const CUdeviceptr base = D->pool + (CUdeviceptr)s * set_bytes;
+    CUdeviceptr t[8];
+    for (int i = 0; i < 8; i++) t[i] = base + (CUdeviceptr)i * tensor;
+    const CUdeviceptr lse = base + 8 * tensor, ws = lse + align256(rows * 4);
+    fg_attention_args a = problem_args(pb, t[0], t[1], t[2], t[3], pb->pass == FG_PASS_BWD ? lse : 0),
+                      norm;
+    if ((st = fg_validate_args(&a, FG_VALIDATE_CALL, &norm, err, sizeof err)) != FG_OK)
+      return fg_fail(ctx, st, "tune: problem %lldx%lldx%lldx%d: %s", (long long)pb->batch,
+                     (long long)pb->heads, (long long)pb->n, pb->d, err);
+    if (pb->pass != FG_PASS_BWD) {
+      fg_params_from_args(&norm, &L->prm[s]);
+      continue;
+    }
+    if ((st = fg_attention_forward_variant(ctx, &a, D->stream, &T->fwd_v)) != FG_OK ||
+        (st = fg_stream_synchronize(ctx, D->stream)) != FG_OK) {
+      char name[FG_VARIANT_NAME_MAX];
+      fg_variant_name(&T->fwd_v, name, sizeof name);
+      return fg_fail(ctx, st, "tune: the forward %s that makes the backward's O and LSE failed: %s",
+                     name, fg_context_last_error(ctx));
+    }
+    fg_attention_backward_args *b = &L->bargs[s];
+    memset(b, 0, sizeof *b);
+    b->size = sizeof *b;
+    b->dtype = pb->dtype;
+    b->causal = pb->causal;
+    b->batch = pb->batch;
+    b->heads_q = b->heads_kv = pb->heads;
+    b->seqlen_q = b->seqlen_k = pb->n;
+    b->head_dim = pb->d;
+    b->q = a.q, b->k = a.k, b->v = a.v, b->o = a.o;
+    b->lse = a.lse;
+    b->d_o = (const void *)(uintptr_t)t[4];
+    b->dq = (void *)(uintptr_t)t[5];
+    b->dk = (void *)(uintptr_t)t[6];
+    b->dv = (void *)(uintptr_t)t[7];
+    b->workspace = (void *)(uintptr_t)ws;
+    b->workspace_size = align256(rows * (size_t)(pb->d + 1) * 4);
+    fg_attention_backward_args bn;
+    if ((st = fg_validate_backward_args(b, FG_VALIDATE_CALL, &bn, err, sizeof err)) != FG_OK)
+      return fg_fail(ctx, st, "tune: backward problem %lldx%lldx%lldx%d: %s",
+                     (long long)pb->batch, (long long)pb->heads, (long long)pb->n, pb->d, err);
+  }
+  if (pb->pass == FG_PASS_BWD) D->pool_dtype = (fg_dtype)0;
   return FG_OK;
 }
 
@@ -765,8 +1034,7 @@ static fg_status time_problem(trun *R, int pi) {
   int any = 0;
   for (int c = 0; c < T->n; c++) any |= P->measure[c] && !P->have_res[c];
   if (!any) return FG_OK; /* every candidate was rejected before */
-  const size_t tensor = (size_t)(pb->batch * pb->heads * pb->n * pb->d) * 2;
-  const size_t set_bytes = 4 * tensor;
+  const size_t set_bytes = set_bytes_of(pb);
   int sets = fg_tune_rotation_sets(set_bytes, (size_t)fg_context_limits(ctx)->l2_bytes);
   while (ensure_pool(D, (size_t)sets * set_bytes) != 0) {
     if (sets == 1) {
@@ -781,27 +1049,15 @@ static fg_status time_problem(trun *R, int pi) {
     sets /= 2;
   }
   if ((st = fill_pool(D, pb->dtype)) != FG_OK) return st;
-  fg_fwd_params prm[8];
-  for (int s = 0; s < sets; s++) {
-    fg_attention_args a, norm;
-    memset(&a, 0, sizeof a);
-    a.size = sizeof a;
-    a.dtype = pb->dtype;
-    a.causal = pb->causal;
-    a.batch = pb->batch;
-    a.heads_q = a.heads_kv = pb->heads;
-    a.seqlen_q = a.seqlen_k = pb->n;
-    a.head_dim = pb->d;
-    const CUdeviceptr base = D->pool + (CUdeviceptr)s * set_bytes;
-    a.q = (const void *)(uintptr_t)base;
-    a.k = (const void *)(uintptr_t)(base + tensor);
-    a.v = (const void *)(uintptr_t)(base + 2 * tensor);
-    a.o = (void *)(uintptr_t)(base + 3 * tensor);
-    char err[512];
-    if ((st = fg_validate_args(&a, FG_VALIDATE_CALL, &norm, err, sizeof err)) != FG_OK)
-      return fg_fail(ctx, st, "tune: problem %lldx%lldx%lldx%d: %s", (long long)pb->batch,
-                     (long long)pb->heads, (long long)pb->n, pb->d, err);
-    fg_params_from_args(&norm, &prm[s]);
+  tlaunch L;
+  if ((st = make_sets(R, pi, sets, &L)) != FG_OK) {
+    if (!context_alive(ctx)) return st;
+    snprintf(R->rep->rows[pi].note, sizeof R->rep->rows[pi].note, "%.250s",
+             fg_context_last_error(ctx));
+    for (int c = 0; c < T->n; c++)
+      if (P->measure[c] && !P->have_res[c])
+        set_result(P, T, c, 0, 0, 0, "not timed: %s", fg_context_last_error(ctx));
+    return FG_OK;
   }
 
   /* The previous bucket's winner first, then the seed: a good early best stops slow ones. */
@@ -828,18 +1084,18 @@ static fg_status time_problem(trun *R, int pi) {
       P->measure[c] = 0;
       continue;
     }
-    const fg_loaded_kernel *k;
+    tcand k = {NULL, v};
     double w[WARMUP_RUNS], t[TIMED_RUNS];
-    st = fg_registry_get(ctx, v, &k);
+    st = fg_registry_get(ctx, v, &k.k);
     /* One run first: a candidate already far behind (kv_outer at large N runs one block per
      * head and can take 100x the best) stops before the rest of its warm-up. */
-    if (st == FG_OK) st = run_batch(D, k, prm, sets, &rot, 1, 1, w);
+    if (st == FG_OK) st = run_batch(D, &L, &k, &rot, 1, 1, w);
     if (st == FG_OK && best > 0 && w[0] > SLOWER_FACTOR * best) {
       set_result(P, T, c, 1, w[0], fg_tune_tflops(pb, w[0]),
                  "slower: timing stopped after one run at %.1fx the best so far", w[0] / best);
       continue;
     }
-    if (st == FG_OK) st = run_batch(D, k, prm, sets, &rot, WARMUP_RUNS - 1, 1, w + 1);
+    if (st == FG_OK) st = run_batch(D, &L, &k, &rot, WARMUP_RUNS - 1, 1, w + 1);
     if (st == FG_OK) {
       double wmin = w[0];
       for (int i = 1; i < WARMUP_RUNS; i++) wmin = fmin(wmin, w[i]);
@@ -855,7 +1111,7 @@ static fg_status time_problem(trun *R, int pi) {
         if (inner > INNER_MAX) inner = INNER_MAX;
       }
       inner_of[c] = inner;
-      st = run_batch(D, k, prm, sets, &rot, FIRST_RUNS, inner, t);
+      st = run_batch(D, &L, &k, &rot, FIRST_RUNS, inner, t);
       if (st == FG_OK) {
         const double m = fg_tune_median(t, FIRST_RUNS);
         if (best > 0 && m > SLOWER_FACTOR * best) {
@@ -864,7 +1120,7 @@ static fg_status time_problem(trun *R, int pi) {
                      m / best);
           continue;
         }
-        st = run_batch(D, k, prm, sets, &rot, TIMED_RUNS - FIRST_RUNS, inner, t + FIRST_RUNS);
+        st = run_batch(D, &L, &k, &rot, TIMED_RUNS - FIRST_RUNS, inner, t + FIRST_RUNS);
       }
       if (st == FG_OK) {
         const double m = fg_tune_median(t, TIMED_RUNS);
@@ -877,7 +1133,7 @@ static fg_status time_problem(trun *R, int pi) {
         FG_OK)
       return st;
   }
-  return runoff(R, pi, prm, sets, &rot, inner_of);
+  return runoff(R, pi, &L, &rot, inner_of);
 }
 
 /* Stores problem pi's record and fills its report row from the record merged with this run. */
@@ -993,7 +1249,7 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
   rep->seed = opt->seed ? opt->seed : ((uint64_t)time(NULL) * 1000003u) ^ (uint64_t)getpid();
   for (int i = 0; i < n; i++) {
     rep->rows[i].problem = problems[i];
-    fg_problem_key(FG_PASS_FWD, problems[i].d, problems[i].dtype, problems[i].causal,
+    fg_problem_key(problems[i].pass, problems[i].d, problems[i].dtype, problems[i].causal,
                    fg_seqlen_bucket(problems[i].n), rep->rows[i].key, sizeof rep->rows[i].key);
     snprintf(rep->rows[i].note, sizeof rep->rows[i].note, "not reached");
   }
@@ -1041,7 +1297,7 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
     return fg_fail(ctx, FG_ERROR_OUT_OF_MEMORY, "tune: out of memory");
   }
 
-  /* Processing order: grouped by (dtype, d, causal), N ascending. */
+  /* Processing order: grouped by (pass, dtype, d, causal), N ascending. */
   for (int i = 0; i < n; i++) { /* a stable insertion sort: n is small */
     int j = i;
     while (j > 0 && sort_problem_cmp(&problems[order[j - 1]], &problems[i]) > 0) {
@@ -1062,17 +1318,19 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
     for (int oj = 0; oj < oi && P->dup_of < 0; oj++)
       if (strcmp(rep->rows[order[oj]].key, row->key) == 0) P->dup_of = order[oj];
     int t = 0;
-    while (t < R.ntri && !(R.tri[t].d == pb->d && R.tri[t].dtype == pb->dtype &&
-                           R.tri[t].causal == pb->causal))
+    while (t < R.ntri && !(R.tri[t].pass == pb->pass && R.tri[t].d == pb->d &&
+                           R.tri[t].dtype == pb->dtype && R.tri[t].causal == pb->causal))
       t++;
     if (t == R.ntri) {
       ttriple *T = &R.tri[R.ntri++];
+      T->pass = pb->pass;
       T->d = pb->d;
       T->dtype = pb->dtype;
       T->causal = pb->causal;
-      T->n = fg_candidates(g, pb->d, pb->dtype, pb->causal, arch, &lim, T->cands, MAX_CANDS,
-                           &T->pruned);
-      T->seed_v = fg_seed_rule_variant(g, pb->d, pb->dtype, pb->causal, arch, &lim);
+      T->n = fg_candidates_pass(g, pb->pass, pb->d, pb->dtype, pb->causal, arch, &lim, T->cands,
+                                MAX_CANDS, &T->pruned);
+      T->seed_v = fg_baseline_variant(g, pb->pass, pb->d, pb->dtype, pb->causal, arch, &lim);
+      T->fwd_v = fg_builtin_variant(pb->d, pb->dtype, pb->causal, arch);
       T->seed = -1;
       T->last_winner = -1;
       for (int c = 0; c < T->n; c++) {
@@ -1123,7 +1381,7 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
 
   /* Every kernel to compile: the candidates measured, and the reference kernels. */
   int max_jobs = 4;
-  for (int t = 0; t < R.ntri; t++) max_jobs += R.tri[t].n;
+  for (int t = 0; t < R.ntri; t++) max_jobs += R.tri[t].n + 1; /* + the backward's forward */
   R.jobs = calloc((size_t)max_jobs, sizeof *R.jobs);
   if (!R.jobs) {
     st = fg_fail(ctx, FG_ERROR_OUT_OF_MEMORY, "tune: out of memory");
@@ -1134,7 +1392,15 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
     tprob *P = &R.pr[pi];
     if (P->dup_of >= 0 || P->n_measure == 0) continue;
     ttriple *T = &R.tri[P->tri];
-    need_ref[T->dtype] = 1;
+    if (T->pass == FG_PASS_FWD) { /* the forward's check runs the reference kernels */
+      need_ref[T->dtype] = 1;
+    } else { /* the backward's check and timing take O and LSE from the built-in forward */
+      tjob j;
+      memset(&j, 0, sizeof j);
+      j.v = T->fwd_v;
+      fg_variant_name(&j.v, j.name, sizeof j.name);
+      add_job(&R, &j);
+    }
     for (int c = 0; c < T->n; c++) {
       if (!P->measure[c] || T->job[c] >= 0) continue;
       tjob j;
@@ -1159,9 +1425,10 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
 
   for (int t = 0; t < R.ntri; t++) {
     const ttriple *T = &R.tri[t];
-    note(&R, "d=%d %s %s on %s: %d candidates fit; pruned %d by shared memory, %d by registers, "
-             "%d by threads, %d by rules",
-         T->d, fg_dtype_name(T->dtype), T->causal ? "causal" : "noncausal", L->name, T->n,
+    note(&R, "%s d=%d %s %s on %s: %d candidates fit; pruned %d by shared memory, %d by "
+             "registers, %d by threads, %d by rules",
+         fg_pass_name(T->pass), T->d, fg_dtype_name(T->dtype), T->causal ? "causal" : "noncausal",
+         L->name, T->n,
          T->pruned.smem, T->pruned.regs, T->pruned.threads, T->pruned.rules);
   }
   if (!R.cache)

@@ -1,6 +1,7 @@
-/* cmd_explain.c: `flashgen explain`: parses a problem from the command line and prints what
- * fg_explain says: the key, the tuning record or rule, the variant, where its binary comes from
- * and the launch shape. Compiles and launches nothing. */
+/* cmd_explain.c: `flashgen explain [--backward]`: parses a problem from the command line and
+ * prints what fg_explain (or fg_explain_backward) says: the key, the tuning record or rule, the
+ * variant, where its binary comes from and the launch shape (the backward: its plan's three
+ * launches and workspace). Compiles and launches nothing. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +13,9 @@
 static void explain_usage(FILE *f) {
   fprintf(f,
           "usage: flashgen explain [options]\n\n"
-          "Says which kernel fg_attention_forward would run for a problem, and why.\n\n"
+          "Says which kernel fg_attention_forward (with --backward: which plan\n"
+          "fg_attention_backward) would run for a problem, and why.\n\n"
+          "  --backward       the backward pass (dQ, dK, dV): key bwd_..., its plan's launches\n"
           "  --d N            head dimension (32..256, multiple of 8; default 128)\n"
           "  --dtype T        f16 or bf16 (default bf16)\n"
           "  --causal         causal masking (bottom-right aligned when nq != nk)\n"
@@ -22,7 +25,7 @@ static void explain_usage(FILE *f) {
           "  --heads N        query heads (default 16)\n"
           "  --heads-kv N     key/value heads (default: heads)\n"
           "  --scale X        softmax scale (default 1/sqrt(d))\n"
-          "  --lse            the call also writes the log-sum-exp\n"
+          "  --lse            the call also writes the log-sum-exp (forward)\n"
           "  --device N       CUDA device (default 0)\n"
           "  --policy P       jit, exported-and-cache or exported-only (default jit)\n"
           "  --no-disk-cache  do not use the kernel cache\n");
@@ -56,7 +59,7 @@ int fg_cmd_explain(int argc, char **argv) {
   memset(&o, 0, sizeof o);
   o.size = sizeof o;
   o.policy = FG_POLICY_DEFAULT;
-  int want_lse = 0;
+  int want_lse = 0, backward = 0;
   for (int i = 1; i < argc; i++) {
     const char *opt = argv[i];
     const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -66,6 +69,8 @@ int fg_cmd_explain(int argc, char **argv) {
       return 0;
     } else if (!strcmp(opt, "--causal")) {
       a.causal = 1;
+    } else if (!strcmp(opt, "--backward") || !strcmp(opt, "--bwd")) {
+      backward = 1;
     } else if (!strcmp(opt, "--lse")) {
       want_lse = 1;
     } else if (!strcmp(opt, "--no-disk-cache")) {
@@ -134,7 +139,24 @@ int fg_cmd_explain(int argc, char **argv) {
     return 1;
   }
   char buf[8192];
-  st = fg_explain(ctx, &a, buf, sizeof buf);
+  if (backward) {
+    /* The backward call of the same problem: the forward's shapes, scale and masking. */
+    fg_attention_backward_args b;
+    memset(&b, 0, sizeof b);
+    b.size = sizeof b;
+    b.dtype = a.dtype;
+    b.causal = a.causal;
+    b.batch = a.batch;
+    b.heads_q = a.heads_q;
+    b.heads_kv = a.heads_kv;
+    b.seqlen_q = a.seqlen_q;
+    b.seqlen_k = a.seqlen_k;
+    b.head_dim = a.head_dim;
+    b.scale = a.scale;
+    st = fg_explain_backward(ctx, &b, buf, sizeof buf);
+  } else {
+    st = fg_explain(ctx, &a, buf, sizeof buf);
+  }
   fputs(buf, stdout);
   if (st != FG_OK)
     fprintf(stderr, "flashgen explain: %s: %s\n", fg_status_string(st), fg_context_last_error(ctx));

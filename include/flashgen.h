@@ -228,6 +228,18 @@ FG_API fg_status fg_attention_backward_workspace_size(fg_context *ctx,
  * forbids compiling and no binary is available), with buf explaining it as well. */
 FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char *buf, size_t len);
 
+/* Writes into buf (at most len bytes, always NUL-terminated when len > 0) which backward plan
+ * fg_attention_backward would run for args and why: the key ("bwd_d128_bf16_causal_nk4096"),
+ * the exported choice, tuning record (exact bucket or the nearest) or built-in rule that chose
+ * it, the variant, where its binary comes from, the plan's three launches (D and the dQ
+ * accumulator, the main K/V-outer kernel, the dQ conversion) and the workspace. Launches and
+ * compiles nothing; the pointers in args may be NULL (only the shapes matter). Returns FG_OK, or
+ * the error the call would fail with before launching (invalid arguments; FG_ERROR_UNSUPPORTED
+ * for deterministic; FG_ERROR_KERNEL_MISSING when the policy forbids compiling and no binary
+ * is available), with buf explaining it as well. */
+FG_API fg_status fg_explain_backward(fg_context *ctx, const fg_attention_backward_args *args,
+                                     char *buf, size_t len);
+
 /* An exported kernel table: what `flashgen export` writes as C (its layout is in
  * flashgen_export.h; the generated <prefix>_kernels.h declares `const fg_export
  * *<prefix>_flashgen_export(void)`, which returns it). */

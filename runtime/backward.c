@@ -166,11 +166,8 @@ fg_status fg_attention_backward_variant(fg_context *ctx, const fg_attention_back
     fg_ctx_pop(ctx);
     return fg_fail(ctx, st, "%s", err);
   }
-  const fg_variant v = forced ? *forced
-                              : fg_builtin_backward_variant((int)a.head_dim, a.dtype, a.causal,
-                                                            ctx->arch);
   const fg_loaded_kernel *k = NULL;
-  st = fg_registry_get(ctx, &v, &k);
+  st = forced ? fg_registry_get(ctx, forced, &k) : fg_dispatch_backward(ctx, &a, &k);
   if (st == FG_OK) st = fg_backward_launch(ctx, k, &a, stream);
   fg_ctx_pop(ctx);
   return st;

@@ -1,6 +1,8 @@
 /* dispatch.c: problem -> key (pass, d, dtype, causal, shape bucket) -> variant, memoised per
- * context; the shape bucket rule (one place, shared with autotune); and fg_explain, which says
- * what would run and why without compiling or launching anything. */
+ * context, the same way for every pass (forward, backward): exported choice, tuned record
+ * (exact bucket, then nearest), the pass's built-in rule; the shape bucket rule (one place,
+ * shared with autotune); and fg_explain / fg_explain_backward, which say what would run and why
+ * without compiling or launching anything. */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,16 +18,14 @@ int64_t fg_seqlen_bucket(int64_t seqlen_k) {
 }
 
 int fg_problem_key_prefix(fg_pass pass, int d, fg_dtype dtype, int causal, char *buf, size_t len) {
-  (void)pass; /* only the forward pass exists so far */
-  return snprintf(buf, len, "fwd_d%d_%s_%s_nk", d, fg_dtype_name(dtype),
+  return snprintf(buf, len, "%s_d%d_%s_%s_nk", fg_pass_name(pass), d, fg_dtype_name(dtype),
                   causal ? "causal" : "noncausal");
 }
 
 int fg_problem_key(fg_pass pass, int d, fg_dtype dtype, int causal, int64_t bucket, char *buf,
                    size_t len) {
-  (void)pass;
-  return snprintf(buf, len, "fwd_d%d_%s_%s_nk%" PRId64, d, fg_dtype_name(dtype),
-                  causal ? "causal" : "noncausal", bucket);
+  return snprintf(buf, len, "%s_d%d_%s_%s_nk%" PRId64, fg_pass_name(pass), d,
+                  fg_dtype_name(dtype), causal ? "causal" : "noncausal", bucket);
 }
 
 int64_t fg_problem_key_bucket(const char *key, const char *prefix) {
@@ -43,6 +43,12 @@ int64_t fg_problem_key_bucket(const char *key, const char *prefix) {
 
 fg_variant fg_dispatch_builtin(int d, fg_dtype dtype, int causal, fg_arch arch) {
   return fg_builtin_variant(d, dtype, causal, arch);
+}
+
+fg_variant fg_dispatch_builtin_pass(fg_pass pass, int d, fg_dtype dtype, int causal,
+                                    fg_arch arch) {
+  return pass == FG_PASS_BWD ? fg_builtin_backward_variant(d, dtype, causal, arch)
+                             : fg_dispatch_builtin(d, dtype, causal, arch);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -115,9 +121,9 @@ typedef struct fg_candidate {
   char rule[768];
 } fg_candidate;
 
-static int fg_variant_serves(const fg_variant *v, int d, fg_dtype dtype, int causal) {
-  return v->pass == FG_PASS_FWD && v->d == d && v->dtype == dtype &&
-         (v->causal != 0) == (causal != 0);
+static int fg_variant_serves(const fg_variant *v, fg_pass pass, int d, fg_dtype dtype,
+                             int causal) {
+  return v->pass == pass && v->d == d && v->dtype == dtype && (v->causal != 0) == (causal != 0);
 }
 
 #ifdef FG_WITH_JIT
@@ -147,7 +153,7 @@ static void fg_nearest_cb(void *ud, const char *bucket, const char *winner, doub
 
 /* The tuned winner for key on this device from the cache: exact bucket, then nearest. */
 static int fg_cache_candidate(fg_context *ctx, const char *key, const char *prefix, int64_t bucket,
-                              int d, fg_dtype dtype, int causal, fg_candidate *c) {
+                              fg_pass pass, int d, fg_dtype dtype, int causal, fg_candidate *c) {
   fg_cache *cache = fg_context_cache(ctx);
   if (!cache) return 0;
   fg_device_id dev;
@@ -167,7 +173,7 @@ static int fg_cache_candidate(fg_context *ctx, const char *key, const char *pref
   }
   char perr[256];
   if (fg_variant_parse(name, &c->v, perr, sizeof perr) != 0 ||
-      !fg_variant_serves(&c->v, d, dtype, causal)) {
+      !fg_variant_serves(&c->v, pass, d, dtype, causal)) {
     fg_warn(ctx, "kernel cache: the tuning record for %s names '%s', which is not a variant for "
             "this problem; ignoring it",
             exact ? key : "a nearby bucket", name);
@@ -186,27 +192,28 @@ static int fg_cache_candidate(fg_context *ctx, const char *key, const char *pref
 }
 #endif
 
-static fg_status fg_decide(fg_context *ctx, const fg_attention_args *a, fg_dispatch *out) {
+static fg_status fg_decide(fg_context *ctx, fg_pass pass, const fg_attention_args *a,
+                           fg_dispatch *out) {
   const int d = (int)a->head_dim, causal = a->causal != 0;
   const fg_dtype dtype = a->dtype;
   const int64_t bucket = fg_seqlen_bucket(a->seqlen_k);
   char prefix[48];
   memset(out, 0, sizeof *out);
-  fg_problem_key(FG_PASS_FWD, d, dtype, causal, bucket, out->key, sizeof out->key);
-  fg_problem_key_prefix(FG_PASS_FWD, d, dtype, causal, prefix, sizeof prefix);
+  fg_problem_key(pass, d, dtype, causal, bucket, out->key, sizeof out->key);
+  fg_problem_key_prefix(pass, d, dtype, causal, prefix, sizeof prefix);
 
   fg_candidate cand[4];
   int n = 0;
   char why[512];
   if (fg_exported_choice_for(ctx, out->key, &cand[n].v, why, sizeof why) &&
-      fg_variant_serves(&cand[n].v, d, dtype, causal)) {
+      fg_variant_serves(&cand[n].v, pass, d, dtype, causal)) {
     snprintf(cand[n].rule, sizeof cand[n].rule, "%s", why);
     n++;
   }
 #ifdef FG_WITH_JIT
-  if (fg_cache_candidate(ctx, out->key, prefix, bucket, d, dtype, causal, &cand[n])) n++;
+  if (fg_cache_candidate(ctx, out->key, prefix, bucket, pass, d, dtype, causal, &cand[n])) n++;
 #endif
-  cand[n].v = fg_dispatch_builtin(d, dtype, causal, ctx->arch);
+  cand[n].v = fg_dispatch_builtin_pass(pass, d, dtype, causal, ctx->arch);
   snprintf(cand[n].rule, sizeof cand[n].rule, "the built-in rule (%s)",
            n ? "after the tuned choice above" : "no tuning record for this key");
   n++;
@@ -243,11 +250,11 @@ static fg_status fg_decide(fg_context *ctx, const fg_attention_args *a, fg_dispa
     char summary[768];
     fg_exported_summary(ctx, summary, sizeof summary);
     return fg_fail(ctx, FG_ERROR_KERNEL_MISSING,
-                   "no kernel for problem %s (batch %" PRId64 ", heads_q %" PRId64
+                   "no %s kernel for problem %s (batch %" PRId64 ", heads_q %" PRId64
                    ", heads_kv %" PRId64 ", seqlen_q %" PRId64 ", seqlen_k %" PRId64
                    ", head_dim %d, %s, %s) on %s (%s) under the policy '%s', which forbids "
                    "compiling. Tried: %s. Exported kernels: %s.",
-                   out->key, a->batch, a->heads_q, a->heads_kv, a->seqlen_q, a->seqlen_k, d,
+                   pass == FG_PASS_BWD ? "backward" : "forward", out->key, a->batch, a->heads_q, a->heads_kv, a->seqlen_q, a->seqlen_k, d,
                    fg_dtype_name(dtype), causal ? "causal" : "non-causal", ctx->limits.name,
                    fg_arch_name(ctx->arch), fg_policy_name(ctx->policy), tried, summary);
   }
@@ -259,8 +266,22 @@ static fg_status fg_decide(fg_context *ctx, const fg_attention_args *a, fg_dispa
 
 fg_status fg_dispatch_choose(fg_context *ctx, const fg_attention_args *a, int load_kernel,
                              const fg_dispatch **out, const fg_loaded_kernel **kernel) {
+  return fg_dispatch_choose_pass(ctx, FG_PASS_FWD, a, load_kernel, out, kernel);
+}
+
+fg_status fg_dispatch_backward(fg_context *ctx, const fg_attention_backward_args *b,
+                               const fg_loaded_kernel **kernel) {
+  fg_attention_args f;
+  fg_backward_forward_args(b, &f);
+  const fg_dispatch *d = NULL;
+  return fg_dispatch_choose_pass(ctx, FG_PASS_BWD, &f, 1, &d, kernel);
+}
+
+fg_status fg_dispatch_choose_pass(fg_context *ctx, fg_pass pass, const fg_attention_args *a,
+                                  int load_kernel, const fg_dispatch **out,
+                                  const fg_loaded_kernel **kernel) {
   fg_dispatch_memo *m = ctx->memo;
-  const uint32_t key = fg_pack_key(FG_PASS_FWD, (int)a->head_dim, a->dtype, a->causal,
+  const uint32_t key = fg_pack_key(pass, (int)a->head_dim, a->dtype, a->causal,
                                    fg_seqlen_bucket(a->seqlen_k));
   *out = NULL;
   pthread_mutex_lock(&m->lock);
@@ -277,7 +298,7 @@ fg_status fg_dispatch_choose(fg_context *ctx, const fg_attention_args *a, int lo
     const uint64_t exp_gen = fg_exported_generation(); /* before deciding: never newer than seen */
     fg_memo_entry *ne = calloc(1, sizeof *ne);
     if (!ne) return fg_fail(ctx, FG_ERROR_OUT_OF_MEMORY, "out of host memory in the dispatcher");
-    fg_status st = fg_decide(ctx, a, &ne->d);
+    fg_status st = fg_decide(ctx, pass, a, &ne->d);
     if (st != FG_OK) { /* not memoised: an exported table registered later may change it */
       free(ne);
       return st;
@@ -325,6 +346,53 @@ static void fg_text_add(fg_text *t, const char *fmt, ...) {
   if (n > 0) t->used += (size_t)n < t->len - t->used ? (size_t)n : t->len - t->used - 1;
 }
 
+/* The lines every explanation starts with: the problem (a: the forward view, normalised), the
+ * device and the policy. */
+static void fg_explain_head(fg_context *ctx, fg_text *t, const char *what,
+                            const fg_attention_args *a) {
+  fg_text_add(t,
+              "problem: %s, batch %" PRId64 ", heads_q %" PRId64 ", heads_kv %" PRId64
+              ", seqlen_q %" PRId64 ", seqlen_k %" PRId64 ", head_dim %" PRId64
+              ", %s, %s, scale %g%s\n",
+              what, a->batch, a->heads_q, a->heads_kv, a->seqlen_q, a->seqlen_k, a->head_dim,
+              fg_dtype_name(a->dtype), a->causal ? "causal (bottom-right aligned)" : "non-causal",
+              (double)a->scale, what[0] == 'f' && a->lse ? ", writes LSE" : "");
+  fg_text_add(
+      t, "device: %d, %s (compute capability %d.%d, %s, %d SMs, %d B shared memory per block)\n",
+      ctx->device, ctx->limits.name, ctx->limits.cc_major, ctx->limits.cc_minor,
+      fg_arch_name(ctx->arch), ctx->limits.sm_count, ctx->limits.smem_optin_per_block);
+  fg_text_add(t, "policy: %s\n", fg_policy_name(ctx->policy));
+}
+
+/* The dispatcher's decision for pass, in lines: key, choice, variant, binary. Returns FG_OK with
+ * the decision in *d, the binary's source in *src and its launch contract in *meta (when
+ * *known), or the failure (also in the text). */
+static fg_status fg_explain_choice(fg_context *ctx, fg_text *t, fg_pass pass,
+                                   const fg_attention_args *a, const fg_dispatch **d,
+                                   fg_binary_source *src, fg_kernel_meta *meta, int *known) {
+  fg_status st = fg_dispatch_choose_pass(ctx, pass, a, 0, d, NULL);
+  char key[64];
+  fg_problem_key(pass, (int)a->head_dim, a->dtype, a->causal, fg_seqlen_bucket(a->seqlen_k), key,
+                 sizeof key);
+  fg_text_add(t, "key: %s (seqlen_k %" PRId64 " -> bucket %" PRId64 ")\n", key, a->seqlen_k,
+              fg_seqlen_bucket(a->seqlen_k));
+  if (st != FG_OK) {
+    fg_text_add(t, "no kernel: %s\n", fg_context_last_error(ctx));
+    return st;
+  }
+  fg_text_add(t, "choice: %s\n", (*d)->rule);
+  fg_text_add(t, "variant: %s\n", (*d)->variant_name);
+  char desc[1024];
+  *known = 0;
+  *src = fg_registry_probe(ctx, &(*d)->variant, desc, sizeof desc, meta, known);
+  fg_text_add(t, "binary: %s\n", desc);
+  if (*src == FG_BINARY_MISSING || *src == FG_BINARY_FAILED) {
+    fg_set_error(ctx, "%s", desc);
+    return *src == FG_BINARY_MISSING ? FG_ERROR_KERNEL_MISSING : FG_ERROR_COMPILE;
+  }
+  return FG_OK;
+}
+
 FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char *buf, size_t len) {
   fg_text t = {buf, len, 0};
   if (buf && len) buf[0] = 0;
@@ -340,42 +408,18 @@ FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char
     fg_text_add(&t, "invalid arguments: %s\n", err);
     return fg_fail(ctx, st, "%s", err);
   }
-  fg_text_add(&t,
-              "problem: batch %" PRId64 ", heads_q %" PRId64 ", heads_kv %" PRId64
-              ", seqlen_q %" PRId64 ", seqlen_k %" PRId64 ", head_dim %" PRId64
-              ", %s, %s, scale %g%s\n",
-              a.batch, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k, a.head_dim,
-              fg_dtype_name(a.dtype), a.causal ? "causal (bottom-right aligned)" : "non-causal",
-              (double)a.scale, a.lse ? ", writes LSE" : "");
-  fg_text_add(
-      &t, "device: %d, %s (compute capability %d.%d, %s, %d SMs, %d B shared memory per block)\n",
-      ctx->device, ctx->limits.name, ctx->limits.cc_major, ctx->limits.cc_minor,
-      fg_arch_name(ctx->arch), ctx->limits.sm_count, ctx->limits.smem_optin_per_block);
-  fg_text_add(&t, "policy: %s\n", fg_policy_name(ctx->policy));
+  fg_explain_head(ctx, &t, "forward", &a);
   if (fg_args_empty(&a)) {
     fg_text_add(&t, "nothing to launch: batch, heads_q or seqlen_q is 0 (the call returns at once "
                     "and touches nothing)\n");
     return FG_OK;
   }
   const fg_dispatch *d = NULL;
-  st = fg_dispatch_choose(ctx, &a, 0, &d, NULL);
-  char key[64];
-  fg_problem_key(FG_PASS_FWD, (int)a.head_dim, a.dtype, a.causal, fg_seqlen_bucket(a.seqlen_k),
-                 key, sizeof key);
-  fg_text_add(&t, "key: %s (seqlen_k %" PRId64 " -> bucket %" PRId64 ")\n", key, a.seqlen_k,
-              fg_seqlen_bucket(a.seqlen_k));
-  if (st != FG_OK) {
-    fg_text_add(&t, "no kernel: %s\n", fg_context_last_error(ctx));
-    return st;
-  }
-  fg_text_add(&t, "choice: %s\n", d->rule);
-  fg_text_add(&t, "variant: %s\n", d->variant_name);
-  char desc[1024];
+  fg_binary_source src;
   fg_kernel_meta meta;
   int known = 0;
-  fg_binary_source src = fg_registry_probe(ctx, &d->variant, desc, sizeof desc, &meta, &known);
-  fg_text_add(&t, "binary: %s\n", desc);
-  if (known) {
+  st = fg_explain_choice(ctx, &t, FG_PASS_FWD, &a, &d, &src, &meta, &known);
+  if (d && known) {
     fg_fwd_params p;
     fg_params_from_args(&a, &p);
     uint64_t grid[3];
@@ -399,9 +443,86 @@ FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char
     }
     fg_text_add(&t, "\n");
   }
-  if (src == FG_BINARY_MISSING || src == FG_BINARY_FAILED) {
-    fg_set_error(ctx, "%s", desc);
-    return src == FG_BINARY_MISSING ? FG_ERROR_KERNEL_MISSING : FG_ERROR_COMPILE;
+  return st;
+}
+
+/* The backward plan's auxiliary kernels (templates/bwd.cu, launched by runtime/backward.c, whose
+ * FG_BWD_ROWS_PER_BLOCK and FG_BWD_AUX_THREADS these must equal): 64 query rows per block, 128
+ * threads. */
+#define FG_EXPLAIN_BWD_ROWS 64
+#define FG_EXPLAIN_BWD_THREADS 128
+
+FG_API fg_status fg_explain_backward(fg_context *ctx, const fg_attention_backward_args *args,
+                                     char *buf, size_t len) {
+  fg_text t = {buf, len, 0};
+  if (buf && len) buf[0] = 0;
+  if (!ctx) {
+    fg_text_add(&t, "fg_explain_backward: ctx is NULL");
+    return FG_ERROR_INVALID_ARGUMENT;
   }
-  return FG_OK;
+  fg_clear_error(ctx);
+  fg_attention_backward_args b;
+  char err[1024];
+  fg_status st = fg_validate_backward_args(args, FG_VALIDATE_SHAPES, &b, err, sizeof err);
+  if (st != FG_OK) {
+    fg_text_add(&t, "invalid arguments: %s\n", err);
+    return fg_fail(ctx, st, "%s", err);
+  }
+  fg_attention_args a;
+  fg_backward_forward_args(&b, &a);
+  fg_explain_head(ctx, &t, "backward (dQ, dK, dV)", &a);
+  if (fg_args_empty(&a)) {
+    fg_text_add(&t, "nothing to launch: batch, heads_q or seqlen_q is 0 (the call returns at once "
+                    "and touches nothing)\n");
+    return FG_OK;
+  }
+  const fg_dispatch *d = NULL;
+  fg_binary_source src;
+  fg_kernel_meta meta;
+  int known = 0;
+  st = fg_explain_choice(ctx, &t, FG_PASS_BWD, &a, &d, &src, &meta, &known);
+  if (!d) return st;
+  /* The plan: three kernels on the caller's stream, split along the batch like the call. */
+  const uint64_t grid_y = (uint64_t)ctx->limits.max_grid_y;
+  const uint64_t per = grid_y / (uint64_t)a.heads_q; /* batches per launch (heads_q <= grid_y) */
+  const uint64_t nb = per && (uint64_t)a.batch > per ? per : (uint64_t)a.batch;
+  const uint64_t rows = ((uint64_t)a.seqlen_q + FG_EXPLAIN_BWD_ROWS - 1) / FG_EXPLAIN_BWD_ROWS;
+  fg_text_add(&t, "plan: 3 kernels in order on the stream\n");
+  fg_text_add(&t,
+              "  1. %s_pre: D = rowsum(dO * O), dQ accumulator := 0; grid (%" PRIu64 ", %" PRIu64
+              ") x %d threads\n",
+              d->variant_name, rows, nb * (uint64_t)a.heads_q, FG_EXPLAIN_BWD_THREADS);
+  if (known && meta.br > 0) {
+    const uint64_t kv = ((uint64_t)a.seqlen_k + (uint64_t)meta.br - 1) / (uint64_t)meta.br;
+    fg_text_add(&t,
+                "  2. %s: K/V blocks of %d outer, dK and dV on chip, dQ added in fp32; grid (%" PRIu64
+                ", %" PRIu64 ") x %d threads, %d B dynamic shared memory",
+                d->variant_name, meta.br, kv, nb * (uint64_t)a.heads_kv, meta.threads,
+                meta.smem_bytes);
+    if (meta.regs >= 0) fg_text_add(&t, ", %d registers per thread", meta.regs);
+    fg_text_add(&t, "\n");
+  } else {
+    fg_text_add(&t, "  2. %s: K/V blocks of %d outer, dK and dV on chip, dQ added in fp32; grid "
+                    "(ceil(seqlen_k / %d), batch * heads_kv)\n",
+                d->variant_name, d->variant.bc, d->variant.bc);
+  }
+  fg_text_add(&t, "  3. %s_post: dQ = scale * accumulator, converted to %s; grid (%" PRIu64
+                  ", %" PRIu64 ") x %d threads\n",
+              d->variant_name, fg_dtype_name(a.dtype), rows, nb * (uint64_t)a.heads_q,
+              FG_EXPLAIN_BWD_THREADS);
+  if (per && (uint64_t)a.batch > per)
+    fg_text_add(&t, "  (batch * heads_q past the grid's %" PRIu64 ": each kernel split into %" PRIu64
+                    " launches of at most %" PRIu64 " batches)\n",
+                grid_y, ((uint64_t)a.batch + per - 1) / per, per);
+  const double ws_mib = (double)a.batch * (double)a.heads_q * (double)a.seqlen_q *
+                        (double)(a.head_dim + 1) * 4.0 / (1024.0 * 1024.0);
+  if (b.workspace)
+    fg_text_add(&t, "workspace: %.1f MiB fp32 (dQ accumulator and D), the caller's buffer of %zu "
+                    "bytes\n",
+                ws_mib, b.workspace_size);
+  else
+    fg_text_add(&t, "workspace: %.1f MiB fp32 (dQ accumulator and D), allocated on the stream "
+                    "for the call (or pass args->workspace)\n",
+                ws_mib);
+  return st;
 }

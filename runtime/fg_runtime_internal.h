@@ -295,6 +295,9 @@ int64_t fg_problem_key_bucket(const char *key, const char *prefix);
 
 /* The built-in rule's variant for a problem on arch (the lead's fg_builtin_variant). */
 fg_variant fg_dispatch_builtin(int d, fg_dtype dtype, int causal, fg_arch arch);
+/* The built-in rule of a pass: fg_dispatch_builtin, or fg_builtin_backward_variant. */
+fg_variant fg_dispatch_builtin_pass(fg_pass pass, int d, fg_dtype dtype, int causal,
+                                    fg_arch arch);
 
 /* What the dispatcher chose for a problem key. */
 typedef struct fg_dispatch {
@@ -312,6 +315,15 @@ typedef struct fg_dispatch {
  * the loaded kernel. *out stays valid until the context is destroyed. */
 fg_status fg_dispatch_choose(fg_context *ctx, const fg_attention_args *a, int load_kernel,
                              const fg_dispatch **out, const fg_loaded_kernel **kernel);
+/* fg_dispatch_choose for any pass: the same order (exported choice, tuned record of the key
+ * "<pass>_d..." or the nearest bucket of its prefix, the pass's built-in rule), memoised per
+ * (pass, key). a holds the problem's shapes (a backward call's: fg_backward_forward_args). */
+fg_status fg_dispatch_choose_pass(fg_context *ctx, fg_pass pass, const fg_attention_args *a,
+                                  int load_kernel, const fg_dispatch **out,
+                                  const fg_loaded_kernel **kernel);
+/* The loaded kernel (plan) the dispatcher chooses for normalised backward args. */
+fg_status fg_dispatch_backward(fg_context *ctx, const fg_attention_backward_args *b,
+                               const fg_loaded_kernel **kernel);
 /* Forgets the memoised choices (after new tuning records were written). */
 void fg_dispatch_forget(fg_context *ctx);
 fg_status fg_dispatch_memo_create(fg_context *ctx);

@@ -1,7 +1,10 @@
-/* test_autotune.c: the parts of tuning that need no GPU: the problem syntax and problem files,
- * the default set, the TFLOP/s formula, the median, the L2 rotation count, the candidates on
- * H100 / A100 / RTX 4090 limits; and the `flashgen tune` and `flashgen cache` commands (run
- * from $FLASHGEN_CLI): usage errors, no GPU, each cache action. */
+/* test_autotune.c: the parts of tuning that need no GPU: the problem syntax (with the pass) and
+ * problem files, the default set (forward and backward), the TFLOP/s formula, the median, the L2
+ * rotation count, the forward and backward candidates on H100 / A100 / RTX 4090 limits, the
+ * backward's problem key, the backward correctness gate on host arrays, fg_explain_backward on
+ * the fake driver under FG_POLICY_EXPORTED_ONLY (built-in rule, exported choice, nearest bucket,
+ * the plan's launches); and the `flashgen tune`, `flashgen explain --backward` and `flashgen
+ * cache` commands (run from $FLASHGEN_CLI): usage errors, no GPU, each cache action. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <sqlite3.h>
@@ -14,6 +17,7 @@
 #include "cli_runner.h"
 #include "fg_autotune.h"
 #include "fg_cache.h"
+#include "fg_runtime_internal.h"
 
 /* ---- problems ---------------------------------------------------------------------------- */
 
@@ -74,7 +78,9 @@ Test(problems, rejects_bad_input_with_messages) {
   parse_bad("d=128,n=4k,causal=2", "causal=2: expected 0 or 1");
   parse_bad("d=128,d=64,n=1", "d given twice");
   parse_bad("d128,n=4", "'d128' is not key=value");
-  parse_bad("d=128,n=4k,pass=bwd", "only fwd");
+  parse_bad("d=128,n=4k,pass=sideways", "pass=sideways: expected fwd or bwd");
+  parse_bad("d=128,n=4k,bwd=2", "bwd=2: expected 0 or 1");
+  parse_bad("d=128,n=4k,pass=bwd,bwd=1", "pass given twice");
   parse_bad("d=128,n=4k,batch=0", "batch=0");
   parse_bad("d=256,n=1048576,batch=65536,heads=65536", "at most 2^31");
 }
@@ -94,6 +100,50 @@ Test(problems, format_round_trips) {
   cr_assert_eq(p.n, q.n);
 }
 
+Test(problems, parses_the_pass) {
+  fg_tune_problem p = parse_ok("d=128,n=4k,causal=1");
+  cr_assert_eq(p.pass, FG_PASS_FWD, "forward by default");
+  p = parse_ok("d=128,n=4k,causal=1,pass=bwd");
+  cr_assert_eq(p.pass, FG_PASS_BWD);
+  cr_assert_eq(p.d, 128);
+  cr_assert_eq(p.n, 4096);
+  cr_assert_eq(p.batch, 4, "the same default shape as the forward");
+  cr_assert_eq(p.heads, 16);
+  cr_assert_eq(parse_ok("bwd=1,d=64,n=1k").pass, FG_PASS_BWD, "bwd=1 is pass=bwd");
+  cr_assert_eq(parse_ok("d=64,n=1k,bwd=yes").pass, FG_PASS_BWD);
+  cr_assert_eq(parse_ok("d=64,n=1k,bwd=0").pass, FG_PASS_FWD);
+  cr_assert_eq(parse_ok("d=64,n=1k,pass=backward").pass, FG_PASS_BWD);
+  cr_assert_eq(parse_ok("d=64,n=1k,pass=fwd").pass, FG_PASS_FWD);
+
+  /* The format says pass=bwd for a backward problem and reads back the same. */
+  char buf[256], err[256];
+  fg_tune_problem q;
+  p = parse_ok("d=64,dtype=f16,n=2k,bwd=1");
+  fg_tune_problem_format(&p, buf, sizeof buf);
+  cr_assert_str_eq(buf, "d=64,dtype=f16,causal=0,n=2048,batch=8,heads=32,pass=bwd");
+  cr_assert_eq(fg_tune_problem_parse(buf, &q, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(q.pass, FG_PASS_BWD);
+  cr_assert_eq(q.n, 2048);
+  cr_assert_eq(q.dtype, FG_DTYPE_F16);
+}
+
+Test(problems, backward_key) {
+  char k[64], pre[64];
+  fg_problem_key(FG_PASS_BWD, 128, FG_DTYPE_BF16, 1, 4096, k, sizeof k);
+  cr_assert_str_eq(k, "bwd_d128_bf16_causal_nk4096");
+  fg_problem_key(FG_PASS_FWD, 128, FG_DTYPE_BF16, 1, 4096, k, sizeof k);
+  cr_assert_str_eq(k, "fwd_d128_bf16_causal_nk4096", "the forward's keys are unchanged");
+  fg_problem_key_prefix(FG_PASS_BWD, 64, FG_DTYPE_F16, 0, pre, sizeof pre);
+  cr_assert_str_eq(pre, "bwd_d64_f16_noncausal_nk");
+  cr_assert_eq(fg_problem_key_bucket("bwd_d64_f16_noncausal_nk1024", pre), 1024);
+  cr_assert_eq(fg_problem_key_bucket("fwd_d64_f16_noncausal_nk1024", pre), -1,
+               "a forward record is no backward bucket");
+  /* What a tuning run names the records of a backward problem. */
+  fg_tune_problem p = parse_ok("d=128,n=3000,causal=1,pass=bwd");
+  fg_problem_key(p.pass, p.d, p.dtype, p.causal, fg_seqlen_bucket(p.n), k, sizeof k);
+  cr_assert_str_eq(k, "bwd_d128_bf16_causal_nk4096");
+}
+
 static char *write_tmp(const char *text) {
   static char path[64];
   strcpy(path, "/tmp/fg_test_problems_XXXXXX");
@@ -108,13 +158,16 @@ static char *write_tmp(const char *text) {
 Test(problems, reads_files) {
   fg_tune_problem p[8];
   char err[512] = "";
-  char *path = write_tmp("# the problems\n\nd=64,n=512   # short\n  d=128,dtype=f16,causal=1,n=8k\n");
+  char *path = write_tmp("# the problems\n\nd=64,n=512   # short\n  d=128,dtype=f16,causal=1,n=8k\n"
+                         "d=128,n=8k,pass=bwd\n");
   int n = fg_tune_problems_read(path, p, 8, err, sizeof err);
-  cr_assert_eq(n, 2, "read %d: %s", n, err);
+  cr_assert_eq(n, 3, "read %d: %s", n, err);
   cr_assert_eq(p[0].d, 64);
   cr_assert_eq(p[0].n, 512);
   cr_assert_eq(p[1].n, 8192);
   cr_assert_eq(p[1].dtype, FG_DTYPE_F16);
+  cr_assert_eq(p[1].pass, FG_PASS_FWD);
+  cr_assert_eq(p[2].pass, FG_PASS_BWD);
   unlink(path);
 
   path = write_tmp("d=64,n=512\n# fine\nd=64,n=512,dtype=f32\n");
@@ -134,39 +187,57 @@ Test(problems, reads_files) {
 }
 
 Test(problems, default_set) {
-  fg_tune_problem p[64];
-  int n = fg_tune_default_problems(0, p, 64);
-  cr_assert_eq(n, 48);
-  int count[2][2][2] = {{{0}}}; /* [d == 128][bf16][causal] */
+  fg_tune_problem p[128];
+  int n = fg_tune_default_problems(0, p, 128);
+  cr_assert_eq(n, FG_TUNE_DEFAULT_FWD + FG_TUNE_DEFAULT_BWD);
+  cr_assert_eq(n, 64);
+  int count[2][2][2][2] = {{{{0}}}}; /* [pass][d == 128][bf16][causal] */
   for (int i = 0; i < n; i++) {
     cr_assert(p[i].d == 64 || p[i].d == 128);
     cr_assert(p[i].dtype == FG_DTYPE_F16 || p[i].dtype == FG_DTYPE_BF16);
+    cr_assert(p[i].pass == FG_PASS_FWD || p[i].pass == FG_PASS_BWD);
+    cr_assert(i < FG_TUNE_DEFAULT_FWD ? p[i].pass == FG_PASS_FWD : p[i].pass == FG_PASS_BWD,
+              "problem %d: the forward problems come first", i);
     cr_assert_eq(p[i].batch * p[i].n, FG_TUNE_TOKENS, "problem %d: B*N", i);
     cr_assert_eq(p[i].heads * p[i].d, FG_TUNE_HIDDEN, "problem %d: H*d", i);
     cr_assert(p[i].n >= 512 && p[i].n <= 16384 && (p[i].n & (p[i].n - 1)) == 0);
-    count[p[i].d == 128][p[i].dtype == FG_DTYPE_BF16][p[i].causal]++;
+    if (p[i].pass == FG_PASS_BWD)
+      cr_assert(p[i].n == 1024 || p[i].n == 4096, "backward N = %lld",
+                (long long)p[i].n);
+    count[p[i].pass][p[i].d == 128][p[i].dtype == FG_DTYPE_BF16][p[i].causal]++;
     for (int j = 0; j < i; j++)
-      cr_assert(!(p[i].d == p[j].d && p[i].dtype == p[j].dtype && p[i].causal == p[j].causal &&
-                  p[i].batch == p[j].batch && p[i].heads == p[j].heads && p[i].n == p[j].n),
+      cr_assert(!(p[i].pass == p[j].pass && p[i].d == p[j].d && p[i].dtype == p[j].dtype &&
+                  p[i].causal == p[j].causal && p[i].batch == p[j].batch &&
+                  p[i].heads == p[j].heads && p[i].n == p[j].n),
                 "problems %d and %d are the same", i, j);
   }
   for (int a = 0; a < 2; a++)
     for (int b = 0; b < 2; b++)
-      for (int c = 0; c < 2; c++) cr_assert_eq(count[a][b][c], 6, "6 sequence lengths each");
+      for (int c = 0; c < 2; c++) {
+        cr_assert_eq(count[FG_PASS_FWD][a][b][c], 6, "forward: 6 sequence lengths each");
+        cr_assert_eq(count[FG_PASS_BWD][a][b][c], 2, "backward: 2 sequence lengths each");
+      }
 
-  n = fg_tune_default_problems(1, p, 64);
-  cr_assert_eq(n, 8);
+  n = fg_tune_default_problems(1, p, 128);
+  cr_assert_eq(n, 12);
+  int bwd = 0;
   for (int i = 0; i < n; i++) {
     cr_assert_eq(p[i].dtype, FG_DTYPE_BF16);
-    cr_assert(p[i].n == 1024 || p[i].n == 4096);
+    if (p[i].pass == FG_PASS_BWD) {
+      bwd++;
+      cr_assert_eq(p[i].n, 4096);
+    } else {
+      cr_assert(p[i].n == 1024 || p[i].n == 4096);
+    }
   }
+  cr_assert_eq(bwd, 4, "quick: backward d 64 and 128, causal or not, at 4k");
   cr_assert_eq(fg_tune_default_problems(0, p, 5), 5, "the cap is respected");
 }
 
 /* ---- arithmetic -------------------------------------------------------------------------- */
 
 Test(arith, tflops_formula) {
-  fg_tune_problem p = {128, FG_DTYPE_BF16, 0, 4, 16, 4096};
+  fg_tune_problem p = {128, FG_DTYPE_BF16, 0, 4, 16, 4096, FG_PASS_FWD};
   const double flops = 4.0 * 4 * 16 * 4096.0 * 4096.0 * 128;
   cr_assert_float_eq(fg_tune_flops(&p), flops, 1);
   cr_assert_float_eq(fg_tune_tflops(&p, 1.0), flops / 1e9, 1e-9, "1 ms");
@@ -175,6 +246,11 @@ Test(arith, tflops_formula) {
   cr_assert_float_eq(fg_tune_flops(&p), flops / 2, 1, "causal halves the count");
   cr_assert_float_eq(fg_tune_tflops(&p, 1.0), flops / 2e9, 1e-9);
   cr_assert_eq(fg_tune_tflops(&p, 0), 0.0);
+  p.pass = FG_PASS_BWD;
+  cr_assert_float_eq(fg_tune_flops(&p), 2.5 * flops / 2, 1, "backward: 2.5 x the forward");
+  cr_assert_float_eq(fg_tune_tflops(&p, 2.0), 2.5 * flops / 4e9, 1e-9);
+  p.causal = 0;
+  cr_assert_float_eq(fg_tune_flops(&p), 2.5 * flops, 1);
 }
 
 Test(arith, median) {
@@ -339,6 +415,346 @@ Test(candidates, h100_a100_4090, .timeout = 120) {
   fg_generator_destroy(g);
 }
 
+/* The backward candidates of (d, dtype, causal) on a device: checks that hold everywhere;
+ * returns the count. */
+static int check_bwd_device(fg_generator *g, const fg_device_limits *lim, fg_arch arch, int d,
+                            fg_dtype dt, int causal) {
+  fg_variant v[64];
+  fg_prune_counts pc = {-1, -1, -1, -1};
+  const int n = fg_candidates_pass(g, FG_PASS_BWD, d, dt, causal, arch, lim, v, 64, &pc);
+  cr_assert_gt(n, 0, "%s d=%d: no backward candidates", lim->name, d);
+  cr_assert(pc.smem >= 0 && pc.regs >= 0 && pc.threads >= 0 && pc.rules >= 0);
+  cr_assert_eq(n + total_pruned(&pc), 36, "%s d=%d: 3 Br x 3 Bc x 2 warps x 2 stages = %d + %d",
+               lim->name, d, n, total_pruned(&pc));
+  const fg_variant builtin = fg_builtin_backward_variant(d, dt, causal, arch);
+  fg_variant base = fg_baseline_variant(g, FG_PASS_BWD, d, dt, causal, arch, lim);
+  cr_assert_eq(memcmp(&base, &builtin, sizeof base), 0, "the backward's baseline is the built-in");
+  char why[256];
+  if (fg_variant_fits(g, &builtin, lim, why, sizeof why) == 1)
+    cr_assert_eq(memcmp(&v[0], &builtin, sizeof builtin), 0,
+                 "%s d=%d: the built-in rule's variant is first", lim->name, d);
+  for (int i = 0; i < n; i++) {
+    char name[FG_VARIANT_NAME_MAX], err[256];
+    fg_variant_name(&v[i], name, sizeof name);
+    cr_assert_eq(fg_variant_fits(g, &v[i], lim, why, sizeof why), 1, "%s on %s: %s", name,
+                 lim->name, why);
+    cr_assert_eq(fg_variant_check(&v[i], err, sizeof err), 0, "%s: %s", name, err);
+    cr_assert_eq(v[i].pass, FG_PASS_BWD, "%s", name);
+    cr_assert_eq(v[i].loop, FG_LOOP_KV_OUTER, "%s", name);
+    cr_assert(strncmp(name, "bwd_", 4) == 0 && strstr(name, "_kvouter_"), "%s", name);
+    cr_assert(v[i].br == 32 || v[i].br == 64 || v[i].br == 128, "%s", name);
+    cr_assert(v[i].bc == 32 || v[i].bc == 64 || v[i].bc == 128, "%s", name);
+    cr_assert(v[i].warps == 4 || v[i].warps == 8, "%s", name);
+    cr_assert(v[i].stages == 1 || v[i].stages == 2, "%s", name);
+    cr_assert_eq(v[i].d, d);
+    cr_assert_eq(v[i].dtype, dt);
+    cr_assert_eq(v[i].causal, causal);
+    cr_assert_eq(v[i].arch, arch);
+    for (int j = 0; j < i; j++)
+      cr_assert(memcmp(&v[i], &v[j], sizeof v[i]) != 0, "%s listed twice", name);
+  }
+  printf("bwd %s d=%d %s: %d candidates, pruned %d smem %d regs %d threads %d rules\n", lim->name,
+         d, causal ? "causal" : "noncausal", n, pc.smem, pc.regs, pc.threads, pc.rules);
+  return n;
+}
+
+Test(candidates, backward_h100_a100_4090, .timeout = 120) {
+  fg_generator *g = gen();
+  const struct {
+    const fg_device_limits *lim;
+    fg_arch arch;
+  } devs[] = {{&fg_limits_h100, FG_ARCH_SM90A}, {&fg_limits_a100, FG_ARCH_SM80},
+              {&fg_limits_rtx4090, FG_ARCH_SM89}};
+  int total = 0;
+  for (int i = 0; i < 3; i++)
+    for (int d = 64; d <= 128; d += 64)
+      for (int causal = 0; causal <= 1; causal++) {
+        const int n = check_bwd_device(g, devs[i].lim, devs[i].arch, d, FG_DTYPE_BF16, causal);
+        cr_assert_eq(check_bwd_device(g, devs[i].lim, devs[i].arch, d, FG_DTYPE_F16, causal), n,
+                     "the dtype does not change what fits");
+        if (i == 0) total += 2 * n; /* H100: both dtypes */
+      }
+  /* The default set's backward part on an H100: 8 (d, dtype, causal), all compiled in one pool
+   * (about 0.5-1 s per variant, 16 threads): keep it small enough for the 60 s budget. */
+  cr_assert_leq(total, 8 * 8, "%d backward candidates on an H100", total);
+  /* d = 256 on the 4090's 99 KB: something still fits (the built-in rule's 32 x 32, 4 warps). */
+  cr_assert_gt(check_bwd_device(g, &fg_limits_rtx4090, FG_ARCH_SM89, 256, FG_DTYPE_BF16, 0), 0);
+  fg_variant v[64];
+  fg_prune_counts pc;
+  fg_candidates_pass(g, FG_PASS_BWD, 128, FG_DTYPE_BF16, 0, FG_ARCH_SM89, &fg_limits_rtx4090, v,
+                     64, &pc);
+  cr_assert_gt(pc.smem, 0, "RTX 4090 d=128: nothing pruned by shared memory");
+  /* The forward wrapper still gives forward candidates. */
+  int n = fg_candidates(g, 64, FG_DTYPE_BF16, 0, FG_ARCH_SM90A, &fg_limits_h100, v, 64, NULL);
+  cr_assert_gt(n, 0);
+  for (int i = 0; i < n; i++) cr_assert_eq(v[i].pass, FG_PASS_FWD);
+  fg_generator_destroy(g);
+}
+
+/* ---- the backward correctness gate ------------------------------------------------------- */
+
+/* Synthetic gradients: ref in [-2, 2], naive = ref + an error of about 1%, x = ref in dtype. */
+static void gate_arrays(fg_dtype dt, int64_t n, double *ref, double *naive, uint16_t *x) {
+  uint64_t s = 12345;
+  for (int64_t i = 0; i < n; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    const double u = (double)(s >> 11) * 0x1.0p-53;
+    ref[i] = 4 * u - 2;
+    naive[i] = ref[i] * (1 + ((i % 3) - 1) * 0.01);
+    x[i] = fg_f32_to_half((float)ref[i], dt);
+  }
+}
+
+Test(gate, backward_accepts_the_reference_rejects_errors_and_nan) {
+  enum { NQ = 3 * 257, NK = 2 * 257 };
+  static double ref[NQ + 2 * NK], naive[NQ + 2 * NK];
+  static uint16_t x[NQ + 2 * NK];
+  const fg_dtype dts[] = {FG_DTYPE_BF16, FG_DTYPE_F16};
+  for (int t = 0; t < 2; t++) {
+    const fg_dtype dt = dts[t];
+    gate_arrays(dt, NQ + 2 * NK, ref, naive, x);
+    uint16_t *dq = x, *dk = x + NQ, *dv = x + NQ + NK;
+    fg_gate_result r;
+    cr_assert_eq(fg_gate_backward(dt, dq, dk, dv, ref, naive, NQ, NK, &r), 1, "%s: %s",
+                 fg_dtype_name(dt), r.reason);
+    cr_assert(r.pass && !r.reason[0]);
+    for (int k = 0; k < 3; k++) {
+      cr_assert(r.err[k] <= r.tol[k], "slot %d: %g > %g", k, r.err[k], r.tol[k]);
+      cr_assert_float_eq(r.naive_err[k], 0.02, 1e-3, "slot %d: naive error %g", k, r.naive_err[k]);
+      cr_assert(r.ref_max[k] > 1.9 && r.ref_max[k] <= 2.0);
+      const double eps = dt == FG_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
+      cr_assert_float_eq(r.tol[k], 2 * r.naive_err[k] + eps * r.ref_max[k] + FG_GATE_FLOOR, 1e-12);
+    }
+
+    /* Perturbed past the tolerance (2 x 2% + eps x 2): one value of dK off by 0.1. */
+    const uint16_t keep = dk[100];
+    dk[100] = fg_f32_to_half((float)(ref[NQ + 100] + 0.1), dt);
+    cr_assert_eq(fg_gate_backward(dt, dq, dk, dv, ref, naive, NQ, NK, &r), 0);
+    cr_assert(!r.pass);
+    cr_assert(strstr(r.reason, "dK: max error") && strstr(r.reason, "over the tolerance") &&
+                  strstr(r.reason, "at index 100"),
+              "%s", r.reason);
+    cr_assert_eq(r.worst[1], 100);
+    cr_assert(r.err[0] <= r.tol[0] && r.err[2] <= r.tol[2], "dQ and dV are still measured");
+    /* Within it: 0.01 off passes. */
+    dk[100] = fg_f32_to_half((float)(ref[NQ + 100] + 0.01), dt);
+    cr_assert_eq(fg_gate_backward(dt, dq, dk, dv, ref, naive, NQ, NK, &r), 1, "%s", r.reason);
+    dk[100] = keep;
+
+    /* A NaN (the poison left behind) and an infinity fail, whatever the tolerance. */
+    dv[NK - 1] = dt == FG_DTYPE_BF16 ? 0x7fc0 : 0x7e00;
+    cr_assert_eq(fg_gate_backward(dt, dq, dk, dv, ref, naive, NQ, NK, &r), 0);
+    cr_assert(strstr(r.reason, "dV[513]") && strstr(r.reason, "is not finite"), "%s", r.reason);
+    dv[NK - 1] = fg_f32_to_half((float)ref[NQ + 2 * NK - 1], dt);
+    dq[0] = dt == FG_DTYPE_BF16 ? 0x7f80 : 0x7c00; /* +inf */
+    cr_assert_eq(fg_gate_backward(dt, dq, dk, dv, ref, naive, NQ, NK, &r), 0);
+    cr_assert(strstr(r.reason, "dQ[0]") && strstr(r.reason, "not finite"), "%s", r.reason);
+
+    /* The first failure is the one named. */
+    dk[5] = fg_f32_to_half((float)(ref[NQ + 5] + 1.0), dt);
+    cr_assert_eq(fg_gate_backward(dt, dq, dk, dv, ref, naive, NQ, NK, &r), 0);
+    cr_assert(strstr(r.reason, "dQ[0]"), "%s", r.reason);
+    cr_assert_gt(r.err[1], r.tol[1], "dK is measured after dQ failed");
+  }
+  /* An exact reference of zeros: the floor keeps a tiny error from failing. */
+  double z[4] = {0, 0, 0, 0};
+  uint16_t zx[4] = {0, 0, 0, 0x0001}; /* f16: 2^-24 */
+  fg_gate_result r;
+  r.pass = 1;
+  cr_assert_eq(fg_gate_tensor("dQ", zx, z, z, 4, FG_DTYPE_F16, 0, &r), 1);
+  cr_assert_float_eq(r.tol[0], FG_GATE_FLOOR, 1e-15);
+}
+
+/* ---- fg_explain_backward on the fake driver, no GPU -------------------------------------- */
+
+static char fake_dir[64], fake_path[128];
+
+static void fake_driver(void) {
+  const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
+  if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
+  strcpy(fake_dir, "/tmp/fg_test_explain_XXXXXX");
+  cr_assert(mkdtemp(fake_dir));
+  const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
+  snprintf(fake_path, sizeof fake_path, "%s/libcuda_fake.so", fake_dir);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "%s -std=c11 -D_POSIX_C_SOURCE=200809L -O1 -shared -fPIC -o '%s' "
+           "'%s/tests/fake_cuda/libcuda.c' -lm",
+           cc, fake_path, src);
+  if (system(cmd) != 0) cr_skip_test("cannot build the fake driver with '%s'", cc);
+  setenv("FLASHGEN_CUDA_LIBRARY", fake_path, 1);
+}
+
+static void fake_driver_done(void) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", fake_dir);
+  if (fake_dir[0] && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", fake_dir);
+}
+
+static fg_context *exported_only_context(void) {
+  fg_context_options o;
+  memset(&o, 0, sizeof o);
+  o.size = sizeof o;
+  o.policy = FG_POLICY_EXPORTED_ONLY;
+  o.quiet = 1;
+  fg_context *ctx = NULL;
+  cr_assert_eq(fg_context_create(&ctx, &o), FG_OK, "%s", fg_last_create_error());
+  return ctx;
+}
+
+static fg_attention_backward_args bwd_shape(int64_t n, int causal) {
+  fg_attention_backward_args b;
+  memset(&b, 0, sizeof b);
+  b.size = sizeof b;
+  b.dtype = FG_DTYPE_BF16;
+  b.causal = causal;
+  b.batch = 2;
+  b.heads_q = 16;
+  b.heads_kv = 4;
+  b.seqlen_q = b.seqlen_k = n;
+  b.head_dim = 128;
+  return b;
+}
+
+Test(explain_backward, builtin_rule_and_missing_binary, .init = fake_driver,
+     .fini = fake_driver_done) {
+  fg_context *ctx = exported_only_context();
+  fg_attention_backward_args b = bwd_shape(4000, 1);
+  char buf[8192];
+  fg_status st = fg_explain_backward(ctx, &b, buf, sizeof buf);
+  cr_assert_eq(st, FG_ERROR_KERNEL_MISSING, "%s: %s", fg_status_string(st), buf);
+  cr_assert(strstr(buf, "problem: backward"), "%s", buf);
+  cr_assert(strstr(buf, "key: bwd_d128_bf16_causal_nk4096 (seqlen_k 4000 -> bucket 4096)"), "%s",
+            buf);
+  const fg_variant bi = fg_builtin_backward_variant(128, FG_DTYPE_BF16, 1, FG_ARCH_SM90A);
+  char name[FG_VARIANT_NAME_MAX];
+  fg_variant_name(&bi, name, sizeof name);
+  cr_assert(strstr(buf, "no backward kernel for problem bwd_d128_bf16_causal_nk4096") &&
+                strstr(buf, name) && strstr(buf, "exported-only"),
+            "the built-in rule's variant was tried: %s", buf);
+  cr_assert(strstr(fg_context_last_error(ctx), "bwd_d128_bf16_causal_nk4096"), "%s",
+            fg_context_last_error(ctx));
+  /* Bad input is refused before anything is decided. */
+  b.deterministic = 1;
+  cr_assert_eq(fg_explain_backward(ctx, &b, buf, sizeof buf), FG_ERROR_UNSUPPORTED, "%s", buf);
+  cr_assert(strstr(buf, "invalid arguments: args->deterministic"), "%s", buf);
+  b.deterministic = 0;
+  b.heads_kv = 3;
+  cr_assert_eq(fg_explain_backward(ctx, &b, buf, sizeof buf), FG_ERROR_INVALID_ARGUMENT, "%s", buf);
+  cr_assert_eq(fg_explain_backward(NULL, &b, buf, sizeof buf), FG_ERROR_INVALID_ARGUMENT);
+  /* Nothing to launch. */
+  b = bwd_shape(0, 0);
+  cr_assert_eq(fg_explain_backward(ctx, &b, buf, sizeof buf), FG_OK, "%s", buf);
+  cr_assert(strstr(buf, "nothing to launch"), "%s", buf);
+  fg_context_destroy(ctx);
+}
+
+#define BWD_CHOICE "bwd_d128_br64_bc64_bf16_causal_kvouter_w8_s1_sm90a"
+#define FWD_OTHER "fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm90a"
+
+Test(explain_backward, exported_choice_nearest_bucket_and_plan, .init = fake_driver,
+     .fini = fake_driver_done) {
+  static unsigned char cubin[64] = {0x7f, 'E', 'L', 'F'};
+  static fg_kernel_image k[2];
+  memset(k, 0, sizeof k);
+  snprintf(k[0].variant, sizeof k[0].variant, BWD_CHOICE);
+  k[0].arch = FG_ARCH_SM90A;
+  k[0].cubin = cubin;
+  k[0].cubin_size = sizeof cubin;
+  snprintf(k[0].meta.entry, sizeof k[0].meta.entry, "fg_%s", BWD_CHOICE);
+  k[0].meta.threads = 256;
+  k[0].meta.smem_bytes = 99840;
+  k[0].meta.grid = FG_GRID_KV_TILES;
+  k[0].meta.br = 64; /* the plan's main kernel: Bc */
+  k[0].meta.workspace_floats_per_row = 129;
+  k[0].meta.regs = 168;
+  k[0].meta.spill_load_bytes = k[0].meta.spill_store_bytes = k[0].meta.stack_bytes = 0;
+  /* A forward kernel of the same (d, dtype, causal): it never serves the backward. */
+  k[1] = k[0];
+  snprintf(k[1].variant, sizeof k[1].variant, FWD_OTHER);
+  snprintf(k[1].meta.entry, sizeof k[1].meta.entry, "fg_%s", FWD_OTHER);
+  k[1].meta.grid = FG_GRID_Q_TILES;
+  k[1].meta.br = 128;
+  k[1].meta.workspace_floats_per_row = 0;
+  static const fg_exported_choice choices[] = {{"bwd_d128_bf16_causal_nk4096", BWD_CHOICE},
+                                               {"fwd_d128_bf16_causal_nk4096", FWD_OTHER}};
+  static fg_exported_table tab;
+  tab.description = "test: one backward choice";
+  tab.kernels = k;
+  tab.n_kernels = 2;
+  tab.choices = choices;
+  tab.n_choices = 2;
+  char err[512];
+  cr_assert_eq(fg_register_exported(&tab, err, sizeof err), FG_OK, "%s", err);
+
+  fg_context *ctx = exported_only_context();
+  fg_attention_backward_args b = bwd_shape(4096, 1);
+  char buf[8192];
+  fg_status st = fg_explain_backward(ctx, &b, buf, sizeof buf);
+  cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), buf);
+  cr_assert(strstr(buf, "key: bwd_d128_bf16_causal_nk4096"), "%s", buf);
+  cr_assert(strstr(buf, "choice: the tuned choice for bwd_d128_bf16_causal_nk4096 in the exported "
+                        "table 'test: one backward choice'"),
+            "%s", buf);
+  cr_assert(strstr(buf, "variant: " BWD_CHOICE "\n"), "%s", buf);
+  cr_assert(strstr(buf, "binary: the exported table 'test: one backward choice' (" BWD_CHOICE
+                        " cubin)"),
+            "%s", buf);
+  /* The plan: 4096 rows / 64 = 64 row blocks; B * Hq = 32; 4096 / Bc 64 = 64 K/V blocks on
+   * B * Hkv = 8; workspace 2 * 16 * 4096 * 129 * 4 B = 64.5 MiB. */
+  cr_assert(strstr(buf, "plan: 3 kernels in order on the stream"), "%s", buf);
+  cr_assert(strstr(buf, "1. " BWD_CHOICE "_pre: D = rowsum(dO * O)") &&
+                strstr(buf, "grid (64, 32) x 128 threads"),
+            "%s", buf);
+  cr_assert(strstr(buf, "2. " BWD_CHOICE ": K/V blocks of 64 outer") &&
+                strstr(buf, "grid (64, 8) x 256 threads, 99840 B dynamic shared memory, 168 "
+                            "registers per thread"),
+            "%s", buf);
+  cr_assert(strstr(buf, "3. " BWD_CHOICE "_post: dQ = scale * accumulator, converted to bf16"),
+            "%s", buf);
+  cr_assert(strstr(buf, "workspace: 64.5 MiB fp32") && strstr(buf, "allocated on the stream"),
+            "%s", buf);
+  /* The caller's workspace is named as such. */
+  static _Alignas(16) unsigned char ws[16];
+  b.workspace = ws;
+  b.workspace_size = sizeof ws;
+  cr_assert_eq(fg_explain_backward(ctx, &b, buf, sizeof buf), FG_OK, "%s", buf);
+  cr_assert(strstr(buf, "the caller's buffer of 16 bytes"), "%s", buf);
+
+  /* Another bucket of the same prefix takes the nearest choice. */
+  b = bwd_shape(1000, 1);
+  cr_assert_eq(fg_explain_backward(ctx, &b, buf, sizeof buf), FG_OK, "%s", buf);
+  cr_assert(strstr(buf, "key: bwd_d128_bf16_causal_nk1024") &&
+                strstr(buf, "nearest bucket bwd_d128_bf16_causal_nk4096") &&
+                strstr(buf, "variant: " BWD_CHOICE),
+            "%s", buf);
+
+  /* Non-causal has no choice and no kernel: missing, and the forward kernel is not offered. */
+  b = bwd_shape(4096, 0);
+  cr_assert_eq(fg_explain_backward(ctx, &b, buf, sizeof buf), FG_ERROR_KERNEL_MISSING, "%s", buf);
+  cr_assert_null(strstr(buf, "variant: fwd_"), "%s", buf);
+
+  /* The forward of the same problem decides on its own key and kernel. */
+  fg_attention_args a;
+  memset(&a, 0, sizeof a);
+  a.size = sizeof a;
+  a.dtype = FG_DTYPE_BF16;
+  a.causal = 1;
+  a.batch = 2;
+  a.heads_q = 16;
+  a.heads_kv = 4;
+  a.seqlen_q = a.seqlen_k = 4096;
+  a.head_dim = 128;
+  cr_assert_eq(fg_explain(ctx, &a, buf, sizeof buf), FG_OK, "%s", buf);
+  cr_assert(strstr(buf, "key: fwd_d128_bf16_causal_nk4096") && strstr(buf, "variant: " FWD_OTHER),
+            "%s", buf);
+  /* And the backward's decision was memoised apart from it: asked again, the same. */
+  b = bwd_shape(4096, 1);
+  cr_assert_eq(fg_explain_backward(ctx, &b, buf, sizeof buf), FG_OK, "%s", buf);
+  cr_assert(strstr(buf, "variant: " BWD_CHOICE), "%s", buf);
+  fg_context_destroy(ctx);
+}
+
 /* ---- the commands ------------------------------------------------------------------------ */
 
 
@@ -359,6 +775,35 @@ Test(cli, tune_help_and_usage_errors) {
   cr_assert(strstr(fg_test_err, "--quick"), "%s", fg_test_err);
   cr_assert_eq(fg_test_run_cli(NULL, NO_GPU, "tune --problems /nonexistent/p.txt"), 2);
   cr_assert(strstr(fg_test_err, "/nonexistent/p.txt: cannot open"), "%s", fg_test_err);
+}
+
+Test(cli, tune_and_explain_take_the_backward) {
+  cr_assert_eq(fg_test_run_cli(NULL, NULL, "tune --help"), 0);
+  cr_assert(strstr(fg_test_out, "pass=bwd") && strstr(fg_test_out, "backward at N in {1k, 4k}"),
+            "%s", fg_test_out);
+  cr_assert_eq(fg_test_run_cli(NULL, NO_GPU, "tune d=128,n=4k,pass=sideways"), 2);
+  cr_assert(strstr(fg_test_err, "pass=sideways: expected fwd or bwd"), "%s", fg_test_err);
+  cr_assert_eq(fg_test_run_cli(NULL, NO_GPU, "tune d=128,n=4k,pass=bwd"), 1, "%s", fg_test_err);
+  cr_assert(strstr(fg_test_err, "tuning needs a CUDA GPU"), "a backward problem parses: %s",
+            fg_test_err);
+  cr_assert_eq(fg_test_run_cli(NULL, NULL, "explain --help"), 0);
+  cr_assert(strstr(fg_test_out, "--backward"), "%s", fg_test_out);
+  cr_assert_eq(fg_test_run_cli(NULL, NO_GPU, "explain --backward --d 64"), 1);
+}
+
+Test(cli, explain_backward_on_the_fake_driver, .init = fake_driver, .fini = fake_driver_done) {
+  char env[256];
+  snprintf(env, sizeof env, "FLASHGEN_CUDA_LIBRARY='%s'", fake_path);
+  cr_assert_eq(fg_test_run_cli(NULL, env,
+                               "explain --backward --d 64 --dtype f16 --causal --nq 2000 "
+                               "--policy exported-only"),
+               1, "%s%s", fg_test_out, fg_test_err);
+  cr_assert(strstr(fg_test_out, "problem: backward") &&
+                strstr(fg_test_out, "key: bwd_d64_f16_causal_nk2048") &&
+                strstr(fg_test_out, "no backward kernel"),
+            "%s", fg_test_out);
+  cr_assert(strstr(fg_test_err, "flashgen explain:") && strstr(fg_test_err, "bwd_d64_f16"), "%s",
+            fg_test_err);
 }
 
 Test(cli, tune_without_gpu_fails_clearly) {
