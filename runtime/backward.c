@@ -99,13 +99,18 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
   fg_bwd_params p;
   fg_bwd_params_from_args(a, &p);
   const int64_t chunk = (int64_t)(grid_y / (uint64_t)a->heads_q); /* batches per launch */
-  const int64_t ws_per_batch = a->heads_q * a->seqlen_q * (a->head_dim + 1) * 4;
+  /* The dQ accumulator of every batch, then D of every batch: each chunk's accumulator starts
+   * 32-byte aligned (head_dim is a multiple of 8), which its 16-byte accesses need. */
+  const int64_t acc_per_batch = a->heads_q * a->seqlen_q * a->head_dim * 4;
+  const int64_t dsum_per_batch = a->heads_q * a->seqlen_q * 4;
+  const unsigned long long dsum = (unsigned long long)ws + (unsigned long long)(a->batch * acc_per_batch);
   fg_status st = FG_OK;
   for (int64_t b0 = 0; b0 < a->batch && st == FG_OK; b0 += chunk) {
     fg_bwd_params c = p;
     const int64_t nb = a->batch - b0 < chunk ? a->batch - b0 : chunk;
     c.batch = nb;
-    c.workspace = (unsigned long long)ws + (unsigned long long)(b0 * ws_per_batch);
+    c.workspace = (unsigned long long)ws + (unsigned long long)(b0 * acc_per_batch);
+    c.dsum = dsum + (unsigned long long)(b0 * dsum_per_batch);
     if (b0 > 0) {
       c.q += (unsigned long long)(b0 * p.q_sb * 2);
       c.k += (unsigned long long)(b0 * p.k_sb * 2);

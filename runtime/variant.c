@@ -250,15 +250,21 @@ fg_variant fg_builtin_backward_variant(int d, fg_dtype dtype, int causal, fg_arc
   v.loop = FG_LOOP_KV_OUTER;
   v.arch = arch;
   const int small_smem = arch == FG_ARCH_SM86 || arch == FG_ARCH_SM89; /* 99 KB per block */
-  /* Eight warps and key blocks of 64 (dK and dV split over two warps along d). Query blocks of
-   * 64, double-buffered, up to d = 96; of 32 above (64 double-buffered put d = 104..128 at 255
-   * registers with spills on sm_90a), single-buffered above d = 128 so K, V, Q, dO, P and dS fit.
-   * sm_86/89 (99 KB per block): one Q/dO buffer, and above d = 128 four warps on 32 x 32 tiles.
-   * No spills on sm_80, sm_86 and sm_90a (tests/test_compile.c). */
-  v.bc = 64;
+  /* Measured on an H100 (bf16, N = 4k, fg_ab): key blocks of 128 are 1.3-1.5x blocks of 64 at
+   * d = 64 and 128 (each Q/dO block and each dQ reduction serves twice the keys). Eight warps;
+   * query blocks of 64, double-buffered where shared memory allows (sm_90: 177 KB at d = 128;
+   * sm_80's 163 KB takes one buffer above d = 64). Above d = 128, key blocks of 64 and one
+   * buffer (and query blocks of 32 above d = 192: 64 spilled 268 B at d = 232/240 on sm_90a). sm_86/89 (99 KB per block): key blocks of 128 up to d = 64, then 64, then 32 x 32
+   * tiles on four warps above d = 128. Resources per arch: tests/test_compile.c. */
   v.warps = 8;
-  v.br = d <= 96 ? 64 : 32;
-  v.stages = d <= 128 && !small_smem ? 2 : 1;
-  if (small_smem && d > 128) v.bc = 32, v.warps = 4;
+  v.br = 64;
+  v.bc = d <= 128 ? 128 : 64;
+  if (d > 192) v.br = 32;
+  v.stages = arch >= FG_ARCH_SM90 && d <= 128 ? 2 : (d <= 64 && !small_smem ? 2 : 1);
+  if (small_smem) {
+    v.stages = 1;
+    if (d > 64) v.bc = 64;
+    if (d > 128) v.bc = 32, v.br = 32, v.warps = 4;
+  }
   return v;
 }

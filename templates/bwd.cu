@@ -90,9 +90,7 @@ FG_DEV float warp_sum(float x) {
 }
 // The fp32 workspace: the dQ accumulator, then D.
 FG_DEV float *dq_acc(const fg_bwd_params &p) { return (float *)p.workspace; }
-FG_DEV float *d_sum(const fg_bwd_params &p) {
-  return (float *)p.workspace + p.batch * p.heads_q * p.seqlen_q * D;
-}
+FG_DEV float *d_sum(const fg_bwd_params &p) { return (float *)p.dsum; }
 }  // namespace
 
 // D = rowsum(dO * O) in fp32; zeroes the row's dQ accumulator. Grid (ceil(Nq / 64), B * Hq).

@@ -18,9 +18,11 @@ typedef struct fg_fwd_params {
 } fg_fwd_params;
 
 /* The backward plan's argument block (templates/bwd.cu, runtime/backward.c): the forward's
- * tensors, dO, the gradients dQ, dK, dV, and the fp32 workspace (the dQ accumulator, then D). */
+ * tensors, dO, the gradients dQ, dK, dV, and the fp32 workspace: the dQ accumulator
+ * [batch, heads_q, seqlen_q, head_dim] at workspace, D = rowsum(dO * O) [batch, heads_q,
+ * seqlen_q] at dsum. */
 typedef struct fg_bwd_params {
-  unsigned long long q, k, v, o, d_o, lse, dq, dk, dv, workspace; /* device addresses */
+  unsigned long long q, k, v, o, d_o, lse, dq, dk, dv, workspace, dsum; /* device addresses */
   long long q_sb, q_sh, q_sn;                                    /* element strides */
   long long k_sb, k_sh, k_sn;
   long long v_sb, v_sh, v_sn;

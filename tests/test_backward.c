@@ -602,18 +602,18 @@ static size_t ws_bytes(int64_t B, int64_t Hq, int64_t Nq, int64_t d) {
 }
 
 Test(backward_launch, three_kernels_in_order, .init = fake_setup, .fini = fake_teardown) {
-  /* d = 128: Br = 32, Bc = 64, so a grid of ceil(Nk / Br) would show. */
+  /* d = 128: Br = 64, Bc = 128, so a grid of ceil(Nk / Br) would show. */
   fg_attention_backward_args a = bwd_problem(FG_DTYPE_F16, 1, 2, 4, 2, 100, 130, 128);
   char pre[128], mn[128], post[128];
   fg_variant v;
   entries(&a, pre, mn, post, &v);
-  cr_assert_eq(v.bc, 64);
+  cr_assert_eq(v.bc, 128);
   cr_assert_neq(v.br, v.bc);
   fg_status s = fg_attention_backward(ctx, &a, NULL);
   cr_assert_eq(s, FG_OK, "%s: %s", fg_status_string(s), fg_context_last_error(ctx));
   cr_assert_eq(fake_launch_count(), 3);
   expect_launch(0, pre, (unsigned)cdiv(100, 64), 2 * 4, 128, 0);
-  expect_launch(1, mn, (unsigned)cdiv(130, 64), 2 * 2, (unsigned)v.warps * 32, 70000 + 128);
+  expect_launch(1, mn, (unsigned)cdiv(130, 128), 2 * 2, (unsigned)v.warps * 32, 70000 + 128);
   expect_launch(2, post, (unsigned)cdiv(100, 64), 2 * 4, 128, 0);
   /* The workspace was allocated for the call (no memory pools on the fake driver), the same
    * buffer went to all three kernels, and it was freed. */
@@ -752,7 +752,8 @@ static void expect_chunk(int c, const fg_attention_backward_args *a, int64_t b0,
     const fg_bwd_params *p = &launch(3 * c + i)->params;
     cr_assert_eq(p->batch, nb, "chunk %d: batch %lld, want %lld", c, p->batch, (long long)nb);
     /* Contiguous tensors: a batch of Q-shaped tensors is Hq*Nq*d elements, of K-shaped ones
-     * Hkv*Nk*d, of LSE Hq*Nq floats; the workspace (d + 1) floats per row. */
+     * Hkv*Nk*d, of LSE Hq*Nq floats; the workspace holds the dQ accumulators of all batches
+     * (d floats per row), then D (one float per row). */
     const unsigned long long qb = (unsigned long long)(b0 * Hq * Nq * d * 2);
     const unsigned long long kb = (unsigned long long)(b0 * Hkv * Nk * d * 2);
     cr_assert_eq(p->q, BASE(1) + qb, "chunk %d: q", c);
@@ -764,8 +765,11 @@ static void expect_chunk(int c, const fg_attention_backward_args *a, int64_t b0,
     cr_assert_eq(p->dq, BASE(7) + qb, "chunk %d: dq", c);
     cr_assert_eq(p->dk, BASE(8) + kb, "chunk %d: dk", c);
     cr_assert_eq(p->dv, BASE(9) + kb, "chunk %d: dv", c);
-    cr_assert_eq(p->workspace, ws + (unsigned long long)(b0 * Hq * Nq * (d + 1) * 4),
+    cr_assert_eq(p->workspace, ws + (unsigned long long)(b0 * Hq * Nq * d * 4),
                  "chunk %d: workspace", c);
+    cr_assert_eq(p->dsum,
+                 ws + (unsigned long long)(a->batch * Hq * Nq * d * 4 + b0 * Hq * Nq * 4),
+                 "chunk %d: dsum", c);
     cr_assert(p->heads_q == Hq && p->heads_kv == Hkv && p->seqlen_q == Nq && p->seqlen_k == Nk);
   }
 }
@@ -797,12 +801,11 @@ Test(backward_launch, batch_times_heads_past_the_grid_limit_is_split, .init = fa
 }
 
 /* Every chunk's workspace must start on a 16-byte boundary: the _pre and _post kernels
- * (templates/bwd.cu) access the dQ accumulator with 16-byte vector loads and stores. With the
- * chunk offset b0 * Hq * Nq * (d + 1) * 4 bytes and (d + 1) odd, an odd Hq * Nq * b0 gives an
- * offset of 4 or 12 mod 16 (here 65535 * 1 * 1 * 33 * 4 = 8650620 = 12 mod 16). Disabled until
- * runtime/backward.c keeps the chunks aligned; see the report of the bwd-tests branch. */
+ * (templates/bwd.cu) access the dQ accumulator with 16-byte vector loads and stores. With a
+ * chunk offset of b0 * Hq * Nq * (d + 1) * 4 bytes (the first layout: accumulator and D per
+ * chunk), an odd Hq * Nq * b0 gave 4 or 12 mod 16 (here 65535 * 33 * 4 = 12 mod 16). */
 Test(backward_launch, every_chunk_workspace_is_16_byte_aligned, .init = fake_setup,
-     .fini = fake_teardown, .disabled = true) {
+     .fini = fake_teardown) {
   fg_attention_backward_args a = bwd_problem(FG_DTYPE_F16, 0, 70000, 1, 1, 1, 8, 32);
   a.workspace = P(BASE(10));
   a.workspace_size = ws_bytes(70000, 1, 1, 32);

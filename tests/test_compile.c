@@ -15,6 +15,7 @@
 typedef struct {
   fg_generator *g;
   const fg_variant *v;
+  int max_spill; /* bytes of spill stores and loads allowed (0 but for the backward set) */
   int n, next, failures;
   double total_ms;
   pthread_mutex_t mu;
@@ -36,7 +37,8 @@ static void *worker(void *arg) {
       snprintf(msg, sizeof msg, "%s: %s", name, log ? log : "failed");
       free(log);
     } else {
-      if (img.meta.spill_store_bytes != 0 || img.meta.spill_load_bytes != 0 || img.meta.stack_bytes != 0 ||
+      if (img.meta.spill_store_bytes > j->max_spill || img.meta.spill_load_bytes > j->max_spill ||
+          img.meta.stack_bytes > (j->max_spill ? 2 * j->max_spill : 0) ||
           img.meta.regs <= 0 || img.meta.regs > 255 || img.cubin_size < 1000 || img.ptx_size < 1000)
         snprintf(msg, sizeof msg, "%s: regs %d, spill stores %d B, spill loads %d B, stack %d B, cubin %zu B",
                  name, img.meta.regs, img.meta.spill_store_bytes, img.meta.spill_load_bytes,
@@ -55,7 +57,7 @@ static void *worker(void *arg) {
   }
 }
 
-static void compile_all(const fg_variant *v, int n, const char *what) {
+static void compile_all_spill(const fg_variant *v, int n, const char *what, int max_spill) {
   char err[4096];
   if (fg_nvrtc_load(err, sizeof err)) cr_assert_fail("%s", err);
   fg_generator *g;
@@ -65,7 +67,7 @@ static void compile_all(const fg_variant *v, int n, const char *what) {
   const int sample = getenv("FLASHGEN_TEST_SAMPLE") && atoi(getenv("FLASHGEN_TEST_SAMPLE"));
   for (int i = 0; i < n; i++)
     if (!sample || i % 8 == 0) sel[m++] = v[i];
-  job j = {.g = g, .v = sel, .n = m};
+  job j = {.g = g, .v = sel, .n = m, .max_spill = max_spill};
   pthread_mutex_init(&j.mu, NULL);
   pthread_t th[2];
   for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, worker, &j);
@@ -75,6 +77,10 @@ static void compile_all(const fg_variant *v, int n, const char *what) {
   cr_assert_eq(j.failures, 0, "%d of %d failed; first: %s", j.failures, m, j.first_error);
   free(sel);
   fg_generator_destroy(g);
+}
+
+static void compile_all(const fg_variant *v, int n, const char *what) {
+  compile_all_spill(v, n, what, 0);
 }
 
 static void default_set(fg_arch arch) {
@@ -129,7 +135,9 @@ Test(compile, wgmma_candidates_d64_d256_h100, .timeout = 1800) {
 Test(compile, candidates_d128_bf16_a100_sm80, .timeout = 1800) { candidate_set(FG_ARCH_SM80, &fg_limits_a100); }
 
 /* The backward pass: the built-in variant of every (d, dtype, causal) fits the arch's typical
- * device and compiles with no spills (the plan's three kernels are one module). */
+ * device and compiles (the plan's three kernels are one module) with at most 128 B of spills:
+ * the built-in rule's key blocks of 128 spill 8-88 B at d = 104..128 and run 1.3-1.5x the
+ * spill-free blocks of 64 (H100, fg_ab; runtime/variant.c). */
 static void backward_set(fg_arch arch, int both_dtypes) {
   char err[4096];
   fg_generator *g;
@@ -146,7 +154,7 @@ static void backward_set(fg_arch arch, int both_dtypes) {
         n++;
       }
   fg_generator_destroy(g);
-  compile_all(v, n, "backward");
+  compile_all_spill(v, n, "backward", 128);
 }
 
 Test(compile, backward_sm80, .timeout = 1800) { backward_set(FG_ARCH_SM80, 1); }
