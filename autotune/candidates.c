@@ -71,18 +71,19 @@ static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg
   return n;
 }
 
-/* The register estimate (bwd.lua) above which a backward variant is not tried: ptxas holds
- * such variants at its 255-register cap, and at 216 and above it spilled at d = 104..128
- * (bwd.lua's note); a spilling candidate is rejected after compiling anyway. */
-#define BWD_REGS_MAX 216
+/* The register estimate (bwd.lua) above which a backward variant is not tried. The fastest
+ * backward kernels sit at ptxas's 255-register cap with small spills (Bc = 128: 8-88 B, and
+ * 1.3-1.5x the spill-free Bc = 64 on an H100), so only the fit rule's bound applies; a kernel
+ * spilling more than fg_variant_spill_limit is rejected after compiling. */
+#define BWD_REGS_MAX 255
 
 /* The backward grid (templates/bwd.lua): one loop order (kv_outer), Br and Bc in {32, 64, 128},
  * 4 or 8 warps, Q/dO single- or double-buffered: 36 points, pruned by the fit rule and by three
  * tuning rules that keep a default tune within its time (each bucket times every candidate at
  * full size, and one backward run costs 5 forward ones):
- *   - Bc (the K/V block, rows kept on chip) at least 64: Bc = 32 doubles the dQ atomics and
- *     halves the reuse of each Q/dO tile (the built-in rule's 32 on 99 KB GPUs stays, as the
- *     baseline);
+ *   - Bc (the K/V block, rows kept on chip) at least 64, and 128 up to d = 128 where 160 KB of
+ *     shared memory per block allow it: each halving doubles the dQ reductions and halves the
+ *     reuse of each Q/dO tile (the built-in rule's 32 on 99 KB GPUs stays, as the baseline);
  *   - a register estimate of at most BWD_REGS_MAX (counted under registers);
  *   - single-buffered (1 stage) only where double-buffered does not fit: at ptxas's register
  *     counts (up to 255 at 8 warps) registers, not shared memory, bound the blocks per SM, so
@@ -112,7 +113,11 @@ static int bwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg
           }
           fg_variant v2 = v;
           v2.stages = 2;
-          if (v.bc < 64 || (v.stages == 1 && fg_variant_fits(g, &v2, lim, why, sizeof why) == 1)) {
+          /* Up to d = 128 on GPUs with the shared memory for it, key blocks of 128 (1.3-1.5x
+           * blocks of 64 on an H100 at d = 64 and 128, every shape measured). */
+          const int bc128_fits = d <= 128 && lim->smem_optin_per_block >= 160 * 1024;
+          if (v.bc < 64 || (bc128_fits && v.bc < 128) ||
+              (v.stages == 1 && fg_variant_fits(g, &v2, lim, why, sizeof why) == 1)) {
             pc->rules++;
             continue;
           }

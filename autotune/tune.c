@@ -98,13 +98,16 @@ typedef struct tjob {
   fg_kernel_image img;
 } tjob;
 
-/* A candidate that spills registers to local memory is not timed: the fit rule's register
- * estimate should have pruned it, and a spilling kernel is never the one to ship. */
+/* A candidate that spills more registers to local memory than its op allows is not timed
+ * (fg_variant_spill_limit: none for the forward, where the fit rule's register estimate should
+ * have pruned it; a little for the backward, whose fastest kernels spill 8-88 B). */
 static void reject_spills(tjob *j, const fg_kernel_meta *m) {
-  if (m->spill_store_bytes > 0 || m->spill_load_bytes > 0) {
+  const int limit = fg_variant_spill_limit(&j->v);
+  if (m->spill_store_bytes > limit || m->spill_load_bytes > limit) {
     snprintf(j->reason, sizeof j->reason,
-             "spills registers to local memory (%d B stored, %d B loaded, %d registers)",
-             m->spill_store_bytes, m->spill_load_bytes, m->regs);
+             "spills registers to local memory (%d B stored, %d B loaded, %d registers; "
+             "%d B allowed)",
+             m->spill_store_bytes, m->spill_load_bytes, m->regs, limit);
     j->state = -1;
   }
 }

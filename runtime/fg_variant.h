@@ -74,6 +74,10 @@ fg_variant fg_portable_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
 /* The variant the built-in rule picks when nothing was tuned: the portable one, except on sm_90a
  * for d = 64 and 128, where it is a wgmma kernel (q_wgmma_ov at d = 128, q_wgmma at 64). */
 fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
+/* Bytes of register spills (stores, and loads alike) a compiled kernel of v may have and still
+ * be tuned or built in: 0 for the forward; 128 for the backward, whose key blocks of 128 spill
+ * 8-88 B and run 1.3-1.5x the spill-free blocks of 64 (H100, templates/bwd.lua). */
+int fg_variant_spill_limit(const fg_variant *v);
 /* The built-in rule's backward variant (templates/bwd.lua): K/V blocks of 64 (32 above d = 128
  * on sm_86/89), query blocks of 64 (32 above d = 128), 4 warps up to d = 64, else 8. */
 fg_variant fg_builtin_backward_variant(int d, fg_dtype dtype, int causal, fg_arch arch);

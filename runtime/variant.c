@@ -240,6 +240,8 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
   return v;
 }
 
+int fg_variant_spill_limit(const fg_variant *v) { return v->pass == FG_PASS_BWD ? 128 : 0; }
+
 fg_variant fg_builtin_backward_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
   fg_variant v;
   memset(&v, 0, sizeof v);

@@ -154,7 +154,7 @@ static void backward_set(fg_arch arch, int both_dtypes) {
         n++;
       }
   fg_generator_destroy(g);
-  compile_all_spill(v, n, "backward", 128);
+  compile_all_spill(v, n, "backward", fg_variant_spill_limit(&v[0]));
 }
 
 Test(compile, backward_sm80, .timeout = 1800) { backward_set(FG_ARCH_SM80, 1); }
