@@ -19,8 +19,8 @@
 #include "fg_check.h"
 #include "fg_runtime_internal.h"
 
-enum { B_RUN = 0, B_BAD_NULL_DO, B_BAD_NULL_LSE, B_BAD_DQ_ALIASES_Q, B_BAD_DK_ALIASES_DV,
-       B_BAD_DETERMINISTIC, B_BAD_MISALIGNED_DQ, B_BAD_DO_STRIDE, B_BAD_HOST_DK };
+enum { B_RUN = 0, B_DET, B_BAD_NULL_DO, B_BAD_NULL_LSE, B_BAD_DQ_ALIASES_Q, B_BAD_DK_ALIASES_DV,
+       B_BAD_MISALIGNED_DQ, B_BAD_DO_STRIDE, B_BAD_HOST_DK };
 
 typedef struct bwd_case {
   char name[128];
@@ -94,13 +94,21 @@ static void build(bwd_list *l) {
   /* seqlen_k = 0: dQ = 0. B * H past the grid's 65535. */
   add(l, B_RUN, FG_DTYPE_BF16, 0, 64, 2, 2, 2, 33, 0, 1, "bwd/empty/nk0");
   add(l, B_RUN, FG_DTYPE_BF16, 1, 32, 66000, 1, 1, 16, 16, 0, "bwd/grid/batch66000");
+  add(l, B_RUN, FG_DTYPE_BF16, 1, 32, 66000, 1, 1, 17, 17, 0, "bwd/grid/batch66000_nq17");
+  /* Deterministic mode: correct, and the same bits on a second run (many key blocks per dQ
+   * tile, GQA, causal and not). */
+  for (int m = 0; m < 2; m++) {
+    add(l, B_DET, FG_DTYPE_BF16, m, 128, 2, 8, 2, 1000, 1000, m, "bwd/deterministic/d128_%s", cw(m));
+    add(l, B_DET, FG_DTYPE_F16, m, 64, 1, 4, 4, 777, 2049, 0, "bwd/deterministic/d64_nk2049_%s",
+        cw(m));
+  }
   /* Bad input: an error, and the gradients untouched. */
   static const struct {
     int kind;
     const char *name;
   } bad[] = {{B_BAD_NULL_DO, "d_o_null"},         {B_BAD_NULL_LSE, "lse_null"},
              {B_BAD_DQ_ALIASES_Q, "dq_aliases_q"}, {B_BAD_DK_ALIASES_DV, "dk_aliases_dv"},
-             {B_BAD_DETERMINISTIC, "deterministic"}, {B_BAD_MISALIGNED_DQ, "dq_misaligned"},
+             {B_BAD_MISALIGNED_DQ, "dq_misaligned"},
              {B_BAD_DO_STRIDE, "do_stride_odd"},  {B_BAD_HOST_DK, "dk_host_memory"}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     add(l, bad[i].kind, FG_DTYPE_BF16, 0, 64, 1, 2, 2, 64, 64, 1, "bwd/bad/%s", bad[i].name);
@@ -305,7 +313,7 @@ static void run_case(bwd_env *env, const bwd_case *c, bwd_result *r) {
     bfail(r, "the forward call failed: %s", fg_context_last_error(ctx));
     goto done;
   }
-  if (c->kind != B_RUN) {
+  if (c->kind != B_RUN && c->kind != B_DET) {
     /* Bad input: make it bad, call, expect an error and the gradients untouched. */
     fg_status want = FG_ERROR_INVALID_ARGUMENT;
     void *host = NULL;
@@ -314,7 +322,6 @@ static void run_case(bwd_env *env, const bwd_case *c, bwd_result *r) {
       case B_BAD_NULL_LSE: a.lse = NULL; break;
       case B_BAD_DQ_ALIASES_Q: a.dq = (void *)(uintptr_t)q.p; break;
       case B_BAD_DK_ALIASES_DV: a.dk = a.dv; break;
-      case B_BAD_DETERMINISTIC: a.deterministic = 1, want = FG_ERROR_UNSUPPORTED; break;
       case B_BAD_MISALIGNED_DQ: a.dq = (void *)(uintptr_t)(dq.p + 8); break;
       case B_BAD_DO_STRIDE: a.do_stride[2] = c->d + 4; break;
       case B_BAD_HOST_DK:
@@ -338,6 +345,7 @@ static void run_case(bwd_env *env, const bwd_case *c, bwd_result *r) {
         }
     goto done;
   }
+  a.deterministic = c->kind == B_DET;
   st = fg_attention_backward_variant(ctx, &a, env->stream, &v);
   if (st == FG_OK) st = fg_stream_synchronize(ctx, env->stream);
   if (st != FG_OK) {
@@ -348,6 +356,29 @@ static void run_case(bwd_env *env, const bwd_case *c, bwd_result *r) {
       tensor_download(ctx, &dv, gv) != FG_OK) {
     bfail(r, "downloading the gradients: %s", fg_context_last_error(ctx));
     goto done;
+  }
+  if (c->kind == B_DET) {
+    /* Again, on poisoned gradients: the same bits. */
+    uint16_t *again = malloc((size_t)(nq_el > nk_el ? nq_el : nk_el) * 2 + 2);
+    const dtensor *outs[3] = {&dq, &dk, &dv};
+    const uint16_t *first[3] = {gq, gk, gv};
+    const char *names[3] = {"dQ", "dK", "dV"};
+    st = again ? FG_OK : FG_ERROR_OUT_OF_MEMORY;
+    for (int i = 0; i < 3 && st == FG_OK; i++)
+      st = fg_dev_fill16(ctx, outs[i]->p, nan16, (size_t)(outs[i]->ext > 0 ? outs[i]->ext : 1));
+    if (st == FG_OK) st = fg_attention_backward_variant(ctx, &a, env->stream, &v);
+    if (st == FG_OK) st = fg_stream_synchronize(ctx, env->stream);
+    for (int i = 0; i < 3 && st == FG_OK; i++) {
+      st = tensor_download(ctx, outs[i], again);
+      const int64_t n = i ? nk_el : nq_el;
+      if (st == FG_OK && memcmp(again, first[i], (size_t)n * 2) != 0)
+        bfail(r, "deterministic mode: %s differs between two runs", names[i]);
+    }
+    free(again);
+    if (st != FG_OK) {
+      bfail(r, "the second deterministic call failed: %s", fg_context_last_error(ctx));
+      goto done;
+    }
   }
   fg_bwd_host_problem hp = {c->dt, c->causal, c->b, c->hq, c->hkv, c->nq, c->nk, c->d,
                             1.0 / sqrt((double)c->d), hq, hk, hv, hdo};
@@ -438,7 +469,7 @@ int fg_check_backward(const fg_check_options *o, int *passed, int *failed) {
     const double t0 = now_ms();
     run_case(&env, c, &r);
     const double ms = now_ms() - t0;
-    if (c->kind == B_RUN)
+    if (c->kind == B_RUN || c->kind == B_DET)
       printf("%-64s err dQ %.2e/%.2e dK %.2e/%.2e dV %.2e/%.2e %7.1f ms  %s\n", c->name, r.err[0],
              r.tol[0], r.err[1], r.tol[1], r.err[2], r.tol[2], ms, r.pass ? "PASS" : "FAIL");
     else

@@ -184,13 +184,17 @@ FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_args *
  * get dQ = 0 and add nothing to dK, dV.
  *
  * Workspace: the backward needs fp32 scratch of (head_dim + 1) * 4 bytes per (batch, query head,
- * query row): fg_attention_backward_workspace_size says how much. With workspace = NULL flashgen
- * allocates it on the stream for the call (stream-ordered when the driver has memory pools) and
- * frees it after; or pass a device buffer of at least that many bytes (16-byte aligned) that
- * nothing else uses until the call's kernels finish.
+ * query row), plus the semaphores of deterministic mode: fg_attention_backward_workspace_size
+ * says how much. With workspace = NULL flashgen allocates it on the stream for the call
+ * (stream-ordered when the driver has memory pools) and frees it after; or pass a device buffer
+ * of at least that many bytes (16-byte aligned) that nothing else uses until the call's kernels
+ * finish.
  *
- * deterministic: nonzero asks for bitwise-identical results from run to run. Not implemented yet:
- * the call fails with FG_ERROR_UNSUPPORTED rather than silently adding dQ in a varying order. */
+ * deterministic: nonzero gives bitwise-identical dQ, dK, dV from run to run (same inputs, same
+ * GPU, same kernel): the key blocks add their parts of each dQ tile in a fixed order, waiting for
+ * one another through 4 more workspace bytes per 16 query rows of each (batch, query head). It
+ * costs some speed (bench/NOTES.md has the measurement); dK and dV are deterministic either way.
+ * Without it, dQ's fp32 additions land in a varying order and its last bits may differ. */
 typedef struct fg_attention_backward_args {
   size_t size; /* sizeof(fg_attention_backward_args), or 0 for this version's size */
   fg_dtype dtype;
@@ -234,9 +238,9 @@ FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char
  * it, the variant, where its binary comes from, the plan's three launches (D and the dQ
  * accumulator, the main K/V-outer kernel, the dQ conversion) and the workspace. Launches and
  * compiles nothing; the pointers in args may be NULL (only the shapes matter). Returns FG_OK, or
- * the error the call would fail with before launching (invalid arguments; FG_ERROR_UNSUPPORTED
- * for deterministic; FG_ERROR_KERNEL_MISSING when the policy forbids compiling and no binary
- * is available), with buf explaining it as well. */
+ * the error the call would fail with before launching (invalid arguments; FG_ERROR_KERNEL_MISSING
+ * when the policy forbids compiling and no binary is available), with buf explaining it as
+ * well. */
 FG_API fg_status fg_explain_backward(fg_context *ctx, const fg_attention_backward_args *args,
                                      char *buf, size_t len);
 

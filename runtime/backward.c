@@ -11,12 +11,17 @@
 #define FG_BWD_ROWS_PER_BLOCK 64 /* rows per block of the _pre and _post kernels (bwd.cu) */
 #define FG_BWD_AUX_THREADS 128
 
-/* Bytes of fp32 workspace: (d + 1) floats per (batch, query head, query row). */
+/* Bytes of workspace: (d + 1) floats per (batch, query head, query row), and in deterministic
+ * mode a 4-byte semaphore per 16 query rows of each (batch, query head). */
 static int fg_bwd_workspace_bytes(const fg_attention_backward_args *a, uint64_t *bytes) {
-  uint64_t rows;
-  if (__builtin_mul_overflow((uint64_t)a->batch, (uint64_t)a->heads_q, &rows) ||
-      __builtin_mul_overflow(rows, (uint64_t)a->seqlen_q, &rows) ||
+  uint64_t bh, rows, sems = 0;
+  if (__builtin_mul_overflow((uint64_t)a->batch, (uint64_t)a->heads_q, &bh) ||
+      __builtin_mul_overflow(bh, (uint64_t)a->seqlen_q, &rows) ||
       __builtin_mul_overflow(rows, (uint64_t)(a->head_dim + 1) * 4u, bytes))
+    return -1;
+  if (a->deterministic &&
+      (__builtin_mul_overflow(bh, ((uint64_t)a->seqlen_q + 15) / 16 * 4, &sems) ||
+       __builtin_add_overflow(*bytes, sems, bytes)))
     return -1;
   return 0;
 }
@@ -104,6 +109,8 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
   const int64_t acc_per_batch = a->heads_q * a->seqlen_q * a->head_dim * 4;
   const int64_t dsum_per_batch = a->heads_q * a->seqlen_q * 4;
   const unsigned long long dsum = (unsigned long long)ws + (unsigned long long)(a->batch * acc_per_batch);
+  const int64_t sem_per_batch = a->heads_q * ((a->seqlen_q + 15) / 16) * 4;
+  const unsigned long long sem = dsum + (unsigned long long)(a->batch * dsum_per_batch);
   fg_status st = FG_OK;
   for (int64_t b0 = 0; b0 < a->batch && st == FG_OK; b0 += chunk) {
     fg_bwd_params c = p;
@@ -111,6 +118,8 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
     c.batch = nb;
     c.workspace = (unsigned long long)ws + (unsigned long long)(b0 * acc_per_batch);
     c.dsum = dsum + (unsigned long long)(b0 * dsum_per_batch);
+    c.deterministic = a->deterministic != 0;
+    c.sem = c.deterministic ? sem + (unsigned long long)(b0 * sem_per_batch) : 0;
     if (b0 > 0) {
       c.q += (unsigned long long)(b0 * p.q_sb * 2);
       c.k += (unsigned long long)(b0 * p.k_sb * 2);

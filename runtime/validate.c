@@ -519,11 +519,7 @@ fg_status fg_validate_backward_args(const fg_attention_backward_args *in, fg_val
   memcpy(b.v_stride, fn.v_stride, sizeof b.v_stride);
   memcpy(b.o_stride, fn.o_stride, sizeof b.o_stride);
   b.scale = fn.scale;
-  if (b.deterministic)
-    return fg_bad(FG_ERROR_UNSUPPORTED, err, errlen,
-                  "args->deterministic = %d: the deterministic backward is not implemented yet "
-                  "(dQ is accumulated with atomic adds, whose order varies); set it to 0",
-                  b.deterministic);
+  b.deterministic = b.deterministic != 0;
   if (fg_args_empty(&fn)) {
     *out = b;
     return FG_OK;

@@ -91,6 +91,17 @@ FG_DEV float warp_sum(float x) {
 // The fp32 workspace: the dQ accumulator, then D.
 FG_DEV float *dq_acc(const fg_bwd_params &p) { return (float *)p.workspace; }
 FG_DEV float *d_sum(const fg_bwd_params &p) { return (float *)p.dsum; }
+// Deterministic mode: one semaphore per 16 query rows of each (batch, query head); the one of the
+// tile's first row counts the key blocks that have added their part of that dQ tile.
+FG_DEV i64 sems_per_head(const fg_bwd_params &p) { return (p.seqlen_q + 15) / 16; }
+FG_DEV u32 ld_acquire(const u32 *a) {
+  u32 v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
+  return v;
+}
+FG_DEV void st_release(u32 *a, u32 v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
+}
 }  // namespace
 
 // D = rowsum(dO * O) in fp32; zeroes the row's dQ accumulator. Grid (ceil(Nq / 64), B * Hq).
@@ -115,6 +126,10 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_pre(const 
     if (lane == 0) d_sum(p)[row] = acc;
     float *acc_row = dq_acc(p) + row * D;
     for (int c = lane; c < D / 4; c += 32) st_global_v4(acc_row + c * 4, 0u, 0u, 0u, 0u);
+  }
+  if (p.deterministic && threadIdx.x < PRE_ROWS / 16) {  // this block's rows' semaphores
+    const i64 s = (i64)blockIdx.x * (PRE_ROWS / 16) + threadIdx.x;
+    if (s < sems_per_head(p)) ((u32 *)p.sem)[(i64)bh * sems_per_head(p) + s] = 0u;
   }
 }
 
@@ -340,6 +355,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
         }
       }
     }
+    // Deterministic: wait until the key blocks before this one have added their part of this
+    // dQ tile (every one of them does: they walk the same tiles in the same order, and a block
+    // earlier in x sees at least the tiles of a later one), add, then pass the tile on.
+    u32 *sem = (u32 *)p.sem + ((i64)b * p.heads_q + h) * sems_per_head(p) + q0 / 16;
+    if (p.deterministic) {
+      if (tid == 0)
+        while (ld_acquire(sem) != blockIdx.x) {
+        }
+      __syncthreads();
+    }
     float *acc = dq_acc(p) + (((i64)b * p.heads_q + h) * Nq + q0) * D;
     const int q_left = (int)(Nq - q0 < BR ? Nq - q0 : BR);
 #pragma unroll
@@ -351,6 +376,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
           add_dq_tile(acc + (wq * MQ + mq) * 16 * D, g, t, c, q_left - (wq * MQ + mq) * 16,
                       dq[mq][nq][0], dq[mq][nq][1], dq[mq][nq][2], dq[mq][nq][3]);
       }
+    if (p.deterministic) {
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) st_release(sem, blockIdx.x + 1);
+    }
     if constexpr (STAGES == 1) __syncthreads();  // before the next block overwrites Q and dO
   }
 

@@ -35,5 +35,9 @@ typedef struct fg_bwd_params {
   long long hq_per_hkv;
   double scale, scale_log2;
   long long causal;
+  /* Deterministic dQ: 1 orders the key blocks' additions to each dQ tile through the
+   * semaphores at sem (unsigned, one per 16 query rows of every (batch, query head)). */
+  long long deterministic;
+  unsigned long long sem;
 } fg_bwd_params;
 #endif

@@ -179,10 +179,6 @@ Test(validate_bwd, empty_problems_accept_null_pointers) {
   a.batch = 0;
   a.head_dim = 100;
   EXPECT_ERR(a, FG_ERROR_INVALID_ARGUMENT, "args->head_dim = 100");
-  a = valid_bwd();
-  a.batch = 0;
-  a.deterministic = 1;
-  EXPECT_ERR(a, FG_ERROR_UNSUPPORTED, "args->deterministic = 1");
 }
 
 Test(validate_bwd, null_args_and_size_field) {
@@ -220,13 +216,12 @@ Test(validate_bwd, a_larger_struct_from_a_newer_caller) {
   EXPECT_ERR(big.a, FG_ERROR_INVALID_ARGUMENT, "args->size = ", want, "upgrade flashgen");
 }
 
-Test(validate_bwd, deterministic_is_unsupported) {
-  fg_attention_backward_args a = valid_bwd();
-  a.deterministic = 1;
-  EXPECT_ERR(a, FG_ERROR_UNSUPPORTED, "args->deterministic = 1", "set it to 0");
-  EXPECT_MODE(a, FG_VALIDATE_SHAPES, FG_ERROR_UNSUPPORTED, "args->deterministic = 1");
-  a.deterministic = -3;
-  EXPECT_ERR(a, FG_ERROR_UNSUPPORTED, "args->deterministic = -3");
+Test(validate_bwd, deterministic_is_a_flag) {
+  fg_attention_backward_args a = valid_bwd(), out;
+  a.deterministic = -3; /* any nonzero value: normalised to 1 */
+  cr_assert_eq(fg_validate_backward_args(&a, FG_VALIDATE_CALL, &out, err, sizeof err), FG_OK,
+               "%s", err);
+  cr_assert_eq(out.deterministic, 1);
 }
 
 Test(validate_bwd, dtype_head_dim_heads_scale) {
@@ -855,10 +850,6 @@ Test(backward_launch, invalid_calls_launch_nothing, .init = fake_setup, .fini = 
   cr_assert(strstr(fg_context_last_error(ctx), "args->dq and args->q overlap"), "%s",
             fg_context_last_error(ctx));
   a = bwd_problem(FG_DTYPE_BF16, 0, 2, 4, 2, 64, 64, 64);
-  a.deterministic = 1;
-  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_ERROR_UNSUPPORTED);
-  cr_assert(strstr(fg_context_last_error(ctx), "args->deterministic"), "%s",
-            fg_context_last_error(ctx));
   cr_assert_eq(fg_attention_backward(ctx, NULL, NULL), FG_ERROR_INVALID_ARGUMENT);
   cr_assert(strstr(fg_context_last_error(ctx), "args is NULL"), "%s", fg_context_last_error(ctx));
   cr_assert_eq(fg_attention_backward(NULL, &a, NULL), FG_ERROR_INVALID_ARGUMENT);
@@ -873,4 +864,31 @@ Test(backward_launch, invalid_calls_launch_nothing, .init = fake_setup, .fini = 
   cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
   cr_assert_eq(fake_launch_count(), 3);
   cr_assert_str_empty(fg_context_last_error(ctx));
+}
+
+/* Deterministic mode: 4 more workspace bytes per 16 query rows of each (batch, query head),
+ * after D; every launch of the plan gets the flag and its chunk's semaphores. */
+Test(backward_launch, deterministic_semaphores_follow_d, .init = fake_setup,
+     .fini = fake_teardown) {
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_BF16, 1, 3, 4, 2, 100, 130, 64);
+  size_t plain = 0, det = 0;
+  cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &plain), FG_OK);
+  a.deterministic = 1;
+  cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &det), FG_OK);
+  cr_assert_eq(plain, ws_bytes(3, 4, 100, 64));
+  cr_assert_eq(det, plain + (size_t)(3 * 4 * ((100 + 15) / 16) * 4), "%zu", det);
+  a.workspace = P(BASE(10));
+  a.workspace_size = det;
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 3);
+  for (int i = 0; i < 3; i++) {
+    const fg_bwd_params *p = &launch(i)->params;
+    cr_assert_eq(p->deterministic, 1, "launch %d", i);
+    cr_assert_eq(p->sem, BASE(10) + (unsigned long long)(3 * 4 * 100 * 64 * 4 + 3 * 4 * 100 * 4),
+                 "launch %d: semaphores right after D", i);
+  }
+  a.workspace_size = det - 4;
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(fg_context_last_error(ctx), "args->workspace_size"), "%s",
+            fg_context_last_error(ctx));
 }

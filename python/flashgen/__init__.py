@@ -466,7 +466,8 @@ def attention(q, k, v, causal=False, scale=None, return_lse=False):
     return (o, lse) if return_lse else o
 
 
-def attention_backward(do, q, k, v, o, lse, causal=False, scale=None, dq=None, dk=None, dv=None):
+def attention_backward(do, q, k, v, o, lse, causal=False, scale=None, dq=None, dk=None, dv=None,
+                       deterministic=False):
     """The backward pass (fg_attention_backward): dQ, dK, dV of a loss whose gradient with respect
     to O = attention(q, k, v, causal, scale) is do.
 
@@ -474,7 +475,9 @@ def attention_backward(do, q, k, v, o, lse, causal=False, scale=None, dq=None, d
     attention(..., return_lse=True)); do has O's shape and dtype, any strides with a contiguous
     last dimension. dq, dk, dv: tensors to write (shapes of q, k, v, same dtype and device), or
     None to allocate them. With GQA/MQA, dK and dV of a KV head sum over the query heads it
-    serves. Returns (dq, dk, dv); the kernels are enqueued on torch.cuda.current_stream().
+    serves. deterministic: the same bits from run to run (dQ's additions in a fixed order; some
+    speed is lost, see include/flashgen.h). Returns (dq, dk, dv); the kernels are enqueued on
+    torch.cuda.current_stream().
     """
     import torch
     code = _check(q, k, v, scale)
@@ -512,7 +515,7 @@ def attention_backward(do, q, k, v, o, lse, causal=False, scale=None, dq=None, d
         dv=dv.data_ptr(), q_stride=_strides(q), k_stride=_strides(k), v_stride=_strides(v),
         o_stride=_strides(o), do_stride=_strides(do), dq_stride=_strides(dq),
         dk_stride=_strides(dk), dv_stride=_strides(dv),
-        scale=0.0 if scale is None else float(scale))
+        scale=0.0 if scale is None else float(scale), deterministic=1 if deterministic else 0)
     device = q.get_device()
     ctx = _context(device)
     stream = torch.cuda.current_stream(device).cuda_stream
