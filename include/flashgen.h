@@ -185,10 +185,11 @@ FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_args *
  *
  * Workspace: the backward needs fp32 scratch of (head_dim + 1) * 4 bytes per (batch, query head,
  * query row), plus the semaphores of deterministic mode: fg_attention_backward_workspace_size
- * says how much. With workspace = NULL flashgen allocates it on the stream for the call
- * (stream-ordered when the driver has memory pools) and frees it after; or pass a device buffer
- * of at least that many bytes (16-byte aligned) that nothing else uses until the call's kernels
- * finish.
+ * says how much. With workspace = NULL flashgen takes it, stream-ordered, from a memory pool of
+ * the context that keeps its memory between calls (the pool is destroyed with the context;
+ * without driver memory pools, cuMemAlloc and a synchronisation of the stream); or pass a device
+ * buffer of at least that many bytes (16-byte aligned) that nothing else uses until the call's
+ * kernels finish.
  *
  * deterministic: nonzero gives bitwise-identical dQ, dK, dV from run to run (same inputs, same
  * GPU, same kernel): the key blocks add their parts of each dQ tile in a fixed order, waiting for

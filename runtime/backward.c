@@ -76,7 +76,7 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
   if (fg_bwd_workspace_bytes(a, &bytes) || bytes > (uint64_t)INT64_MAX)
     return fg_fail(ctx, FG_ERROR_UNSUPPORTED, "the backward workspace would exceed 2^63 bytes");
   CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace;
-  int ws_owned = 0, ws_async = 0;
+  fg_workspace own = {0, 0};
   if (ws) {
     if (a->workspace_size < bytes)
       return fg_fail(ctx, FG_ERROR_INVALID_ARGUMENT,
@@ -84,22 +84,11 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
                      " bytes: fg_attention_backward_workspace_size)",
                      a->workspace_size, bytes);
   } else {
-    CUresult r;
-    if (ctx->limits.memory_pools) {
-      r = fg_cu.cuMemAllocAsync(&ws, (size_t)bytes, s);
-      ws_async = 1;
-    } else {
-      r = fg_cu.cuMemAlloc(&ws, (size_t)bytes);
-    }
-    if (r != FG_CUDA_SUCCESS) {
-      char d[512];
-      fg_cuda_describe(d, sizeof d, ws_async ? "cuMemAllocAsync" : "cuMemAlloc", r);
-      return fg_fail(ctx, fg_cuda_status(r),
-                     "allocating the %.1f MiB backward workspace of kernel %s: %s "
-                     "(or pass args->workspace)",
-                     (double)bytes / (1024.0 * 1024.0), k->name, d);
-    }
-    ws_owned = 1;
+    char what[FG_VARIANT_NAME_MAX + 64];
+    snprintf(what, sizeof what, "kernel %s (or pass args->workspace)", k->name);
+    fg_status st = fg_workspace_alloc(ctx, (size_t)bytes, s, what, &own);
+    if (st != FG_OK) return st;
+    ws = own.ptr;
   }
   fg_bwd_params p;
   fg_bwd_params_from_args(a, &p);
@@ -143,14 +132,7 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
       st = fg_launch_one(ctx, k, k->fn_post, "dQ conversion", rows_grid, FG_BWD_AUX_THREADS, 0,
                          &c, s);
   }
-  if (ws_owned) {
-    if (ws_async) {
-      fg_cu.cuMemFreeAsync(ws, s);
-    } else {
-      fg_cu.cuStreamSynchronize(s); /* no memory pools: free once the kernels are done */
-      fg_cu.cuMemFree(ws);
-    }
-  }
+  fg_workspace_free(ctx, &own, s);
   return st;
 }
 

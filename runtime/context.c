@@ -383,6 +383,10 @@ FG_API void fg_context_destroy(fg_context *ctx) {
   if (!ctx) return;
   if (ctx->registry) fg_registry_destroy(ctx);
   if (ctx->memo) fg_dispatch_memo_destroy(ctx);
+  if (ctx->ws_pool && fg_ctx_push(ctx) == FG_OK) {
+    fg_workspace_pool_destroy(ctx);
+    fg_ctx_pop(ctx);
+  }
 #ifdef FG_WITH_JIT
   fg_cache_close(ctx->cache);
   if (ctx->gen) fg_generator_destroy(ctx->gen);

@@ -14,6 +14,20 @@ typedef struct CUctx_st *CUcontext;
 typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUevent_st *CUevent;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+
+/* CUmemPoolProps (cuda.h 13.0), for a device pool of pinned device memory. */
+typedef struct fg_mem_pool_props {
+  int alloc_type;       /* CUmemAllocationType: 1 = CU_MEM_ALLOCATION_TYPE_PINNED */
+  int handle_types;     /* CUmemAllocationHandleType: 0 = none */
+  int location_type;    /* CUmemLocation.type: 1 = CU_MEM_LOCATION_TYPE_DEVICE */
+  int location_id;      /* CUmemLocation.id: the device ordinal */
+  void *win32_security_attributes;
+  size_t max_size;      /* 0: the system's default */
+  unsigned short usage;
+  unsigned char reserved[54];
+} fg_mem_pool_props;
+enum { FG_CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4 }; /* value: cuuint64_t */
 
 /* CUresult values flashgen looks at. */
 enum {
@@ -114,6 +128,13 @@ typedef struct fg_cuda_api {
   CUresult (*cuMemFree)(CUdeviceptr ptr);
   CUresult (*cuMemAllocAsync)(CUdeviceptr *ptr, size_t bytes, CUstream s); /* optional */
   CUresult (*cuMemFreeAsync)(CUdeviceptr ptr, CUstream s);                 /* optional */
+  /* Memory pools of our own (a context's workspace pool); optional. props points at a
+   * CUmemPoolProps (fg_mem_pool_props below). */
+  CUresult (*cuMemPoolCreate)(CUmemoryPool *pool, const void *props);
+  CUresult (*cuMemPoolDestroy)(CUmemoryPool pool);
+  CUresult (*cuMemPoolSetAttribute)(CUmemoryPool pool, int attr, void *value);
+  CUresult (*cuMemAllocFromPoolAsync)(CUdeviceptr *ptr, size_t bytes, CUmemoryPool pool,
+                                      CUstream s);
   CUresult (*cuMemAllocHost)(void **ptr, size_t bytes);                    /* optional */
   CUresult (*cuMemFreeHost)(void *ptr);                                    /* optional */
   CUresult (*cuMemGetInfo)(size_t *free_bytes, size_t *total_bytes);

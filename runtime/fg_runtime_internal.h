@@ -65,6 +65,8 @@ struct fg_context {
   fg_registry *registry;
   fg_dispatch_memo *memo;
   pthread_mutex_t lock;      /* guards the lazily created members below */
+  CUmemoryPool ws_pool;      /* the workspaces' pool (workspace.c); NULL: none (yet) */
+  int ws_pool_tried;
 #ifdef FG_WITH_JIT
   fg_generator *gen;
   int gen_tried;
@@ -328,6 +330,21 @@ fg_status fg_dispatch_backward(fg_context *ctx, const fg_attention_backward_args
 void fg_dispatch_forget(fg_context *ctx);
 fg_status fg_dispatch_memo_create(fg_context *ctx);
 void fg_dispatch_memo_destroy(fg_context *ctx);
+
+/* ---- workspaces (workspace.c) ---- */
+typedef struct fg_workspace {
+  CUdeviceptr ptr; /* 0: none */
+  int async;       /* stream-ordered: freed with cuMemFreeAsync */
+} fg_workspace;
+/* Allocates bytes of device scratch for a call on stream s (0 bytes: none), from the context's
+ * pool (kept between calls), else the device's default pool, else cuMemAlloc. On failure the
+ * last error names `what` and the size. The caller has made ctx current. */
+fg_status fg_workspace_alloc(fg_context *ctx, size_t bytes, CUstream s, const char *what,
+                             fg_workspace *w);
+/* Frees it after the work queued on s (synchronising s when there are no pools). */
+void fg_workspace_free(fg_context *ctx, fg_workspace *w, CUstream s);
+/* Destroys the context's pool (context destruction; ctx current). */
+void fg_workspace_pool_destroy(fg_context *ctx);
 
 /* ---- backward (backward.c) ---- */
 /* Normalised backward arguments: default strides filled in, scale resolved. The checks that

@@ -52,29 +52,20 @@ static fg_status fg_launch_current(fg_context *ctx, const fg_loaded_kernel *k,
   }
 
   /* Workspace: fp32 per (batch, head, query row), stream-ordered. */
-  CUdeviceptr ws = 0;
-  int ws_async = 0;
+  fg_workspace own = {0, 0};
   const int64_t rows = p->batch * p->heads_q * p->seqlen_q; /* < 2^63 / 8: checked by validation */
   if (m->workspace_floats_per_row > 0 && p->workspace == 0) {
     int64_t bytes;
     if (__builtin_mul_overflow(rows, (int64_t)m->workspace_floats_per_row * 4, &bytes))
       return fg_fail(ctx, FG_ERROR_UNSUPPORTED, "the workspace of kernel %s would exceed 2^63 B",
                      k->name);
-    CUresult r;
-    if (ctx->limits.memory_pools) {
-      r = fg_cu.cuMemAllocAsync(&ws, (size_t)bytes, s);
-      ws_async = 1;
-    } else {
-      r = fg_cu.cuMemAlloc(&ws, (size_t)bytes);
-    }
-    if (r != FG_CUDA_SUCCESS) {
-      char d[512];
-      fg_cuda_describe(d, sizeof d, ws_async ? "cuMemAllocAsync" : "cuMemAlloc", r);
-      return fg_fail(ctx, fg_cuda_status(r),
-                     "allocating the %.1f MiB workspace of kernel %s (%d floats per query row): %s",
-                     (double)bytes / (1024.0 * 1024.0), k->name, m->workspace_floats_per_row, d);
-    }
+    char what[FG_VARIANT_NAME_MAX + 64];
+    snprintf(what, sizeof what, "kernel %s (%d floats per query row)", k->name,
+             m->workspace_floats_per_row);
+    fg_status st = fg_workspace_alloc(ctx, (size_t)bytes, s, what, &own);
+    if (st != FG_OK) return st;
   }
+  const CUdeviceptr ws = own.ptr;
 
   fg_status st = FG_OK;
   for (int64_t b0 = 0; b0 < p->batch; b0 += chunk) {
@@ -108,14 +99,7 @@ static fg_status fg_launch_current(fg_context *ctx, const fg_loaded_kernel *k,
       break;
     }
   }
-  if (ws) {
-    if (ws_async) {
-      fg_cu.cuMemFreeAsync(ws, s);
-    } else {
-      fg_cu.cuStreamSynchronize(s); /* no memory pools: free once the kernel is done */
-      fg_cu.cuMemFree(ws);
-    }
-  }
+  fg_workspace_free(ctx, &own, s);
   return st;
 }
 
