@@ -1,8 +1,9 @@
 /* cmd_check.c: `flashgen check`, the GPU correctness program. For each case: fresh random inputs
  * (a different seed per case, never zeros), O and LSE poisoned with NaN, the forward call, the
- * fp64 and the naive same-dtype reference kernels, then every element of O checked as written
- * and compared: max|O - ref| <= 2 * max|lowp - ref| + eps(dtype) * max|ref|, LSE within 1e-3
- * (relative + absolute) of the fp64 LSE, rows that see no key exactly 0 with LSE = -inf. Also the
+ * fp64 and the naive same-dtype reference kernels, then the gate that `flashgen tune` applies too
+ * (fg_gate_forward, autotune/gate.c): every element of O checked as written and compared:
+ * max|O - ref| <= 2 * max|lowp - ref| + eps(dtype) * max|ref|, LSE within 1e-3 (relative +
+ * absolute) of the fp64 LSE, rows that see no key exactly 0 with LSE = -inf. Also the
  * bad-input cases that need a GPU (the call fails, nothing is written). No test framework: one
  * line per case, `N passed, N failed` last, exit status 1 on any failure.
  *
@@ -455,43 +456,10 @@ static void build_cases(case_list *l, const fg_variant *defs, int ndefs, int dev
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Numbers. */
-typedef struct rng {
-  uint64_t s;
-} rng;
-
-static uint64_t rng_next(rng *r) {
-  uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-static double rng_uniform(rng *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; }
-static double rng_normal(rng *r) {
-  double u1 = rng_uniform(r), u2 = rng_uniform(r);
-  if (u1 < 1e-300) u1 = 1e-300;
-  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
+/* Numbers: random inputs from the gate's never-zero fill (fg_fill_random), a seed per case. */
+typedef fg_rng rng;
 
 static double half_to_f64(uint16_t h, fg_dtype dt) { return fg_half_to_f32(h, dt); }
-
-static uint16_t to_half(double x, fg_dtype dt) {
-  uint16_t h = fg_f32_to_half((float)x, dt);
-  if ((h & 0x7fffu) == 0) h = dt == FG_DTYPE_BF16 ? 0x3b80 /* 2^-8 */ : 0x1c00; /* never zero */
-  return h;
-}
-
-/* Fills n elements: normal (Q, K) or uniform in [-1, 1) (V). */
-static void fill_random(uint16_t *h, int64_t n, rng *r, fg_dtype dt, int normal) {
-  for (int64_t i = 0; i < n; i++)
-    h[i] = to_half(normal ? rng_normal(r) : 2.0 * rng_uniform(r) - 1.0, dt);
-}
-
-static uint64_t hash_name(const char *s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-  return h;
-}
 
 static double now_ms(void) {
   struct timespec ts;
@@ -573,7 +541,7 @@ static fg_status upload_random(check_env *env, CUdeviceptr p, int64_t n, rng *r,
   if (!h)
     return fg_fail(env->ctx, FG_ERROR_OUT_OF_MEMORY, "out of host memory (%" PRId64 " elements)",
                    n);
-  fill_random(h, n, r, dt, normal);
+  fg_fill_random(h, n, r, dt, normal);
   fg_status st = fg_dev_upload(env->ctx, p, h, (size_t)n * 2);
   free(h);
   return st;
@@ -599,79 +567,21 @@ static fg_status run_references(check_env *env, const fg_attention_args *a, bufs
   return fg_kernel_launch(env->ctx, low, &p, FG_ELEMS_REFERENCE, env->stream);
 }
 
-/* The rows of query i that see no key. */
-static int row_sees_no_key(const fg_attention_args *a, int64_t i) {
-  if (a->seqlen_k == 0) return 1;
-  return a->causal && i + a->seqlen_k - a->seqlen_q < 0;
-}
-
 /* Compares O (host copy of the whole allocation, strides of a) and LSE with the references,
- * rows [0, a->seqlen_q) of every (b, h); the references hold rows [0, nrows_ref) contiguous. */
+ * rows [0, a->seqlen_q) of every (b, h); the references hold rows [0, nrows_ref) contiguous.
+ * The rule is the gate's (fg_gate_forward), the one `flashgen tune` applies. */
 static void compare(const fg_attention_args *a, const uint16_t *o, const float *lse,
                     const double *ref_o, const double *ref_lse, const double *low_o,
                     check_result *r) {
-  const int64_t B = a->batch, H = a->heads_q, N = a->seqlen_q, d = a->head_dim;
-  double max_err = 0, max_low = 0, max_ref = 0, lse_err = 0;
-  int64_t nan_count = 0, nokey_bad = 0, lse_bad = 0;
-  char first_nan[160] = "", first_nokey[200] = "", first_lse[200] = "";
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < H; h++)
-      for (int64_t i = 0; i < N; i++) {
-        const int64_t row = (b * H + h) * N + i;
-        const int nokey = row_sees_no_key(a, i);
-        for (int64_t c = 0; c < d; c++) {
-          const uint16_t bits = o[b * a->o_stride[0] + h * a->o_stride[1] + i * a->o_stride[2] + c];
-          const double x = half_to_f64(bits, a->dtype);
-          const double ref = ref_o[row * d + c], low = low_o[row * d + c];
-          if (!isfinite(x)) {
-            if (!nan_count++)
-              snprintf(first_nan, sizeof first_nan,
-                       "O[b=%" PRId64 ", h=%" PRId64 ", i=%" PRId64 ", c=%" PRId64 "] = 0x%04x", b,
-                       h, i, c, bits);
-            continue;
-          }
-          if (nokey && x != 0.0) {
-            if (!nokey_bad++)
-              snprintf(first_nokey, sizeof first_nokey,
-                       "O[b=%" PRId64 ", h=%" PRId64 ", i=%" PRId64 ", c=%" PRId64
-                       "] = %g in a row that sees no key (expected 0)",
-                       b, h, i, c, x);
-          }
-          max_err = fmax(max_err, fabs(x - ref));
-          max_low = fmax(max_low, fabs(low - ref));
-          max_ref = fmax(max_ref, fabs(ref));
-        }
-        if (lse) {
-          const double l = lse[row], rl = ref_lse[row];
-          int bad = 0;
-          if (nokey) {
-            bad = !(isinf(l) && l < 0);
-          } else if (!isfinite(l) || !isfinite(rl)) {
-            bad = !(l == rl);
-          } else {
-            const double e = fabs(l - rl);
-            lse_err = fmax(lse_err, e);
-            bad = e > 1e-3 * (1.0 + fabs(rl));
-          }
-          if (bad && !lse_bad++)
-            snprintf(first_lse, sizeof first_lse,
-                     "LSE[b=%" PRId64 ", h=%" PRId64 ", i=%" PRId64 "] = %.9g, reference %.9g%s", b,
-                     h, i, l, rl, nokey ? " (row sees no key: expected -inf)" : "");
-        }
-      }
-  const double eps = a->dtype == FG_DTYPE_BF16 ? 0x1.0p-8 : 0x1.0p-11;
-  r->max_err = max_err;
-  r->tol = 2.0 * max_low + eps * max_ref;
-  r->lse_err = lse_err;
-  if (nan_count)
-    fail(r, "%" PRId64 " elements of O are not finite (unwritten or NaN), first %s", nan_count,
-         first_nan);
-  if (nokey_bad)
-    fail(r, "%" PRId64 " elements of rows with no key are not 0, first %s", nokey_bad, first_nokey);
-  if (lse_bad) fail(r, "%" PRId64 " LSE values are wrong, first %s", lse_bad, first_lse);
-  if (max_err > r->tol)
-    fail(r, "max|O - ref| = %.3e exceeds 2 * max|lowp - ref| + eps * max|ref| = 2 * %.3e + %.3e",
-         max_err, max_low, eps * max_ref);
+  const fg_gate_fwd f = {a->dtype, a->causal, a->batch, a->heads_q, a->seqlen_q, a->seqlen_k,
+                         a->head_dim, o, {a->o_stride[0], a->o_stride[1], a->o_stride[2]}, lse,
+                         ref_o, ref_lse, low_o};
+  fg_gate_result g;
+  fg_gate_forward(&f, &g);
+  r->max_err = g.err[0];
+  r->tol = g.tol[0];
+  r->lse_err = g.err[1];
+  if (!g.pass) fail(r, "%s", g.reason);
 }
 
 static void run_case(check_env *env, const check_case *cs, check_result *r) {
@@ -710,7 +620,7 @@ static void run_case(check_env *env, const check_case *cs, check_result *r) {
   b.nv = fg_tensor_extent(cs->B, cs->Hkv, cs->Nk, cs->d, sv);
   b.no = fg_tensor_extent(cs->B, cs->Hq, cs->Nq, cs->d, so);
   b.nrows = cs->B * cs->Hq * cs->Nq;
-  rng rg = {env->seed ^ hash_name(cs->name)};
+  rng rg = {env->seed ^ fg_seed_of_name(cs->name)};
 
   TRY(r, fg_dev_alloc(ctx, &b.q, (size_t)b.nq * 2), "allocating Q");
   TRY(r, fg_dev_alloc(ctx, &b.k, (size_t)b.nk * 2), "allocating K");
@@ -798,7 +708,7 @@ static void run_big_case(check_env *env, const check_case *cs, check_result *r) 
   double *hr = NULL, *hrl = NULL, *hlow = NULL;
   r->pass = 1;
   snprintf(r->variant, sizeof r->variant, "(dispatcher)");
-  rng rg = {env->seed ^ hash_name(cs->name)};
+  rng rg = {env->seed ^ fg_seed_of_name(cs->name)};
   const size_t qbytes = (size_t)(N * d) * 2;
   size_t free_b = 0, total_b = 0;
   if (fg_ctx_push(ctx) == FG_OK) {
@@ -820,7 +730,7 @@ static void run_big_case(check_env *env, const check_case *cs, check_result *r) 
     fail(r, "out of host memory");
     goto done;
   }
-  fill_random(pat, P * d, &rg, cs->dtype, 1);
+  fg_fill_random(pat, P * d, &rg, cs->dtype, 1);
   for (int64_t row = 0; row < N; row += P) {
     const int64_t rows = N - row < P ? N - row : P;
     TRY(r, fg_dev_upload(ctx, q + (CUdeviceptr)(row * d * 2), pat, (size_t)(rows * d) * 2),
@@ -964,7 +874,7 @@ static void run_bad_case(check_env *env, const check_case *cs, check_result *r) 
   snprintf(r->variant, sizeof r->variant, "(none)");
   const int64_t n = cs->B * cs->Hq * cs->Nq * cs->d, rows = cs->B * cs->Hq * cs->Nq;
   const size_t bytes = (size_t)n * 2;
-  rng rg = {env->seed ^ hash_name(cs->name)};
+  rng rg = {env->seed ^ fg_seed_of_name(cs->name)};
   TRY(r, fg_dev_alloc(ctx, &q, bytes), "allocating Q");
   TRY(r, fg_dev_alloc(ctx, &k, bytes), "allocating K");
   TRY(r, fg_dev_alloc(ctx, &v, bytes), "allocating V");
