@@ -1,6 +1,7 @@
 /* fg_autotune.h: candidate enumeration for each pass (pruned by the fit rule before anything is
  * compiled), the seed's block-size rule, the problem set, the correctness gate of every op and
- * its random inputs (shared with `flashgen check`), and (with a GPU) the tuning run. */
+ * its random inputs (shared with `flashgen check`), the compile pool (shared with check, export
+ * and build-default), and (with a GPU) the tuning run. */
 #ifndef FG_AUTOTUNE_H
 #define FG_AUTOTUNE_H
 #include <stdio.h>
@@ -39,6 +40,32 @@ int fg_candidates_pass(fg_generator *g, fg_pass pass, int d, fg_dtype dtype, int
 /* fg_candidates_pass for the forward. */
 int fg_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
                   const fg_device_limits *lim, fg_variant *out, int cap, fg_prune_counts *pruned);
+/* ==== The compile pool (pool.c): tune, check, export, build-default ==== */
+
+/* Most threads a pool starts. */
+#define FG_POOL_MAX_THREADS 64
+/* The online CPUs, 1..FG_POOL_MAX_THREADS. */
+int fg_online_cpus(void);
+/* Runs work(ud, i) once for every i in [0, n), on `threads` threads (<= 0: fg_online_cpus();
+ * at most n and FG_POOL_MAX_THREADS; the calling thread is one of them, so the work is done even
+ * when no thread can be started); indices are handed out in increasing order. After each item,
+ * done(ud, i, ndone) (may be NULL) runs under the pool's lock, one call at a time, ndone counting
+ * the items finished so far: progress lines and counters. Returns when every item is done. */
+void fg_pool_run(int n, int threads, void (*work)(void *ud, int i),
+                 void (*done)(void *ud, int i, int ndone), void *ud);
+
+/* One kernel of fg_compile_pool. Zero-initialise, set v. */
+typedef struct fg_compile_item {
+  fg_variant v;         /* in */
+  int ok;               /* out: 1 when it built */
+  fg_kernel_image img;  /* out: the image (free with fg_kernel_image_free) */
+  char *log;            /* out: NVRTC's log or the error, malloc'd or NULL (free it) */
+} fg_compile_item;
+/* fg_generator_build for every item on `threads` threads (fg_pool_run; done as there). Returns
+ * the number of items that failed. */
+int fg_compile_pool(fg_generator *g, fg_compile_item *items, int n, int threads,
+                    void (*done)(void *ud, int i, int ndone), void *ud);
+
 /* ==== Tuning (problems.c: the problem set; tune.c: the run on the live GPU) ==== */
 
 /* One tuning problem: attention forward (pass FG_PASS_FWD, the zero value) or backward, every

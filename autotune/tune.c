@@ -10,7 +10,6 @@
  * the pass's key; and the report. */
 #include <stdarg.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,14 +114,13 @@ typedef struct tpool {
   fg_cache_key base;
   fg_arch arch;
   tjob *jobs;
-  int n, next, done, failed, cached;
+  int n, done, failed, cached;
   int quiet, tty, last_decile;
   double t0;
-  pthread_mutex_t mu;
 } tpool;
 
 /* ------------------------------------------------------------------------------------------ */
-/* Compiling in parallel. */
+/* Compiling in parallel (fg_pool_run): each job from the cache, or built and stored there. */
 
 /* The first line of an NVRTC log that says "error", else its first non-empty line. */
 static void summarize_log(const char *log, char *out, size_t len) {
@@ -180,77 +178,55 @@ static void progress(tpool *p) {
   }
 }
 
-static void *compile_worker(void *arg) {
+static void compile_job(void *arg, int i) {
   tpool *p = arg;
-  for (;;) {
-    pthread_mutex_lock(&p->mu);
-    const int i = p->next++;
-    pthread_mutex_unlock(&p->mu);
-    if (i >= p->n) return NULL;
-    tjob *j = &p->jobs[i];
-    fg_cache_key key = p->base;
-    key.variant = j->name;
-    key.arch = p->arch;
-    char warn[1024] = "";
-    fg_kernel_image img;
-    memset(&img, 0, sizeof img);
-    int hit = p->cache ? fg_cache_get_kernel(p->cache, &key, &img, warn, sizeof warn) : 0;
-    if (hit == 1) {
-      j->state = 1;
-      j->from_cache = 1;
-      if (!j->is_ref) reject_spills(j, &img.meta);
+  tjob *j = &p->jobs[i];
+  fg_cache_key key = p->base;
+  key.variant = j->name;
+  key.arch = p->arch;
+  char warn[1024] = "";
+  fg_kernel_image img;
+  memset(&img, 0, sizeof img);
+  int hit = p->cache ? fg_cache_get_kernel(p->cache, &key, &img, warn, sizeof warn) : 0;
+  if (hit == 1) {
+    j->state = 1;
+    j->from_cache = 1;
+    if (!j->is_ref) reject_spills(j, &img.meta);
+    fg_kernel_image_free(&img);
+    return;
+  }
+  memset(&img, 0, sizeof img);
+  char *log = NULL;
+  int rc = j->is_ref ? fg_generator_build_reference(p->g, j->ref_dtype, j->ref_exact, p->arch,
+                                                    &img, &log)
+                     : fg_generator_build(p->g, &j->v, &img, &log);
+  if (rc != 0) {
+    summarize_log(log, j->reason, sizeof j->reason);
+    j->state = -1;
+    fg_kernel_image_free(&img);
+  } else {
+    j->state = 1;
+    if (!j->is_ref) reject_spills(j, &img.meta);
+    warn[0] = '\0';
+    key.arch = img.arch;
+    if (p->cache && fg_cache_put_kernel(p->cache, &key, &img, warn, sizeof warn) == 0) {
       fg_kernel_image_free(&img);
     } else {
-      memset(&img, 0, sizeof img);
-      char *log = NULL;
-      int rc = j->is_ref ? fg_generator_build_reference(p->g, j->ref_dtype, j->ref_exact, p->arch,
-                                                        &img, &log)
-                         : fg_generator_build(p->g, &j->v, &img, &log);
-      if (rc != 0) {
-        summarize_log(log, j->reason, sizeof j->reason);
-        j->state = -1;
-        fg_kernel_image_free(&img);
-      } else {
-        j->state = 1;
-        if (!j->is_ref) reject_spills(j, &img.meta);
-        warn[0] = '\0';
-        key.arch = img.arch;
-        if (p->cache && fg_cache_put_kernel(p->cache, &key, &img, warn, sizeof warn) == 0) {
-          fg_kernel_image_free(&img);
-        } else {
-          j->img = img; /* kept in memory: registered as an exported table after the pool */
-          j->kept = 1;
-        }
-      }
-      free(log);
+      j->img = img; /* kept in memory: registered as an exported table after the pool */
+      j->kept = 1;
     }
-    pthread_mutex_lock(&p->mu);
-    p->done++;
-    if (j->state < 0) p->failed++;
-    if (j->from_cache) p->cached++;
-    progress(p);
-    pthread_mutex_unlock(&p->mu);
   }
+  free(log);
 }
 
-static int online_cpus(void) {
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? (int)(n > 256 ? 256 : n) : 1;
-}
-
-/* Compiles every job on `threads` threads (the calling one among them). */
-static void compile_all(tpool *p, int threads) {
-  if (threads > p->n) threads = p->n;
-  if (threads < 1) threads = 1;
-  pthread_t *th = calloc((size_t)threads, sizeof *th);
-  int started = 0;
-  for (int t = 1; t < threads && th; t++) {
-    if (pthread_create(&th[t], NULL, compile_worker, p) != 0) break;
-    started++;
-  }
-  compile_worker(p);
-  for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
-  free(th);
+/* After each job, under the pool's lock: the counts and the progress line. */
+static void compile_job_done(void *arg, int i, int ndone) {
+  tpool *p = arg;
+  const tjob *j = &p->jobs[i];
+  p->done = ndone;
+  if (j->state < 0) p->failed++;
+  if (j->from_cache) p->cached++;
+  progress(p);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -721,7 +697,7 @@ static fg_status check_problem_bwd(trun *R, int pi, uint64_t seed) {
   }
   const fg_bwd_host_problem hp = {pb->dtype, pb->causal, 1, BWD_CHECK_HQ, BWD_CHECK_HKV, N, N, d,
                                   1.0 / sqrt((double)d), hq, hk, hv, hdo};
-  const int threads = R->opt->jobs > 0 ? R->opt->jobs : online_cpus();
+  const int threads = R->opt->jobs > 0 ? R->opt->jobs : fg_online_cpus();
   if (fg_reference_backward(&hp, 1, ref, ref + nq, ref + nq + nk, NULL, threads) != 0 ||
       fg_reference_backward(&hp, 0, naive, naive + nq, naive + nq + nk, NULL, threads) != 0) {
     not_checked(R, pi, "the host's backward reference failed (out of memory?)");
@@ -1415,14 +1391,13 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
   pool.quiet = opt->quiet;
   pool.tty = isatty(2);
   pool.t0 = t_compile;
-  pthread_mutex_init(&pool.mu, NULL);
-  rep->jobs = opt->jobs > 0 ? opt->jobs : online_cpus();
+  rep->jobs = opt->jobs > 0 ? opt->jobs : fg_online_cpus();
+  if (rep->jobs > FG_POOL_MAX_THREADS) rep->jobs = FG_POOL_MAX_THREADS;
   if (rep->jobs > R.njobs) rep->jobs = R.njobs;
   if (R.njobs > 0) {
     note(&R, "compiling %d kernels on %d threads", R.njobs, rep->jobs);
-    compile_all(&pool, rep->jobs);
+    fg_pool_run(R.njobs, rep->jobs, compile_job, compile_job_done, &pool);
   }
-  pthread_mutex_destroy(&pool.mu);
   rep->kernels = R.njobs;
   rep->kernels_cached = pool.cached;
   rep->kernels_failed = pool.failed;

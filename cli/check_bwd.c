@@ -8,7 +8,6 @@
  * gradients stay untouched. */
 #include <inttypes.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -318,51 +317,34 @@ done:
   free(hq), free(hdo), free(hk), free(hv), free(gq), free(gk), free(gv), free(ex), free(nv);
 }
 
-/* Compiles the variants of the selected cases on `jobs` threads before the cases run. */
+/* Compiles the variants of the selected cases on `jobs` threads (fg_pool_run, at most 32)
+ * before the cases run; a failure shows in its case. */
 typedef struct preload_job {
   fg_context *ctx;
   fg_variant *v;
-  int n, next;
-  pthread_mutex_t mu;
 } preload_job;
 
-static void *preload_worker(void *arg) {
+static void preload_one(void *arg, int i) {
   preload_job *j = arg;
-  for (;;) {
-    pthread_mutex_lock(&j->mu);
-    int i = j->next++;
-    pthread_mutex_unlock(&j->mu);
-    if (i >= j->n) return NULL;
-    const fg_loaded_kernel *k;
-    (void)fg_registry_get(j->ctx, &j->v[i], &k); /* a failure shows in its case */
-  }
+  const fg_loaded_kernel *k;
+  (void)fg_registry_get(j->ctx, &j->v[i], &k);
 }
 
 static void preload(fg_context *ctx, const bwd_list *l, const char *sel, int jobs) {
-  preload_job j;
-  memset(&j, 0, sizeof j);
-  j.ctx = ctx;
-  j.v = calloc((size_t)l->n + 1, sizeof *j.v);
-  if (!j.v) return;
+  fg_variant *v = calloc((size_t)l->n + 1, sizeof *v);
+  if (!v) return;
+  int n = 0;
   for (int i = 0; i < l->n; i++) {
     if (!sel[i]) continue;
     const bwd_case *c = &l->c[i];
-    fg_variant v = fg_builtin_backward_variant(c->d, c->dt, c->causal, fg_context_arch(ctx));
+    fg_variant x = fg_builtin_backward_variant(c->d, c->dt, c->causal, fg_context_arch(ctx));
     int dup = 0;
-    for (int x = 0; x < j.n && !dup; x++) dup = !memcmp(&j.v[x], &v, sizeof v);
-    if (!dup) j.v[j.n++] = v;
+    for (int k = 0; k < n && !dup; k++) dup = !memcmp(&v[k], &x, sizeof x);
+    if (!dup) v[n++] = x;
   }
-  pthread_mutex_init(&j.mu, NULL);
-  if (jobs < 1) jobs = 1;
-  if (jobs > 32) jobs = 32;
-  pthread_t t[32];
-  int started = 0;
-  for (int i = 0; i < jobs; i++)
-    if (pthread_create(&t[started], NULL, preload_worker, &j) == 0) started++;
-  if (!started) preload_worker(&j);
-  for (int i = 0; i < started; i++) pthread_join(t[i], NULL);
-  pthread_mutex_destroy(&j.mu);
-  free(j.v);
+  preload_job j = {ctx, v};
+  fg_pool_run(n, jobs < 1 ? 1 : jobs > 32 ? 32 : jobs, preload_one, NULL, &j);
+  free(v);
 }
 
 int fg_check_backward(const fg_check_options *o, int *passed, int *failed) {

@@ -11,9 +11,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1022,39 +1020,35 @@ done:
 #undef TRY
 
 /* ------------------------------------------------------------------------------------------ */
-/* Loading every kernel the selected cases use, on several threads (one compile per kernel;
- * the registry makes the others wait), so compiling does not dominate the run. */
+/* Loading every kernel the selected cases use, on several threads (fg_pool_run; one compile per
+ * kernel, the registry makes the others wait), so compiling does not dominate the run. */
 typedef struct preload_item {
   int ref; /* 0: variant; 1: reference */
   fg_variant v;
   fg_dtype dtype;
   int exact;
+  int failed; /* set by the pool */
 } preload_item;
 
 typedef struct preload_job {
   fg_context *ctx;
   preload_item *items;
-  int n;
-  _Atomic int next;
-  _Atomic int done;
-  _Atomic int failed;
-  int tty;
+  int n, failed, tty;
 } preload_job;
 
-static void *preload_worker(void *arg) {
+static void preload_one(void *arg, int i) {
   preload_job *j = arg;
-  for (;;) {
-    int i = atomic_fetch_add(&j->next, 1);
-    if (i >= j->n) break;
-    const fg_loaded_kernel *k;
-    fg_status st = j->items[i].ref
-                       ? fg_registry_get_reference(j->ctx, j->items[i].dtype, j->items[i].exact, &k)
-                       : fg_registry_get(j->ctx, &j->items[i].v, &k);
-    if (st != FG_OK) atomic_fetch_add(&j->failed, 1);
-    int d = atomic_fetch_add(&j->done, 1) + 1;
-    if (j->tty) fprintf(stderr, "\rloading kernels: %d/%d", d, j->n);
-  }
-  return NULL;
+  const fg_loaded_kernel *k;
+  fg_status st = j->items[i].ref
+                     ? fg_registry_get_reference(j->ctx, j->items[i].dtype, j->items[i].exact, &k)
+                     : fg_registry_get(j->ctx, &j->items[i].v, &k);
+  if (st != FG_OK) j->items[i].failed = 1;
+}
+
+static void preload_done(void *arg, int i, int ndone) {
+  preload_job *j = arg;
+  j->failed += j->items[i].failed;
+  if (j->tty) fprintf(stderr, "\rloading kernels: %d/%d", ndone, j->n);
 }
 
 static int same_variant(const fg_variant *a, const fg_variant *b) {
@@ -1123,19 +1117,14 @@ static void preload(fg_context *ctx, const case_list *l, const char *sel, int jo
   j.n = n;
   j.tty = isatty(2);
   if (jobs < 1) jobs = 1;
+  if (jobs > FG_POOL_MAX_THREADS) jobs = FG_POOL_MAX_THREADS;
   if (jobs > n) jobs = n;
   double t0 = now_ms();
   fprintf(stderr, "loading %d kernels (compiling those not in the cache) on %d threads\n", n, jobs);
-  pthread_t *th = calloc((size_t)jobs + 1, sizeof *th);
-  int started = 0;
-  for (int i = 0; th && i < jobs; i++)
-    if (pthread_create(&th[i], NULL, preload_worker, &j) == 0) started++;
-  if (started == 0) preload_worker(&j);
-  for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-  free(th);
+  fg_pool_run(n, jobs, preload_one, preload_done, &j);
   if (j.tty) fputc('\n', stderr);
   fprintf(stderr, "loaded %d kernels in %.1f s (%d failed; their cases report why)\n",
-          n - atomic_load(&j.failed), (now_ms() - t0) / 1e3, atomic_load(&j.failed));
+          n - j.failed, (now_ms() - t0) / 1e3, j.failed);
   free(items);
 }
 
