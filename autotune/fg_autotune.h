@@ -1,6 +1,7 @@
 /* fg_autotune.h: candidate enumeration for each pass (pruned by the fit rule before anything is
- * compiled), the seed's block-size rule, the problem set, the backward correctness gate (shared
- * with `flashgen check`), and (with a GPU) the tuning run. */
+ * compiled), the seed's block-size rule, the problem set, the correctness gate of every op and
+ * its random inputs (shared with `flashgen check`), the compile pool (shared with check, export
+ * and build-default), and (with a GPU) the tuning run. */
 #ifndef FG_AUTOTUNE_H
 #define FG_AUTOTUNE_H
 #include <stdio.h>
@@ -39,6 +40,32 @@ int fg_candidates_pass(fg_generator *g, fg_pass pass, int d, fg_dtype dtype, int
 /* fg_candidates_pass for the forward. */
 int fg_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
                   const fg_device_limits *lim, fg_variant *out, int cap, fg_prune_counts *pruned);
+/* ==== The compile pool (pool.c): tune, check, export, build-default ==== */
+
+/* Most threads a pool starts. */
+#define FG_POOL_MAX_THREADS 64
+/* The online CPUs, 1..FG_POOL_MAX_THREADS. */
+int fg_online_cpus(void);
+/* Runs work(ud, i) once for every i in [0, n), on `threads` threads (<= 0: fg_online_cpus();
+ * at most n and FG_POOL_MAX_THREADS; the calling thread is one of them, so the work is done even
+ * when no thread can be started); indices are handed out in increasing order. After each item,
+ * done(ud, i, ndone) (may be NULL) runs under the pool's lock, one call at a time, ndone counting
+ * the items finished so far: progress lines and counters. Returns when every item is done. */
+void fg_pool_run(int n, int threads, void (*work)(void *ud, int i),
+                 void (*done)(void *ud, int i, int ndone), void *ud);
+
+/* One kernel of fg_compile_pool. Zero-initialise, set v. */
+typedef struct fg_compile_item {
+  fg_variant v;         /* in */
+  int ok;               /* out: 1 when it built */
+  fg_kernel_image img;  /* out: the image (free with fg_kernel_image_free) */
+  char *log;            /* out: NVRTC's log or the error, malloc'd or NULL (free it) */
+} fg_compile_item;
+/* fg_generator_build for every item on `threads` threads (fg_pool_run; done as there). Returns
+ * the number of items that failed. */
+int fg_compile_pool(fg_generator *g, fg_compile_item *items, int n, int threads,
+                    void (*done)(void *ud, int i, int ndone), void *ud);
+
 /* ==== Tuning (problems.c: the problem set; tune.c: the run on the live GPU) ==== */
 
 /* One tuning problem: attention forward (pass FG_PASS_FWD, the zero value) or backward, every
@@ -167,18 +194,66 @@ typedef struct fg_bwd_host_problem {
 int fg_reference_backward(const fg_bwd_host_problem *p, int exact, double *dq, double *dk,
                           double *dv, double *lse, int threads);
 
-/* ==== The backward correctness gate (gate.c): `flashgen tune` and `flashgen check` ==== */
+/* ==== The correctness gate (gate.c): `flashgen tune` and `flashgen check`, every op ==== */
 
-/* The verdict on one gradient, or on all three. */
+/* Random inputs: splitmix64 from the state s (any value, 0 included). */
+typedef struct fg_rng {
+  uint64_t s;
+} fg_rng;
+uint64_t fg_rng_next(fg_rng *r);
+/* Uniform in [0, 1) (53 bits); normal(0, 1) (Box-Muller). */
+double fg_rng_uniform(fg_rng *r);
+double fg_rng_normal(fg_rng *r);
+/* Fills h with n values of dtype dt, never zero (a value that rounds to +-0 becomes 2^-8 in bf16,
+ * 2^-14 in f16, so that a kernel that skips an element cannot pass by luck): normal(0, 1) when
+ * normal, else uniform in [-1, 1). The inputs of every correctness check. */
+void fg_fill_random(uint16_t *h, int64_t n, fg_rng *r, fg_dtype dt, int normal);
+/* A seed from a name (FNV-1a): each `flashgen check` case draws its own inputs. */
+uint64_t fg_seed_of_name(const char *s);
+
+/* The verdict of the gate. Forward: slot 0 is O, slot 1 the LSE (err[1] = max |lse - ref| over
+ * the rows that see a key, tol[1] = FG_GATE_LSE_TOL, worst[1] the row of err[1]);
+ * backward: slots 0..2 are dQ, dK, dV. */
 typedef struct fg_gate_result {
   int pass;                 /* 1: every value finite and every error within its tolerance */
-  double err[3];            /* max |x - ref| of dQ, dK, dV */
-  double tol[3];            /* 2 * max |naive - ref| + eps(dtype) * max |ref| + FG_GATE_FLOOR */
+  double err[3];            /* max |x - ref| */
+  double tol[3];            /* 2 * max |naive - ref| + eps(dtype) * max |ref| (+ FG_GATE_FLOOR for
+                               the backward) */
   double naive_err[3];      /* max |naive - ref| */
   double ref_max[3];        /* max |ref| */
   int64_t worst[3];         /* index of the largest error (or of the first non-finite value) */
+  int64_t nonfinite;        /* forward: elements of O not finite */
+  int64_t nokey_bad;        /* forward: elements of rows that see no key that are not 0 */
+  int64_t lse_bad;          /* forward: LSE values out of tolerance (or not -inf without a key) */
   char reason[512];         /* why it failed (the first failure), "" when it passed */
 } fg_gate_result;
+
+/* The forward's LSE tolerance: |lse - ref| <= FG_GATE_LSE_TOL * (1 + |ref|). */
+#define FG_GATE_LSE_TOL 1e-3
+
+/* A forward result on the host and its references (the reference kernels' output: fp64 and the
+ * naive same-dtype computation, O contiguous [batch, heads, seqlen_q, head_dim], LSE contiguous
+ * [batch, heads, seqlen_q], -inf for rows that see no key). */
+typedef struct fg_gate_fwd {
+  fg_dtype dtype;
+  int causal;                   /* bottom-right aligned, as the kernels */
+  int64_t batch, heads, seqlen_q, seqlen_k, head_dim;
+  const uint16_t *o;            /* O in dtype's bits, element (b, h, i, c) at b * o_stride[0] +
+                                   h * o_stride[1] + i * o_stride[2] + c */
+  int64_t o_stride[3];          /* all 0: contiguous */
+  const float *lse;             /* the kernel's LSE, contiguous; NULL: not checked */
+  const double *ref_o, *ref_lse; /* fp64 reference (ref_lse only read when lse is not NULL) */
+  const double *naive_o;        /* the naive same-dtype computation's O */
+} fg_gate_fwd;
+
+/* The gate of a forward result: the reference finite (else the reference kernel is broken),
+ * every element of O finite; in rows that see no key (seqlen_k = 0, or causal with
+ * i + seqlen_k - seqlen_q < 0) O exactly 0 and the LSE -inf; elsewhere the LSE within
+ * FG_GATE_LSE_TOL of the fp64 LSE; and max|O - ref| <= 2 * max|naive - ref| + eps(dtype) *
+ * max|ref| (eps = 2^-8 for bf16, 2^-11 for f16; no floor: a forward output is never all but
+ * zero). Non-finite elements are left out of the maxima. Resets *r first; r->reason names the
+ * first failure in that order. Returns r->pass. */
+int fg_gate_forward(const fg_gate_fwd *f, fg_gate_result *r);
 
 /* The absolute floor of every tolerance (a gradient whose reference is all but zero). */
 #define FG_GATE_FLOOR 1e-6

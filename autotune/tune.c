@@ -1,14 +1,15 @@
 /* tune.c: a tuning run on the live GPU (`flashgen tune`), the same for every pass (forward,
  * backward): the candidates of each (pass, d, dtype, causal) from the device limits; every
  * candidate compiled in parallel into the kernel cache before anything is timed; each checked on
- * fresh random inputs (correct before fast: the forward's O against the fp64 reference kernel,
- * the backward's dQ, dK, dV against the host's fp64 reference through fg_gate_backward); the
+ * fresh random inputs (fg_fill_random; correct before fast, through the gate that `flashgen check`
+ * applies too: the forward's O and LSE against the fp64 reference kernel through
+ * fg_gate_forward, the backward's dQ, dK, dV against the host's fp64 reference through
+ * fg_gate_backward); the
  * correct ones timed with CUDA events over input sets rotated past the L2 (warm-up, early stop,
  * median, runoff and hysteresis shared by both passes); the records stored in the cache under
  * the pass's key; and the report. */
 #include <stdarg.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,41 +45,6 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Random inputs and 16-bit floats on the host. */
-
-static uint64_t splitmix64(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s) { return (double)(splitmix64(s) >> 11) * 0x1.0p-53; }
-
-static float half_to_f32(fg_dtype t, uint16_t h) { return fg_half_to_f32(h, t); }
-
-/* Fills x with n nonzero values of dtype t: normal(0, 1) when normal, else uniform(-1, 1). */
-static void random_fill(uint16_t *x, size_t n, fg_dtype t, int normal, uint64_t *s) {
-  for (size_t i = 0; i < n; i++) {
-    for (;;) {
-      double v;
-      if (normal) {
-        double u1 = uniform01(s), u2 = uniform01(s);
-        if (u1 < 1e-300) u1 = 1e-300;
-        v = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-      } else {
-        v = 2.0 * uniform01(s) - 1.0;
-      }
-      uint16_t h = fg_f32_to_half((float)v, t);
-      if ((h & 0x7FFFu) != 0) { /* never zeros */
-        x[i] = h;
-        break;
-      }
-    }
-  }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -148,14 +114,13 @@ typedef struct tpool {
   fg_cache_key base;
   fg_arch arch;
   tjob *jobs;
-  int n, next, done, failed, cached;
+  int n, done, failed, cached;
   int quiet, tty, last_decile;
   double t0;
-  pthread_mutex_t mu;
 } tpool;
 
 /* ------------------------------------------------------------------------------------------ */
-/* Compiling in parallel. */
+/* Compiling in parallel (fg_pool_run): each job from the cache, or built and stored there. */
 
 /* The first line of an NVRTC log that says "error", else its first non-empty line. */
 static void summarize_log(const char *log, char *out, size_t len) {
@@ -213,77 +178,55 @@ static void progress(tpool *p) {
   }
 }
 
-static void *compile_worker(void *arg) {
+static void compile_job(void *arg, int i) {
   tpool *p = arg;
-  for (;;) {
-    pthread_mutex_lock(&p->mu);
-    const int i = p->next++;
-    pthread_mutex_unlock(&p->mu);
-    if (i >= p->n) return NULL;
-    tjob *j = &p->jobs[i];
-    fg_cache_key key = p->base;
-    key.variant = j->name;
-    key.arch = p->arch;
-    char warn[1024] = "";
-    fg_kernel_image img;
-    memset(&img, 0, sizeof img);
-    int hit = p->cache ? fg_cache_get_kernel(p->cache, &key, &img, warn, sizeof warn) : 0;
-    if (hit == 1) {
-      j->state = 1;
-      j->from_cache = 1;
-      if (!j->is_ref) reject_spills(j, &img.meta);
+  tjob *j = &p->jobs[i];
+  fg_cache_key key = p->base;
+  key.variant = j->name;
+  key.arch = p->arch;
+  char warn[1024] = "";
+  fg_kernel_image img;
+  memset(&img, 0, sizeof img);
+  int hit = p->cache ? fg_cache_get_kernel(p->cache, &key, &img, warn, sizeof warn) : 0;
+  if (hit == 1) {
+    j->state = 1;
+    j->from_cache = 1;
+    if (!j->is_ref) reject_spills(j, &img.meta);
+    fg_kernel_image_free(&img);
+    return;
+  }
+  memset(&img, 0, sizeof img);
+  char *log = NULL;
+  int rc = j->is_ref ? fg_generator_build_reference(p->g, j->ref_dtype, j->ref_exact, p->arch,
+                                                    &img, &log)
+                     : fg_generator_build(p->g, &j->v, &img, &log);
+  if (rc != 0) {
+    summarize_log(log, j->reason, sizeof j->reason);
+    j->state = -1;
+    fg_kernel_image_free(&img);
+  } else {
+    j->state = 1;
+    if (!j->is_ref) reject_spills(j, &img.meta);
+    warn[0] = '\0';
+    key.arch = img.arch;
+    if (p->cache && fg_cache_put_kernel(p->cache, &key, &img, warn, sizeof warn) == 0) {
       fg_kernel_image_free(&img);
     } else {
-      memset(&img, 0, sizeof img);
-      char *log = NULL;
-      int rc = j->is_ref ? fg_generator_build_reference(p->g, j->ref_dtype, j->ref_exact, p->arch,
-                                                        &img, &log)
-                         : fg_generator_build(p->g, &j->v, &img, &log);
-      if (rc != 0) {
-        summarize_log(log, j->reason, sizeof j->reason);
-        j->state = -1;
-        fg_kernel_image_free(&img);
-      } else {
-        j->state = 1;
-        if (!j->is_ref) reject_spills(j, &img.meta);
-        warn[0] = '\0';
-        key.arch = img.arch;
-        if (p->cache && fg_cache_put_kernel(p->cache, &key, &img, warn, sizeof warn) == 0) {
-          fg_kernel_image_free(&img);
-        } else {
-          j->img = img; /* kept in memory: registered as an exported table after the pool */
-          j->kept = 1;
-        }
-      }
-      free(log);
+      j->img = img; /* kept in memory: registered as an exported table after the pool */
+      j->kept = 1;
     }
-    pthread_mutex_lock(&p->mu);
-    p->done++;
-    if (j->state < 0) p->failed++;
-    if (j->from_cache) p->cached++;
-    progress(p);
-    pthread_mutex_unlock(&p->mu);
   }
+  free(log);
 }
 
-static int online_cpus(void) {
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? (int)(n > 256 ? 256 : n) : 1;
-}
-
-/* Compiles every job on `threads` threads (the calling one among them). */
-static void compile_all(tpool *p, int threads) {
-  if (threads > p->n) threads = p->n;
-  if (threads < 1) threads = 1;
-  pthread_t *th = calloc((size_t)threads, sizeof *th);
-  int started = 0;
-  for (int t = 1; t < threads && th; t++) {
-    if (pthread_create(&th[t], NULL, compile_worker, p) != 0) break;
-    started++;
-  }
-  compile_worker(p);
-  for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
-  free(th);
+/* After each job, under the pool's lock: the counts and the progress line. */
+static void compile_job_done(void *arg, int i, int ndone) {
+  tpool *p = arg;
+  const tjob *j = &p->jobs[i];
+  p->done = ndone;
+  if (j->state < 0) p->failed++;
+  if (j->from_cache) p->cached++;
+  progress(p);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -293,16 +236,17 @@ typedef struct tdev {
   fg_context *ctx;
   CUstream stream;
   CUevent ev[2 * TIMED_RUNS];
-  /* correctness check */
-  CUdeviceptr cq, ck, cv, co, cref;
-  size_t check_elems;
+  /* correctness check: Q, K, V, O, LSE of the candidate; O and LSE of a reference kernel */
+  CUdeviceptr cq, ck, cv, co, clse, cref, creflse;
+  size_t check_elems, check_rows;
   uint16_t *hq, *hk, *hv, *ho;
-  double *href, *hlowp;
+  float *hlse;
+  double *href, *hreflse, *hlowp;
   /* timing */
   CUdeviceptr pool;
   size_t pool_bytes;
   fg_dtype pool_dtype;          /* what the pool's values are (0: not filled) */
-  uint64_t rng;
+  fg_rng rng;
 } tdev;
 
 /* Rounds a byte count up to 256 (every tensor of an input set starts aligned). */
@@ -319,36 +263,46 @@ static void free_check_buffers(tdev *D) {
   fg_dev_free(ctx, D->cv);
   fg_dev_free(ctx, D->co);
   fg_dev_free(ctx, D->cref);
-  D->cq = D->ck = D->cv = D->co = D->cref = 0;
+  fg_dev_free(ctx, D->clse);
+  fg_dev_free(ctx, D->creflse);
+  D->cq = D->ck = D->cv = D->co = D->cref = D->clse = D->creflse = 0;
   free(D->hq);
   free(D->hk);
   free(D->hv);
   free(D->ho);
+  free(D->hlse);
   free(D->href);
+  free(D->hreflse);
   free(D->hlowp);
   D->hq = D->hk = D->hv = D->ho = NULL;
-  D->href = D->hlowp = NULL;
-  D->check_elems = 0;
+  D->hlse = NULL;
+  D->href = D->hreflse = D->hlowp = NULL;
+  D->check_elems = D->check_rows = 0;
 }
 
-static fg_status check_buffers(tdev *D, size_t elems) {
-  if (D->check_elems >= elems) return FG_OK;
+/* Makes the check buffers hold elems elements of Q, K, V, O and rows rows of LSE. */
+static fg_status check_buffers(tdev *D, size_t elems, size_t rows) {
+  if (D->check_elems >= elems && D->check_rows >= rows) return FG_OK;
   fg_context *ctx = D->ctx;
   free_check_buffers(D);
   D->hq = malloc(elems * 2);
   D->hk = malloc(elems * 2);
   D->hv = malloc(elems * 2);
   D->ho = malloc(elems * 2);
+  D->hlse = malloc(rows * 4);
   D->href = malloc(elems * 8);
+  D->hreflse = malloc(rows * 8);
   D->hlowp = malloc(elems * 8);
-  if (!D->hq || !D->hk || !D->hv || !D->ho || !D->href || !D->hlowp)
+  if (!D->hq || !D->hk || !D->hv || !D->ho || !D->hlse || !D->href || !D->hreflse || !D->hlowp)
     return fg_fail(ctx, FG_ERROR_OUT_OF_MEMORY, "tune: out of host memory for the check buffers");
   fg_status st;
   if ((st = fg_dev_alloc(ctx, &D->cq, elems * 2)) || (st = fg_dev_alloc(ctx, &D->ck, elems * 2)) ||
       (st = fg_dev_alloc(ctx, &D->cv, elems * 2)) || (st = fg_dev_alloc(ctx, &D->co, elems * 2)) ||
-      (st = fg_dev_alloc(ctx, &D->cref, elems * 8)))
+      (st = fg_dev_alloc(ctx, &D->clse, rows * 4)) || (st = fg_dev_alloc(ctx, &D->cref, elems * 8)) ||
+      (st = fg_dev_alloc(ctx, &D->creflse, rows * 8)))
     return st;
   D->check_elems = elems;
+  D->check_rows = rows;
   return FG_OK;
 }
 
@@ -360,9 +314,10 @@ static void free_dev(tdev *D) {
   fg_stream_destroy(ctx, D->stream);
 }
 
-/* Runs the reference kernel (exact or naive) on the check inputs; fp64 O into out. */
+/* Runs the reference kernel (exact or naive) on the check inputs; fp64 O into out and, when
+ * out_lse is not NULL, fp64 LSE into out_lse. */
 static fg_status run_reference(tdev *D, const fg_attention_args *a, int exact, double *out,
-                               char *why, size_t whylen) {
+                               double *out_lse, char *why, size_t whylen) {
   fg_context *ctx = D->ctx;
   const fg_loaded_kernel *ref;
   fg_status st = fg_registry_get_reference(ctx, a->dtype, exact, &ref);
@@ -373,6 +328,7 @@ static fg_status run_reference(tdev *D, const fg_attention_args *a, int exact, d
   }
   fg_attention_args r = *a, norm;
   r.o = (void *)(uintptr_t)D->cref;
+  r.lse = NULL;
   char err[512];
   if ((st = fg_validate_args(&r, FG_VALIDATE_CALL, &norm, err, sizeof err)) != FG_OK) {
     snprintf(why, whylen, "reference arguments: %s", err);
@@ -380,12 +336,16 @@ static fg_status run_reference(tdev *D, const fg_attention_args *a, int exact, d
   }
   fg_fwd_params p;
   fg_params_from_args(&norm, &p);
-  const size_t elems = (size_t)(a->batch * a->heads_q * a->seqlen_q * a->head_dim);
+  p.lse = out_lse ? D->creflse : 0; /* fp64, [B, H, N] */
+  const size_t rows = (size_t)(a->batch * a->heads_q * a->seqlen_q);
+  const size_t elems = rows * (size_t)a->head_dim;
   if ((st = fg_dev_fill32(ctx, D->cref, 0xFFFFFFFFu, elems * 2)) != FG_OK || /* NaN */
+      (st = fg_dev_fill32(ctx, D->creflse, 0xFFFFFFFFu, rows * 2)) != FG_OK ||
       (st = fg_dev_synchronize(ctx)) != FG_OK ||
       (st = fg_kernel_launch(ctx, ref, &p, FG_ELEMS_REFERENCE, D->stream)) != FG_OK ||
       (st = fg_stream_synchronize(ctx, D->stream)) != FG_OK ||
-      (st = fg_dev_download(ctx, out, D->cref, elems * 8)) != FG_OK) {
+      (st = fg_dev_download(ctx, out, D->cref, elems * 8)) != FG_OK ||
+      (out_lse && (st = fg_dev_download(ctx, out_lse, D->creflse, rows * 8)) != FG_OK)) {
     snprintf(why, whylen, "running the %s reference kernel failed: %s",
              exact ? "fp64" : "naive", fg_context_last_error(ctx));
     return st;
@@ -400,7 +360,7 @@ static fg_status fill_pool(tdev *D, fg_dtype t) {
   if (D->pool_dtype == t) return FG_OK;
   uint16_t *tile = malloc(TILE_ELEMS * 2);
   if (!tile) return fg_fail(D->ctx, FG_ERROR_OUT_OF_MEMORY, "tune: out of host memory");
-  random_fill(tile, TILE_ELEMS, t, 1, &D->rng);
+  fg_fill_random(tile, TILE_ELEMS, &D->rng, t, 1);
   fg_status st = FG_OK;
   for (size_t off = 0; off < D->pool_bytes && st == FG_OK; off += TILE_ELEMS * 2) {
     size_t n = D->pool_bytes - off < TILE_ELEMS * 2 ? D->pool_bytes - off : TILE_ELEMS * 2;
@@ -693,12 +653,12 @@ static fg_status check_problem_bwd(trun *R, int pi, uint64_t seed) {
   if ((st = fg_dev_alloc(ctx, &mem, total)) != FG_OK) goto out;
   const CUdeviceptr q = mem, o = q + bq, dout = o + bq, dq = dout + bq, k = dq + bq, v = k + bk,
                     dk = v + bk, dv = dk + bk, lse = dv + bk;
-  uint64_t s = seed;
-  const int normal = (int)(splitmix64(&s) & 1);
-  random_fill(hq, nq, pb->dtype, normal, &s);
-  random_fill(hk, nk, pb->dtype, normal, &s);
-  random_fill(hv, nk, pb->dtype, normal, &s);
-  random_fill(hdo, nq, pb->dtype, normal, &s);
+  fg_rng s = {seed};
+  const int normal = (int)(fg_rng_next(&s) & 1);
+  fg_fill_random(hq, (int64_t)nq, &s, pb->dtype, normal);
+  fg_fill_random(hk, (int64_t)nk, &s, pb->dtype, normal);
+  fg_fill_random(hv, (int64_t)nk, &s, pb->dtype, normal);
+  fg_fill_random(hdo, (int64_t)nq, &s, pb->dtype, normal);
   if ((st = fg_dev_upload(ctx, q, hq, nq * 2)) != FG_OK ||
       (st = fg_dev_upload(ctx, k, hk, nk * 2)) != FG_OK ||
       (st = fg_dev_upload(ctx, v, hv, nk * 2)) != FG_OK ||
@@ -737,7 +697,7 @@ static fg_status check_problem_bwd(trun *R, int pi, uint64_t seed) {
   }
   const fg_bwd_host_problem hp = {pb->dtype, pb->causal, 1, BWD_CHECK_HQ, BWD_CHECK_HKV, N, N, d,
                                   1.0 / sqrt((double)d), hq, hk, hv, hdo};
-  const int threads = R->opt->jobs > 0 ? R->opt->jobs : online_cpus();
+  const int threads = R->opt->jobs > 0 ? R->opt->jobs : fg_online_cpus();
   if (fg_reference_backward(&hp, 1, ref, ref + nq, ref + nq + nk, NULL, threads) != 0 ||
       fg_reference_backward(&hp, 0, naive, naive + nq, naive + nq + nk, NULL, threads) != 0) {
     not_checked(R, pi, "the host's backward reference failed (out of memory?)");
@@ -789,14 +749,14 @@ static fg_status check_problem(trun *R, int pi, uint64_t seed) {
   const fg_tune_problem *pb = &R->problems[pi];
   tdev *D = &R->D;
   const int64_t n = pb->n < CHECK_N_MAX ? pb->n : CHECK_N_MAX;
-  const size_t elems = (size_t)(CHECK_HEADS * n * pb->d);
-  fg_status st = check_buffers(D, elems);
+  const size_t rows = (size_t)(CHECK_HEADS * n), elems = rows * (size_t)pb->d;
+  fg_status st = check_buffers(D, elems, rows);
   if (st != FG_OK) return st;
-  uint64_t s = seed;
-  const int normal = (int)(splitmix64(&s) & 1);
-  random_fill(D->hq, elems, pb->dtype, normal, &s);
-  random_fill(D->hk, elems, pb->dtype, normal, &s);
-  random_fill(D->hv, elems, pb->dtype, normal, &s);
+  fg_rng s = {seed};
+  const int normal = (int)(fg_rng_next(&s) & 1);
+  fg_fill_random(D->hq, (int64_t)elems, &s, pb->dtype, normal);
+  fg_fill_random(D->hk, (int64_t)elems, &s, pb->dtype, normal);
+  fg_fill_random(D->hv, (int64_t)elems, &s, pb->dtype, normal);
   if ((st = fg_dev_upload(ctx, D->cq, D->hq, elems * 2)) != FG_OK ||
       (st = fg_dev_upload(ctx, D->ck, D->hk, elems * 2)) != FG_OK ||
       (st = fg_dev_upload(ctx, D->cv, D->hv, elems * 2)) != FG_OK ||
@@ -815,17 +775,14 @@ static fg_status check_problem(trun *R, int pi, uint64_t seed) {
   a.k = (const void *)(uintptr_t)D->ck;
   a.v = (const void *)(uintptr_t)D->cv;
   a.o = (void *)(uintptr_t)D->co;
+  a.lse = (float *)(uintptr_t)D->clse;
   char why[1024];
-  if (run_reference(D, &a, 1, D->href, why, sizeof why) != FG_OK ||
-      run_reference(D, &a, 0, D->hlowp, why, sizeof why) != FG_OK) {
+  if (run_reference(D, &a, 1, D->href, D->hreflse, why, sizeof why) != FG_OK ||
+      run_reference(D, &a, 0, D->hlowp, NULL, why, sizeof why) != FG_OK) {
     if (!context_alive(ctx)) return fg_fail(ctx, FG_ERROR_CUDA, "%s", why);
-    snprintf(R->rep->rows[pi].note, sizeof R->rep->rows[pi].note, "%.250s", why);
-    for (int c = 0; c < T->n; c++)
-      if (P->measure[c] && !P->have_res[c])
-        set_result(P, T, c, 0, 0, 0, "not checked: %s", why);
+    not_checked(R, pi, why);
     return FG_OK;
   }
-  double ref_max = 0, lowp_err = 0;
   for (size_t i = 0; i < elems; i++) {
     if (!isfinite(D->href[i]) || !isfinite(D->hlowp[i])) {
       snprintf(R->rep->rows[pi].note, sizeof R->rep->rows[pi].note,
@@ -835,19 +792,18 @@ static fg_status check_problem(trun *R, int pi, uint64_t seed) {
           set_result(P, T, c, 0, 0, 0, "not checked: the reference is not finite");
       return FG_OK;
     }
-    ref_max = fmax(ref_max, fabs(D->href[i]));
-    lowp_err = fmax(lowp_err, fabs(D->hlowp[i] - D->href[i]));
   }
-  const double eps = pb->dtype == FG_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
-  const double tol = 2 * lowp_err + eps * ref_max;
   const char *dist = normal ? "normal" : "uniform";
+  const fg_gate_fwd gf = {pb->dtype, pb->causal, 1, CHECK_HEADS, n, n, pb->d, D->ho, {0, 0, 0},
+                          D->hlse, D->href, D->hreflse, D->hlowp};
 
   for (int c = 0; c < T->n; c++) {
     if (!P->measure[c] || P->have_res[c]) continue; /* compile failures are already set */
     const fg_variant *v = &T->cands[c];
     char name[FG_VARIANT_NAME_MAX];
     fg_variant_name(v, name, sizeof name);
-    if ((st = fg_dev_fill16(ctx, D->co, 0xFFFF, elems)) != FG_OK ||
+    if ((st = fg_dev_fill16(ctx, D->co, 0xFFFF, elems)) != FG_OK || /* NaN */
+        (st = fg_dev_fill32(ctx, D->clse, 0xFFFFFFFFu, rows)) != FG_OK ||
         (st = fg_dev_synchronize(ctx)) != FG_OK)
       return st;
     st = fg_attention_forward_variant(ctx, &a, D->stream, v);
@@ -860,32 +816,17 @@ static fg_status check_problem(trun *R, int pi, uint64_t seed) {
       if ((st = candidate_failed(R, P, T, c, name, "checking", stage)) != FG_OK) return st;
       continue;
     }
-    if ((st = fg_dev_download(ctx, D->ho, D->co, elems * 2)) != FG_OK) return st;
-    double err = 0;
-    size_t bad = 0, first_bad = 0, worst = 0;
-    for (size_t i = 0; i < elems; i++) {
-      const double o = half_to_f32(pb->dtype, D->ho[i]);
-      if (!isfinite(o)) {
-        if (!bad++) first_bad = i;
-        continue;
-      }
-      const double e = fabs(o - D->href[i]);
-      if (e > err) err = e, worst = i;
-    }
-    if (bad) {
-      const size_t row = first_bad / (size_t)pb->d;
+    if ((st = fg_dev_download(ctx, D->ho, D->co, elems * 2)) != FG_OK ||
+        (st = fg_dev_download(ctx, D->hlse, D->clse, rows * 4)) != FG_OK)
+      return st;
+    fg_gate_result g;
+    if (!fg_gate_forward(&gf, &g)) {
+      const size_t w = (size_t)g.worst[0], row = w / (size_t)pb->d;
       set_result(P, T, c, 0, 0, 0,
-                 "wrong: %zu of %zu outputs not finite (first: head %zu, row %zu, col %zu) on %s "
-                 "inputs, seed %llu, N=%lld",
-                 bad, elems, row / (size_t)n, row % (size_t)n, first_bad % (size_t)pb->d, dist,
-                 (unsigned long long)seed, (long long)n);
-    } else if (err > tol) {
-      const size_t row = worst / (size_t)pb->d;
-      set_result(P, T, c, 0, 0, 0,
-                 "wrong: max |O-ref| = %.3g > tolerance %.3g (2 x naive error %.3g + eps x "
-                 "max|ref| %.3g) at head %zu, row %zu, col %zu; %s inputs, seed %llu, N=%lld",
-                 err, tol, lowp_err, ref_max, row / (size_t)n, row % (size_t)n,
-                 worst % (size_t)pb->d, dist, (unsigned long long)seed, (long long)n);
+                 "wrong: %s (largest O error at head %zu, row %zu, col %zu); %s inputs, seed "
+                 "%llu, B=1 H=%d N=%lld",
+                 g.reason, row / (size_t)n, row % (size_t)n, w % (size_t)pb->d, dist,
+                 (unsigned long long)seed, CHECK_HEADS, (long long)n);
     }
     /* A correct candidate gets its result in the timing stage. */
   }
@@ -1280,7 +1221,7 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
   R.rep = rep;
   R.D.ctx = ctx;
   R.broken_tri = R.broken_cand = -1;
-  R.D.rng = rep->seed ^ 0x5DEECE66Dull;
+  R.D.rng.s = rep->seed ^ 0x5DEECE66Dull;
   fg_device_limits lim;
   fg_context_device_limits(ctx, &lim);
   fg_context_device_id(ctx, &R.devid);
@@ -1450,14 +1391,13 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
   pool.quiet = opt->quiet;
   pool.tty = isatty(2);
   pool.t0 = t_compile;
-  pthread_mutex_init(&pool.mu, NULL);
-  rep->jobs = opt->jobs > 0 ? opt->jobs : online_cpus();
+  rep->jobs = opt->jobs > 0 ? opt->jobs : fg_online_cpus();
+  if (rep->jobs > FG_POOL_MAX_THREADS) rep->jobs = FG_POOL_MAX_THREADS;
   if (rep->jobs > R.njobs) rep->jobs = R.njobs;
   if (R.njobs > 0) {
     note(&R, "compiling %d kernels on %d threads", R.njobs, rep->jobs);
-    compile_all(&pool, rep->jobs);
+    fg_pool_run(R.njobs, rep->jobs, compile_job, compile_job_done, &pool);
   }
-  pthread_mutex_destroy(&pool.mu);
   rep->kernels = R.njobs;
   rep->kernels_cached = pool.cached;
   rep->kernels_failed = pool.failed;
@@ -1526,7 +1466,8 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
     }
     const double t0 = now_s();
     uint64_t seed = rep->seed + 0x9E3779B97F4A7C15ull * (uint64_t)(pi + 1);
-    seed = splitmix64(&seed);
+    fg_rng sr = {seed};
+    seed = fg_rng_next(&sr);
     st = check_problem(&R, pi, seed);
     const double t1 = now_s();
     rep->check_s += t1 - t0;

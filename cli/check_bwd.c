@@ -1,13 +1,13 @@
 /* check_bwd.c: the backward cases of `flashgen check` (names start with "bwd/"). For each case:
  * fresh random Q, K, V, dO (a seed per case, never zeros), O and LSE from flashgen's forward,
- * dQ, dK, dV poisoned with NaN, the backward call, then every element of the gradients checked
- * finite and compared with the host's fp64 reference: max|x - ref| <= 2 * max|naive - ref| +
- * eps(dtype) * max|ref| per tensor, where naive is the same-dtype computation
+ * dQ, dK, dV poisoned with NaN, the backward call, then the gate that `flashgen tune` applies too
+ * (fg_gate_backward, autotune/gate.c): every element of the gradients checked finite and
+ * compared with the host's fp64 reference: max|x - ref| <= 2 * max|naive - ref| + eps(dtype) *
+ * max|ref| + 1e-6 per tensor, where naive is the same-dtype computation
  * (fg_reference_backward). Also the bad-input cases that need a GPU: the call fails and the
  * gradients stay untouched. */
 #include <inttypes.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,28 +115,6 @@ static void build(bwd_list *l) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
-typedef struct rng {
-  uint64_t s;
-} rng;
-static uint64_t rng_next(rng *r) {
-  uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-static double uni(rng *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; }
-static double gauss(rng *r) {
-  double u1 = uni(r), u2 = uni(r);
-  if (u1 < 1e-300) u1 = 1e-300;
-  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-static void fill(uint16_t *h, int64_t n, rng *r, fg_dtype dt, int normal) {
-  for (int64_t i = 0; i < n; i++) {
-    uint16_t x = fg_f32_to_half((float)(normal ? gauss(r) : 2.0 * uni(r) - 1.0), dt);
-    h[i] = (x & 0x7fffu) ? x : (dt == FG_DTYPE_BF16 ? 0x3b80 : 0x1c00); /* never zero */
-  }
-}
-
 static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -212,40 +190,12 @@ static void bfail(bwd_result *r, const char *fmt, ...) {
   va_end(ap);
 }
 
-/* Compares one gradient with the references. */
-static void compare(const char *what, const uint16_t *x, const double *ex, const double *nv,
-                    int64_t n, fg_dtype dt, bwd_result *r, int slot) {
-  double err = 0, nerr = 0, mag = 0;
-  for (int64_t i = 0; i < n; i++) {
-    const double v = fg_half_to_f32(x[i], dt);
-    if (!isfinite(v)) {
-      bfail(r, "%s[%" PRId64 "] = %g is not finite (poison left, or NaN)", what, i, v);
-      return;
-    }
-    err = fmax(err, fabs(v - ex[i]));
-    nerr = fmax(nerr, fabs(nv[i] - ex[i]));
-    mag = fmax(mag, fabs(ex[i]));
-  }
-  const double eps = dt == FG_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
-  r->err[slot] = err;
-  r->tol[slot] = 2 * nerr + eps * mag + 1e-6;
-  if (err > r->tol[slot])
-    bfail(r, "%s: max error %.3e over the tolerance %.3e (naive same-dtype error %.3e, max|ref| "
-          "%.3e)", what, err, r->tol[slot], nerr, mag);
-}
-
 typedef struct bwd_env {
   fg_context *ctx;
   CUstream stream;
   uint64_t seed;
   int threads;
 } bwd_env;
-
-static uint64_t hash_name(const char *s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-  return h;
-}
 
 static void run_case(bwd_env *env, const bwd_case *c, bwd_result *r) {
   fg_context *ctx = env->ctx;
@@ -276,11 +226,11 @@ static void run_case(bwd_env *env, const bwd_case *c, bwd_result *r) {
     bfail(r, "out of host memory");
     goto done;
   }
-  rng g = {env->seed ^ hash_name(c->name)};
-  fill(hq, nq_el, &g, c->dt, 1);
-  fill(hk, nk_el, &g, c->dt, 1);
-  fill(hv, nk_el, &g, c->dt, 0);
-  fill(hdo, nq_el, &g, c->dt, 0);
+  fg_rng g = {env->seed ^ fg_seed_of_name(c->name)};
+  fg_fill_random(hq, nq_el, &g, c->dt, 1);
+  fg_fill_random(hk, nk_el, &g, c->dt, 1);
+  fg_fill_random(hv, nk_el, &g, c->dt, 0);
+  fg_fill_random(hdo, nq_el, &g, c->dt, 0);
   fg_status st = FG_OK;
   for (int i = 0; i < 8 && st == FG_OK; i++) st = tensor_alloc(ctx, all[i], nan16);
   if (st == FG_OK) st = fg_dev_alloc(ctx, &lse, (size_t)(nrows > 0 ? nrows : 1) * 4);
@@ -387,60 +337,45 @@ static void run_case(bwd_env *env, const bwd_case *c, bwd_result *r) {
     bfail(r, "the host reference failed (out of memory?)");
     goto done;
   }
-  compare("dQ", gq, ex, nv, nq_el, c->dt, r, 0);
-  compare("dK", gk, ex + nq_el, nv + nq_el, nk_el, c->dt, r, 1);
-  compare("dV", gv, ex + nq_el + nk_el, nv + nq_el + nk_el, nk_el, c->dt, r, 2);
+  fg_gate_result gr;
+  fg_gate_backward(c->dt, gq, gk, gv, ex, nv, nq_el, nk_el, &gr);
+  memcpy(r->err, gr.err, sizeof r->err);
+  memcpy(r->tol, gr.tol, sizeof r->tol);
+  if (!gr.pass) bfail(r, "%s", gr.reason);
 done:
   for (int i = 0; i < 8; i++) fg_dev_free(ctx, all[i]->p);
   fg_dev_free(ctx, lse);
   free(hq), free(hdo), free(hk), free(hv), free(gq), free(gk), free(gv), free(ex), free(nv);
 }
 
-/* Compiles the variants of the selected cases on `jobs` threads before the cases run. */
+/* Compiles the variants of the selected cases on `jobs` threads (fg_pool_run, at most 32)
+ * before the cases run; a failure shows in its case. */
 typedef struct preload_job {
   fg_context *ctx;
   fg_variant *v;
-  int n, next;
-  pthread_mutex_t mu;
 } preload_job;
 
-static void *preload_worker(void *arg) {
+static void preload_one(void *arg, int i) {
   preload_job *j = arg;
-  for (;;) {
-    pthread_mutex_lock(&j->mu);
-    int i = j->next++;
-    pthread_mutex_unlock(&j->mu);
-    if (i >= j->n) return NULL;
-    const fg_loaded_kernel *k;
-    (void)fg_registry_get(j->ctx, &j->v[i], &k); /* a failure shows in its case */
-  }
+  const fg_loaded_kernel *k;
+  (void)fg_registry_get(j->ctx, &j->v[i], &k);
 }
 
 static void preload(fg_context *ctx, const bwd_list *l, const char *sel, int jobs) {
-  preload_job j;
-  memset(&j, 0, sizeof j);
-  j.ctx = ctx;
-  j.v = calloc((size_t)l->n + 1, sizeof *j.v);
-  if (!j.v) return;
+  fg_variant *v = calloc((size_t)l->n + 1, sizeof *v);
+  if (!v) return;
+  int n = 0;
   for (int i = 0; i < l->n; i++) {
     if (!sel[i]) continue;
     const bwd_case *c = &l->c[i];
-    fg_variant v = fg_builtin_backward_variant(c->d, c->dt, c->causal, fg_context_arch(ctx));
+    fg_variant x = fg_builtin_backward_variant(c->d, c->dt, c->causal, fg_context_arch(ctx));
     int dup = 0;
-    for (int x = 0; x < j.n && !dup; x++) dup = !memcmp(&j.v[x], &v, sizeof v);
-    if (!dup) j.v[j.n++] = v;
+    for (int k = 0; k < n && !dup; k++) dup = !memcmp(&v[k], &x, sizeof x);
+    if (!dup) v[n++] = x;
   }
-  pthread_mutex_init(&j.mu, NULL);
-  if (jobs < 1) jobs = 1;
-  if (jobs > 32) jobs = 32;
-  pthread_t t[32];
-  int started = 0;
-  for (int i = 0; i < jobs; i++)
-    if (pthread_create(&t[started], NULL, preload_worker, &j) == 0) started++;
-  if (!started) preload_worker(&j);
-  for (int i = 0; i < started; i++) pthread_join(t[i], NULL);
-  pthread_mutex_destroy(&j.mu);
-  free(j.v);
+  preload_job j = {ctx, v};
+  fg_pool_run(n, jobs < 1 ? 1 : jobs > 32 ? 32 : jobs, preload_one, NULL, &j);
+  free(v);
 }
 
 int fg_check_backward(const fg_check_options *o, int *passed, int *failed) {

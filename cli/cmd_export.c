@@ -6,13 +6,13 @@
  * inputs (no time, no paths, sorted), so running it twice writes the same bytes. */
 #include <ctype.h>
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fg_autotune.h"
 #include "fg_cli.h"
 #include "fg_runtime_internal.h"
 
@@ -420,30 +420,34 @@ static int collect_tuned(const char *cache_dir, int all_devices, const fg_arch *
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Compiling. */
-typedef struct build_pool {
-  fg_generator *g;
-  export_set *s;
-  int next, done, quiet;
-  pthread_mutex_t mu;
-} build_pool;
+/* Compiling (fg_compile_pool): the progress line. */
+typedef struct build_progress {
+  int n, quiet;
+} build_progress;
 
-static void *build_worker(void *arg) {
-  build_pool *p = arg;
-  for (;;) {
-    pthread_mutex_lock(&p->mu);
-    int i = p->next++;
-    pthread_mutex_unlock(&p->mu);
-    if (i >= p->s->n) return NULL;
-    export_kernel *k = &p->s->k[i];
-    k->built = fg_generator_build(p->g, &k->v, &k->img, &k->err) == 0;
-    pthread_mutex_lock(&p->mu);
-    p->done++;
-    if (!p->quiet && (p->done % 16 == 0 || p->done == p->s->n))
-      fprintf(stderr, "\rflashgen export: compiled %d of %d", p->done, p->s->n);
-    if (!p->quiet && p->done == p->s->n) fputc('\n', stderr);
-    pthread_mutex_unlock(&p->mu);
+static void build_done(void *arg, int i, int ndone) {
+  (void)i;
+  const build_progress *p = arg;
+  if (!p->quiet && (ndone % 16 == 0 || ndone == p->n))
+    fprintf(stderr, "\rflashgen export: compiled %d of %d", ndone, p->n);
+  if (!p->quiet && ndone == p->n) fputc('\n', stderr);
+}
+
+/* Compiles every kernel of s on `jobs` threads into its img (built, err). Returns 0, or -1 out
+ * of memory (nothing built). */
+static int build_all(fg_generator *g, export_set *s, int jobs, int quiet) {
+  fg_compile_item *items = calloc((size_t)s->n + 1, sizeof *items);
+  if (!items) return -1;
+  for (int i = 0; i < s->n; i++) items[i].v = s->k[i].v;
+  build_progress pr = {s->n, quiet};
+  fg_compile_pool(g, items, s->n, jobs, build_done, &pr);
+  for (int i = 0; i < s->n; i++) {
+    s->k[i].built = items[i].ok;
+    s->k[i].img = items[i].img;
+    s->k[i].err = items[i].log;
   }
+  free(items);
+  return 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -872,19 +876,12 @@ int fg_cmd_export(int argc, char **argv) {
   if (!quiet)
     fprintf(stderr, "flashgen export: compiling %d kernels for %s with NVRTC %d.%d on %ld threads\n",
             s.n, in.archs, in.nvrtc_version / 1000, (in.nvrtc_version % 1000) / 10, jobs);
-  build_pool pool;
-  memset(&pool, 0, sizeof pool);
-  pool.g = g;
-  pool.s = &s;
-  pool.quiet = quiet;
-  pthread_mutex_init(&pool.mu, NULL);
-  pthread_t th[64];
-  int nth = 0;
-  for (long t = 0; t < jobs && t < s.n; t++)
-    if (pthread_create(&th[nth], NULL, build_worker, &pool) == 0) nth++;
-  if (nth == 0) build_worker(&pool);
-  for (int t = 0; t < nth; t++) pthread_join(th[t], NULL);
-  pthread_mutex_destroy(&pool.mu);
+  if (build_all(g, &s, (int)jobs, quiet) != 0) {
+    fprintf(stderr, "flashgen export: out of memory\n");
+    fg_generator_destroy(g);
+    set_free(&s);
+    return 1;
+  }
   fg_generator_destroy(g);
   int failed = 0;
   for (int i = 0; i < s.n; i++) {

@@ -1,12 +1,12 @@
 /* cmd_gen.c: the generator's subcommands: list, render, compile, info, build-default. */
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fg_autotune.h"
 #include "fg_cli.h"
 #include "fg_cuda.h"
 #include "fg_gen.h"
@@ -309,26 +309,6 @@ int fg_cmd_info(int argc, char **argv) {
   return ok == 0 ? 0 : 1;
 }
 
-typedef struct {
-  fg_generator *g;
-  fg_variant *v;
-  fg_kernel_image *img;
-  char **err;
-  int n, next;
-  pthread_mutex_t mu;
-} build_job;
-
-static void *build_worker(void *arg) {
-  build_job *j = arg;
-  for (;;) {
-    pthread_mutex_lock(&j->mu);
-    int i = j->next++;
-    pthread_mutex_unlock(&j->mu);
-    if (i >= j->n) return NULL;
-    if (fg_generator_build(j->g, &j->v[i], &j->img[i], &j->err[i])) j->img[i].cubin = NULL;
-  }
-}
-
 int fg_cmd_build_default(int argc, char **argv) {
   if (has_help(argc, argv)) {
     printf("usage: flashgen build-default [--arch ARCH[,ARCH...]] [-j N] [--kv-outer]\n\n"
@@ -375,28 +355,31 @@ int fg_cmd_build_default(int argc, char **argv) {
     const fg_arch arch = archs[ai];
     fg_variant v[512];
     int n = fg_default_variants(arch, kv, v, 512);
-    build_job j = {g, v, calloc((size_t)n, sizeof(fg_kernel_image)), calloc((size_t)n, sizeof(char *)), n, 0,
-                   PTHREAD_MUTEX_INITIALIZER};
-    pthread_t th[64];
-    for (int t = 0; t < threads; t++) pthread_create(&th[t], NULL, build_worker, &j);
-    for (int t = 0; t < threads; t++) pthread_join(th[t], NULL);
-    double *ms = calloc((size_t)n, sizeof(double));
+    fg_compile_item *it = calloc((size_t)n + 1, sizeof *it);
+    if (!it) {
+      fprintf(stderr, "flashgen build-default: out of memory\n");
+      fg_generator_destroy(g);
+      return 1;
+    }
+    for (int i = 0; i < n; i++) it[i].v = v[i];
+    fg_compile_pool(g, it, n, threads, NULL, NULL);
+    double *ms = calloc((size_t)n + 1, sizeof(double));
     int ok = 0;
     for (int i = 0; i < n; i++) {
       char name[FG_VARIANT_NAME_MAX];
       fg_variant_name(&v[i], name, sizeof name);
-      if (!j.img[i].cubin) {
-        printf("%-56s %-7s FAILED: %s\n", name, fg_arch_name(arch), j.err[i] ? j.err[i] : "");
+      if (!it[i].ok) {
+        printf("%-56s %-7s FAILED: %s\n", name, fg_arch_name(arch), it[i].log ? it[i].log : "");
         failed++;
       } else {
-        fg_kernel_meta *m = &j.img[i].meta;
-        printf("%-56s %-7s %8.0f %5d %9d %6d\n", name, fg_arch_name(arch), j.img[i].compile_ms, m->regs,
+        fg_kernel_meta *m = &it[i].img.meta;
+        printf("%-56s %-7s %8.0f %5d %9d %6d\n", name, fg_arch_name(arch), it[i].img.compile_ms, m->regs,
                m->smem_bytes, m->spill_store_bytes + m->spill_load_bytes);
         if (m->spill_store_bytes + m->spill_load_bytes > 0) failed++;
-        ms[ok++] = j.img[i].compile_ms;
-        fg_kernel_image_free(&j.img[i]);
+        ms[ok++] = it[i].img.compile_ms;
       }
-      free(j.err[i]);
+      fg_kernel_image_free(&it[i].img);
+      free(it[i].log);
       total++;
     }
     for (int a = 1; a < ok; a++)
@@ -405,8 +388,7 @@ int fg_cmd_build_default(int argc, char **argv) {
       }
     fprintf(stderr, "%s: %d variants, median NVRTC time %.0f ms\n", fg_arch_name(arch), n, ok ? ms[ok / 2] : 0.0);
     free(ms);
-    free(j.img);
-    free(j.err);
+    free(it);
   }
   fg_generator_destroy(g);
   printf("%d built, %d failed or spilled\n", total - failed, failed);

@@ -1,5 +1,7 @@
-/* fg_check.h: what the parts of `flashgen check` share: the options of a run, and the backward
- * cases (check_bwd.c), which cmd_check.c runs after the forward ones. */
+/* fg_check.h: what the parts of `flashgen check` share: the options of a run; the forward cases
+ * (check_cases.c: the table), how one runs (check_run.c) and its result; the backward cases
+ * (check_bwd.c), which cmd_check.c (the command: options, kernel preload, the loop) runs after
+ * the forward ones. */
 #ifndef FG_CHECK_H
 #define FG_CHECK_H
 #include <stdint.h>
@@ -17,4 +19,73 @@ typedef struct fg_check_options {
 /* Runs (or with o->list prints) the backward cases that o selects, printing one line per case
  * and adding to *passed / *failed. Returns the number of cases selected. */
 int fg_check_backward(const fg_check_options *o, int *passed, int *failed);
+
+/* ---- The forward cases ---------------------------------------------------------------------- */
+
+enum {
+  FG_CHECK_RUN = 0,          /* a forward call checked against the references */
+  FG_CHECK_BIG,              /* more than 2^31 elements in Q and O: reference on windows of rows */
+  FG_CHECK_BAD_HOST_Q,       /* q from malloc */
+  FG_CHECK_BAD_PINNED_K,     /* k in page-locked host memory */
+  FG_CHECK_BAD_FREED_V,      /* v freed before the call */
+  FG_CHECK_BAD_HOST_LSE,     /* lse from malloc */
+  FG_CHECK_BAD_MISALIGNED_O, /* o 8 bytes past an aligned address */
+  FG_CHECK_BAD_OTHER_DEV_K,  /* k on another device */
+  FG_CHECK_BAD_DTYPE,        /* dtype 3 */
+  FG_CHECK_BAD_HEAD_DIM,     /* head_dim 100 */
+  FG_CHECK_EMPTY_BATCH,      /* batch 0: OK, nothing written */
+  FG_CHECK_EMPTY_NQ          /* seqlen_q 0: OK, nothing written */
+};
+/* Layouts: (B, H, N, d) contiguous; (B, N, H, d); rows padded to d + 16; Q/O (B, N, H, d) with
+ * K/V (B, H, N, d). */
+enum { FG_CHECK_BHND = 0, FG_CHECK_BNHD = 1, FG_CHECK_PADDED = 2, FG_CHECK_MIXED = 3 };
+
+typedef struct fg_check_case {
+  char name[192];
+  int kind;
+  fg_dtype dtype;
+  int causal;
+  int64_t B, Hq, Hkv, Nq, Nk, d;
+  int layout;
+  int lse;
+  float scale;
+  int forced;     /* run v instead of the dispatcher's choice */
+  fg_variant v;
+  int quick;
+} fg_check_case;
+
+typedef struct fg_check_list {
+  fg_check_case *c;
+  int n, cap;
+} fg_check_list;
+
+/* Appends every forward case, in the order `flashgen check` lists and runs them: the variants
+ * of the default set defs (whose arch also decides the wgmma cases), sequence lengths, head
+ * dimensions, GQA/MQA, layouts, no LSE, rows without keys, scales, 64-bit indexing and bad
+ * input (the other-device case only when device_count >= 2). Exits on out of memory. */
+void fg_check_build_cases(fg_check_list *l, const fg_variant *defs, int ndefs, int device_count);
+
+/* ---- Running a forward case (check_run.c) ---------------------------------------------------- */
+
+typedef struct fg_check_env {
+  fg_context *ctx;
+  CUstream stream;
+  uint64_t seed;
+  int verbose;
+  int device;
+} fg_check_env;
+
+typedef struct fg_check_result {
+  int pass;
+  double max_err, tol, lse_err;
+  char variant[FG_VARIANT_NAME_MAX];
+  char reason[2048];
+} fg_check_result;
+
+/* Runs one case (zeroes *r first): fresh random inputs (fg_fill_random, seeded by env->seed and
+ * the case's name), outputs poisoned with NaN, the forward call, the reference kernels and
+ * fg_gate_forward; or, for the bad-input kinds, the expected error with the outputs untouched. */
+void fg_check_run(fg_check_env *env, const fg_check_case *c, fg_check_result *r);
+/* A monotonic clock in milliseconds. */
+double fg_check_now_ms(void);
 #endif

@@ -1,7 +1,8 @@
 /* test_autotune.c: the parts of tuning that need no GPU: the problem syntax (with the pass) and
  * problem files, the default set (forward and backward), the TFLOP/s formula, the median, the L2
  * rotation count, the forward and backward candidates on H100 / A100 / RTX 4090 limits, the
- * backward's problem key, the backward correctness gate on host arrays, fg_explain_backward on
+ * backward's problem key, the correctness gate (forward and backward) and its never-zero random
+ * fill on host arrays, fg_explain_backward on
  * the fake driver under FG_POLICY_EXPORTED_ONLY (built-in rule, exported choice, nearest bucket,
  * the plan's launches); and the `flashgen tune`, `flashgen explain --backward` and `flashgen
  * cache` commands (run from $FLASHGEN_CLI): usage errors, no GPU, each cache action. */
@@ -565,6 +566,178 @@ Test(gate, backward_accepts_the_reference_rejects_errors_and_nan) {
   cr_assert_float_eq(r.tol[0], FG_GATE_FLOOR, 1e-15);
 }
 
+/* ---- the forward correctness gate -------------------------------------------------------- */
+
+/* A synthetic forward result, causal with Nq > Nk (rows 0 .. Nq - Nk - 1 see no key): ref in
+ * [-1, 1] (0 in rows without a key), naive = ref + about 1%, O = ref in dtype written with
+ * (B, N, H, d) strides, LSE = the reference's (-inf without a key). */
+enum { FB = 2, FH = 3, FNQ = 40, FNK = 33, FD = 16, FROWS = FB * FH * FNQ, FEL = FROWS * FD };
+typedef struct fwd_arrays {
+  double ref[FEL], naive[FEL], ref_lse[FROWS];
+  uint16_t o[FEL];
+  float lse[FROWS];
+  fg_gate_fwd f;
+} fwd_arrays;
+
+static int fwd_nokey(int64_t i) { return i + FNK - FNQ < 0; }
+
+static void fwd_arrays_init(fwd_arrays *a, fg_dtype dt) {
+  uint64_t s = 777;
+  for (int64_t row = 0; row < FROWS; row++) {
+    const int64_t i = row % FNQ, h = (row / FNQ) % FH, b = row / (FNQ * FH);
+    a->ref_lse[row] = fwd_nokey(i) ? -INFINITY : 3.0 + 0.01 * (double)i;
+    a->lse[row] = (float)a->ref_lse[row];
+    for (int64_t c = 0; c < FD; c++) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      const double u = (double)(s >> 11) * 0x1.0p-53;
+      const int64_t e = row * FD + c;
+      a->ref[e] = fwd_nokey(i) ? 0.0 : 2 * u - 1;
+      a->naive[e] = a->ref[e] * (1 + ((e % 3) - 1) * 0.01);
+      a->o[(b * FNQ + i) * FH * FD + h * FD + c] = fg_f32_to_half((float)a->ref[e], dt);
+    }
+  }
+  const fg_gate_fwd f = {dt, 1, FB, FH, FNQ, FNK, FD, a->o, {FNQ * FH * FD, FD, FH * FD},
+                         a->lse, a->ref, a->ref_lse, a->naive};
+  a->f = f;
+}
+
+/* The index in a->o of element (b, h, i, c). */
+static int64_t fwd_at(int64_t b, int64_t h, int64_t i, int64_t c) {
+  return (b * FNQ + i) * FH * FD + h * FD + c;
+}
+
+Test(gate, forward_accepts_the_exact_result) {
+  static fwd_arrays a;
+  const fg_dtype dts[] = {FG_DTYPE_BF16, FG_DTYPE_F16};
+  for (int t = 0; t < 2; t++) {
+    fwd_arrays_init(&a, dts[t]);
+    fg_gate_result r;
+    cr_assert_eq(fg_gate_forward(&a.f, &r), 1, "%s: %s", fg_dtype_name(dts[t]), r.reason);
+    cr_assert(r.pass && !r.reason[0]);
+    cr_assert_eq(r.nonfinite + r.nokey_bad + r.lse_bad, 0);
+    cr_assert(r.err[0] <= r.tol[0]);
+    cr_assert_float_eq(r.naive_err[0], 0.01, 1e-3, "naive error %g", r.naive_err[0]);
+    const double eps = dts[t] == FG_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
+    cr_assert_float_eq(r.tol[0], 2 * r.naive_err[0] + eps * r.ref_max[0], 1e-12);
+    cr_assert_float_eq(r.tol[1], FG_GATE_LSE_TOL, 0);
+    cr_assert_lt(r.err[1], 1e-6, "the LSE is the reference's, rounded to float");
+    /* Without LSE the LSE is not read (it may be garbage). */
+    a.f.lse = NULL;
+    a.lse[FROWS - 1] = NAN;
+    cr_assert_eq(fg_gate_forward(&a.f, &r), 1, "%s", r.reason);
+    /* Contiguous O (strides 0) is read as [B, H, N, d]. */
+    static uint16_t oc[FEL];
+    for (int64_t e = 0; e < FEL; e++) oc[e] = fg_f32_to_half((float)a.ref[e], dts[t]);
+    a.f.o = oc;
+    memset(a.f.o_stride, 0, sizeof a.f.o_stride);
+    cr_assert_eq(fg_gate_forward(&a.f, &r), 1, "%s", r.reason);
+  }
+}
+
+Test(gate, forward_rejects_a_perturbed_o_wrong_lse_nan_and_nonzero_nokey_rows) {
+  static fwd_arrays a;
+  fg_gate_result r;
+  const fg_dtype dt = FG_DTYPE_BF16;
+  /* O off by 0.1 in one element (the tolerance is about 2 x 1% + 2^-8). */
+  fwd_arrays_init(&a, dt);
+  const int64_t row = (1 * FH + 2) * FNQ + 30; /* b = 1, h = 2, i = 30: sees keys */
+  a.o[fwd_at(1, 2, 30, 5)] = fg_f32_to_half((float)(a.ref[row * FD + 5] + 0.1), dt);
+  cr_assert_eq(fg_gate_forward(&a.f, &r), 0);
+  cr_assert(strstr(r.reason, "max|O - ref|") && strstr(r.reason, "exceeds"), "%s", r.reason);
+  cr_assert_eq(r.worst[0], row * FD + 5);
+  cr_assert_gt(r.err[0], r.tol[0]);
+  /* 0.005 off passes. */
+  a.o[fwd_at(1, 2, 30, 5)] = fg_f32_to_half((float)(a.ref[row * FD + 5] + 0.005), dt);
+  cr_assert_eq(fg_gate_forward(&a.f, &r), 1, "%s", r.reason);
+
+  /* A wrong LSE: 1% off; within 1e-3 * (1 + |ref|) passes. */
+  fwd_arrays_init(&a, dt);
+  a.lse[row] = (float)(a.ref_lse[row] * 1.01);
+  cr_assert_eq(fg_gate_forward(&a.f, &r), 0);
+  cr_assert(strstr(r.reason, "1 LSE values are wrong, first LSE[b=1, h=2, i=30]"), "%s", r.reason);
+  cr_assert_eq(r.lse_bad, 1);
+  a.lse[row] = (float)(a.ref_lse[row] + 1e-3);
+  cr_assert_eq(fg_gate_forward(&a.f, &r), 1, "%s", r.reason);
+  /* A finite LSE in a row that sees no key (i = 0), and -inf in one that does. */
+  a.lse[0] = 0.0f;
+  cr_assert_eq(fg_gate_forward(&a.f, &r), 0);
+  cr_assert(strstr(r.reason, "LSE[b=0, h=0, i=0]") && strstr(r.reason, "expected -inf"), "%s",
+            r.reason);
+  a.lse[0] = -INFINITY;
+  a.lse[row] = -INFINITY;
+  cr_assert_eq(fg_gate_forward(&a.f, &r), 0);
+  cr_assert(strstr(r.reason, "LSE[b=1, h=2, i=30] = -inf"), "%s", r.reason);
+
+  /* A NaN in O (the poison left behind), and an infinity. */
+  fwd_arrays_init(&a, dt);
+  a.o[fwd_at(0, 1, 20, 3)] = 0x7fc0;
+  a.o[fwd_at(1, 0, 39, 15)] = 0x7f80;
+  cr_assert_eq(fg_gate_forward(&a.f, &r), 0);
+  cr_assert(strstr(r.reason, "2 elements of O are not finite") &&
+                strstr(r.reason, "first O[b=0, h=1, i=20, c=3] = 0x7fc0"),
+            "%s", r.reason);
+  cr_assert_eq(r.nonfinite, 2);
+
+  /* A row that sees no key (i = 6 < Nq - Nk = 7) must be exactly 0, even a tiny value. */
+  fwd_arrays_init(&a, dt);
+  a.o[fwd_at(1, 1, 6, 0)] = 0x0001; /* bf16: the smallest subnormal */
+  cr_assert_eq(fg_gate_forward(&a.f, &r), 0);
+  cr_assert(strstr(r.reason, "elements of rows with no key are not 0") &&
+                strstr(r.reason, "O[b=1, h=1, i=6, c=0]"),
+            "%s", r.reason);
+  /* Row 7 sees one key: not held to 0. */
+  fwd_arrays_init(&a, dt);
+  cr_assert_eq(fg_gate_forward(&a.f, &r), 1, "%s", r.reason);
+
+  /* seqlen_k = 0: every row sees no key. */
+  fwd_arrays_init(&a, dt);
+  a.f.seqlen_k = 0;
+  cr_assert_eq(fg_gate_forward(&a.f, &r), 0, "rows with keys are not 0");
+  cr_assert(strstr(r.reason, "rows with no key"), "%s", r.reason);
+
+  /* The first failure in order is named: non-finite O before a wrong LSE before the error. */
+  fwd_arrays_init(&a, dt);
+  a.o[fwd_at(0, 0, 10, 0)] = fg_f32_to_half((float)(a.ref[10 * FD] + 0.5), dt);
+  a.lse[12] = 100.0f;
+  a.o[fwd_at(1, 2, 39, 1)] = 0x7fc0;
+  cr_assert_eq(fg_gate_forward(&a.f, &r), 0);
+  cr_assert(strstr(r.reason, "not finite"), "%s", r.reason);
+  cr_assert_eq(r.lse_bad, 1);
+  cr_assert_gt(r.err[0], r.tol[0], "O is measured after the NaN");
+
+  /* A broken reference is named as such. */
+  fwd_arrays_init(&a, dt);
+  a.ref[FEL - 1] = NAN;
+  cr_assert_eq(fg_gate_forward(&a.f, &r), 0);
+  cr_assert(strstr(r.reason, "reference O are not finite"), "%s", r.reason);
+}
+
+Test(gate, random_fill_is_never_zero_and_reproducible) {
+  static uint16_t x[1 << 16], y[1 << 16];
+  const fg_dtype dts[] = {FG_DTYPE_BF16, FG_DTYPE_F16};
+  for (int t = 0; t < 2; t++)
+    for (int normal = 0; normal <= 1; normal++) {
+      fg_rng r1 = {fg_seed_of_name("seqlen/nq1_nk1_bf16_causal")}, r2 = r1;
+      fg_fill_random(x, 1 << 16, &r1, dts[t], normal);
+      fg_fill_random(y, 1 << 16, &r2, dts[t], normal);
+      cr_assert_eq(memcmp(x, y, sizeof x), 0, "the same seed gives the same values");
+      double sum = 0, mx = 0;
+      for (int i = 0; i < 1 << 16; i++) {
+        const double v = fg_half_to_f32(x[i], dts[t]);
+        cr_assert((x[i] & 0x7fffu) != 0 && isfinite(v), "x[%d] = 0x%04x", i, x[i]);
+        sum += v;
+        mx = fmax(mx, fabs(v));
+      }
+      cr_assert_lt(fabs(sum / (1 << 16)), 0.02, "mean %g", sum / (1 << 16));
+      if (normal) cr_assert_gt(mx, 3.0);
+      else cr_assert_leq(mx, 1.0);
+    }
+  /* The stream is splitmix64's: the first value from state 0. */
+  fg_rng r = {0};
+  cr_assert_eq(fg_rng_next(&r), 0xE220A8397B1DCDAFull);
+  cr_assert_neq(fg_seed_of_name("a"), fg_seed_of_name("b"));
+}
+
 /* ---- fg_explain_backward on the fake driver, no GPU -------------------------------------- */
 
 static char fake_dir[64], fake_path[128];
@@ -1006,7 +1179,7 @@ Test(tune_fake_gpu, tunes_records_and_skips_what_is_recorded, .init = make_cache
         cr_assert(!k->ok && strstr(k->reason, "not finite"), "%s: %s", k->variant, k->reason);
       } else if (strstr(k->variant, "br128_bc128")) {
         wrong++;
-        cr_assert(!k->ok && strstr(k->reason, "max |O-ref|") && strstr(k->reason, "seed"), "%s: %s",
+        cr_assert(!k->ok && strstr(k->reason, "max|O - ref|") && strstr(k->reason, "seed"), "%s: %s",
                   k->variant, k->reason);
       } else {
         cr_assert(k->ok && k->ms > 0 && k->tflops > 0, "%s: %s", k->variant, k->reason);

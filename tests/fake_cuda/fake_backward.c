@@ -1,7 +1,7 @@
 /* fake_backward.c: the backward plan on the fake driver (#included by libcuda.c, which owns the
  * rest): a launch of a kernel named fg_bwd_... computes what the plan computes, on the CPU, from
  * the fg_bwd_params block. The main entry does all of it in double: P recomputed from Q and K
- * (it does not read O or lse, so a forward run on this driver, which writes no lse, is enough),
+ * (it does not read O or lse, so any forward run on this driver is enough),
  * dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q, dK and
  * dV summed over the query heads of a KV head, each written once in the variant's dtype; the
  * _pre and _post entries do nothing (their work, the workspace, is the main entry's here).

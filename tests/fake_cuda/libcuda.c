@@ -3,7 +3,8 @@
  * One device with H100 limits; device memory is host memory; modules keep only their entry
  * names; a launch computes attention on the CPU from the fg_fwd_params block, as the kernel
  * named by its entry would: the references (fg_ref_f64_* exact, fg_ref_lowp_* rounded) write
- * fp64, the forward variants write f16/bf16. Planted faults, so rejection is tested too:
+ * fp64 (O, and the LSE when p.lse is set), the forward variants write f16/bf16 (and an fp32
+ * LSE when p.lse is set: the gate checks it). Planted faults, so rejection is tested too:
  * kv_outer variants leave the last output unwritten (NaN), br128_bc128 variants are wrong by
  * 0.25; variants with w8 spin 5x longer (early stop). Events are host timestamps.
  * Backward kernels (entries fg_bwd_*): their launches are recorded (entry, grid, block, shared
@@ -303,6 +304,12 @@ API CUresult cuLaunchKernel(void *fnp, unsigned gx, unsigned gy, unsigned gz, un
           if (s[j] > mx) mx = s[j];
         }
         for (long long j = 0; j < n; j++) sum += (s[j] = exp(s[j] - mx));
+        if (p->lse) {
+          const long long row = (b * p->heads_q + h) * nq + i;
+          const double l = n > 0 ? mx + log(sum) : -INFINITY;
+          if (is_ref) ((double *)(uintptr_t)p->lse)[row] = l;
+          else ((float *)(uintptr_t)p->lse)[row] = (float)l;
+        }
         for (long long c = 0; c < d; c++) {
           double o = 0;
           for (long long j = 0; j < n; j++) o += s[j] * vd[j * d + c];

@@ -1,0 +1,274 @@
+/* check_cases.c: the forward cases of `flashgen check`, as tables and loops over them (the names
+ * are what `flashgen check --list` prints and --filter matches: keep them stable). Each section
+ * says what it covers; kv_outer cases exist only where the default set has a kv_outer variant of
+ * their (d, dtype, causal). */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fg_check.h"
+
+/* Appends a case: kind, dtype, causal, head dim, batch, query heads, KV heads, Nq, Nk, whether
+ * --quick runs it, and its name; layout (B, H, N, d), with LSE, the default scale. */
+static fg_check_case *add(fg_check_list *l, int kind, fg_dtype dt, int causal, int64_t d,
+                          int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq, int64_t Nk, int quick,
+                          const char *fmt, ...) FG_PRINTF(12, 13);
+static fg_check_case *add(fg_check_list *l, int kind, fg_dtype dt, int causal, int64_t d,
+                          int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq, int64_t Nk, int quick,
+                          const char *fmt, ...) {
+  if (l->n == l->cap) {
+    int cap = l->cap ? l->cap * 2 : 256;
+    fg_check_case *c = realloc(l->c, (size_t)cap * sizeof *c);
+    if (!c) {
+      fprintf(stderr, "flashgen check: out of memory\n");
+      exit(1);
+    }
+    l->c = c;
+    l->cap = cap;
+  }
+  fg_check_case *c = &l->c[l->n++];
+  memset(c, 0, sizeof *c);
+  c->kind = kind;
+  c->dtype = dt;
+  c->causal = causal;
+  c->d = d;
+  c->B = B, c->Hq = Hq, c->Hkv = Hkv, c->Nq = Nq, c->Nk = Nk;
+  c->quick = quick;
+  c->lse = 1;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->name, sizeof c->name, fmt, ap);
+  va_end(ap);
+  return c;
+}
+
+static const char *cw(int causal) { return causal ? "causal" : "noncausal"; }
+static const char *dtn(fg_dtype t) { return fg_dtype_name(t); }
+/* bf16 for even x, f16 for odd (the sections alternate dtypes over their loops). */
+static fg_dtype alt(int64_t x) { return x % 2 ? FG_DTYPE_F16 : FG_DTYPE_BF16; }
+
+/* Forces the last case to the default set's kv_outer variant of its (d, dtype, causal), or
+ * drops it when the set has none. */
+static void kv_outer(fg_check_list *l, const fg_variant *defs, int n) {
+  fg_check_case *c = &l->c[l->n - 1];
+  for (int i = 0; i < n; i++)
+    if (defs[i].d == c->d && defs[i].dtype == c->dtype && (defs[i].causal != 0) == (c->causal != 0) &&
+        defs[i].loop == FG_LOOP_KV_OUTER) {
+      c->forced = 1;
+      c->v = defs[i];
+      return;
+    }
+  l->n--;
+}
+
+/* A wgmma variant (fwd_wgmma.cu; loop q_wgmma, or q_wgmma_ov when ov). */
+static fg_variant wgmma(int d, fg_dtype dt, int causal, fg_arch arch, int ov, int warps, int bc,
+                        int stages) {
+  fg_variant v = {FG_PASS_FWD, d, 16 * warps, bc, dt, causal,
+                  ov ? FG_LOOP_Q_WGMMA_OV : FG_LOOP_Q_WGMMA, warps, stages, arch};
+  return v;
+}
+
+static void force(fg_check_case *c, fg_variant v) {
+  c->forced = 1;
+  c->v = v;
+}
+
+/* The wgmma path (sm_90a only), both schedules (in order, overlapped): every tile shape on the
+ * head dims it takes, both dtypes, causal or not; then sequence-length pairs (partial Q and K/V
+ * blocks, one key, rows without keys), GQA and MQA, layouts, no LSE, and more than 2^16 (batch,
+ * head) pairs. */
+static void add_wgmma_cases(fg_check_list *l, fg_arch arch) {
+  if (arch != FG_ARCH_SM90A) return;
+  static const struct { int d, warps, bc, stages, ov; } shapes[] = {
+      {64, 4, 64, 2, 1},  {64, 4, 128, 2, 0}, {64, 8, 64, 2, 1},  {128, 4, 64, 2, 1},
+      {128, 4, 64, 2, 0}, {128, 4, 128, 2, 0}, {128, 8, 64, 2, 1}, {128, 8, 32, 2, 0},
+      {256, 4, 32, 2, 0}, {256, 8, 32, 2, 1}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    for (int dt = 0; dt < 2; dt++)
+      for (int causal = 0; causal <= 1; causal++) {
+        const fg_variant v = wgmma(shapes[i].d, alt(dt), causal, arch, shapes[i].ov,
+                                   shapes[i].warps, shapes[i].bc, shapes[i].stages);
+        char vn[FG_VARIANT_NAME_MAX];
+        fg_variant_name(&v, vn, sizeof vn);
+        const int quick = (shapes[i].d == 128 || shapes[i].d == 64) && shapes[i].warps == 4 &&
+                          dt == causal;
+        force(add(l, FG_CHECK_RUN, alt(dt), causal, shapes[i].d, 2, 2, 1, causal ? 160 : 200,
+                  causal ? 224 : 200, quick, "wgmma/%s", vn),
+              v);
+      }
+  static const int64_t pairs[][2] = {{1, 1},     {17, 129},  {129, 17},   {127, 1000}, {1000, 127},
+                                     {1000, 1000}, {4097, 4097}, {300, 100}, {300, 0}};
+  for (int dd = 0; dd < 2; dd++)
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
+      for (int causal = 0; causal <= 1; causal++) {
+        if (pairs[i][1] == 0 && causal) continue;
+        const int ov = (int)(i + (size_t)dd) % 2; /* both schedules over the pairs */
+        const int d = dd ? 64 : 128;
+        const fg_dtype dt = alt((int64_t)i + causal);
+        const int64_t nq = pairs[i][0], nk = pairs[i][1];
+        force(add(l, FG_CHECK_RUN, dt, causal, d, nq * nk >= 1000 * 1000 ? 1 : 2, 2, dd ? 2 : 1,
+                  nq, nk, i == 1 || i == 2 || i == 7,
+                  "wgmma_seqlen/d%d_nq%" PRId64 "_nk%" PRId64 "_%s_%s_%s", d, nq, nk, dtn(dt),
+                  cw(causal), ov ? "ov" : "inorder"),
+              wgmma(d, dt, causal, arch, ov, 4, 64, 2));
+      }
+  static const struct {
+    const char *name;
+    int d, layout, lse, causal;
+    int64_t B, Hq, Hkv, Nq, Nk;
+  } ps[] = {{"gqa8", 128, FG_CHECK_BHND, 1, 1, 2, 16, 2, 300, 345},
+            {"mqa", 64, FG_CHECK_BHND, 1, 0, 2, 8, 1, 300, 300},
+            {"bnhd", 128, FG_CHECK_BNHD, 1, 1, 2, 4, 4, 333, 333},
+            {"padded_rows", 64, FG_CHECK_PADDED, 1, 0, 2, 4, 4, 257, 300},
+            {"mixed_layouts", 128, FG_CHECK_MIXED, 1, 0, 2, 4, 2, 257, 300},
+            {"nolse", 128, FG_CHECK_BHND, 0, 1, 2, 2, 2, 300, 300},
+            {"b8300_h16_n1", 128, FG_CHECK_BHND, 1, 0, 8300, 16, 16, 1, 1}};
+  for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+    const int ov = i % 2 == 0;
+    fg_check_case *c = add(l, FG_CHECK_RUN, FG_DTYPE_BF16, ps[i].causal, ps[i].d, ps[i].B,
+                           ps[i].Hq, ps[i].Hkv, ps[i].Nq, ps[i].Nk, 1, "wgmma/%s_%s_%s",
+                           ps[i].name, cw(ps[i].causal), ov ? "ov" : "inorder");
+    c->layout = ps[i].layout;
+    c->lse = ps[i].lse;
+    force(c, wgmma(ps[i].d, FG_DTYPE_BF16, ps[i].causal, arch, ov, 4, 64, 2));
+  }
+}
+
+void fg_check_build_cases(fg_check_list *l, const fg_variant *defs, int ndefs, int device_count) {
+  static const int64_t lens[] = {1, 17, 127, 128, 129, 1000, 4097};
+  const int nlens = (int)(sizeof lens / sizeof lens[0]);
+
+  /* 1. Every variant of the default set, partial tiles, GQA 2:1, Nq != Nk when causal. */
+  for (int i = 0; i < ndefs; i++) {
+    char vn[FG_VARIANT_NAME_MAX];
+    fg_variant_name(&defs[i], vn, sizeof vn);
+    const int causal = defs[i].causal;
+    force(add(l, FG_CHECK_RUN, defs[i].dtype, causal, defs[i].d, 2, 2, 1, causal ? 160 : 200,
+              causal ? 224 : 200, defs[i].d == 64 || defs[i].d == 128, "variant/%s", vn),
+          defs[i]);
+  }
+
+  if (ndefs > 0) add_wgmma_cases(l, defs[0].arch);
+
+  /* 2. Sequence lengths: every (Nq, Nk) pair, causal on and off, through the dispatcher; the
+   * KV-outer loop order on every pair once (causal alternating). */
+  for (int i = 0; i < nlens; i++)
+    for (int j = 0; j < nlens; j++) {
+      const int64_t nq = lens[i], nk = lens[j];
+      const int big = nq * nk >= 1000 * 1000;
+      const int qpair = (nq == nk && (nq == 1 || nq == 128 || nq == 4097)) ||
+                        (nq == 17 && nk == 129) || (nq == 129 && nk == 17) ||
+                        (nq == 127 && nk == 1000) || (nq == 1000 && nk == 127);
+      for (int causal = 0; causal <= 1; causal++)
+        add(l, FG_CHECK_RUN, alt(i + j + causal), causal, 128, big ? 1 : 2, big ? 1 : 2,
+            big ? 1 : 2, nq, nk, qpair, "seqlen/nq%" PRId64 "_nk%" PRId64 "_%s_%s", nq, nk,
+            dtn(alt(i + j + causal)), cw(causal));
+      const int causal = (i + j) % 2;
+      const fg_dtype dt = alt(i / 2 + j);
+      add(l, FG_CHECK_RUN, dt, causal, 64, 1, big ? 1 : 2, big ? 1 : 2, nq, nk,
+          (nq == 17 && nk == 129) || (nq == 129 && nk == 17) || (nq == 1000 && nk == 1000),
+          "seqlen_kvouter/nq%" PRId64 "_nk%" PRId64 "_%s_%s", nq, nk, dtn(dt), cw(causal));
+      kv_outer(l, defs, ndefs);
+    }
+
+  /* 3. Head dimensions, both dtypes, causal on and off, through the dispatcher. */
+  static const int dims[] = {32, 40, 64, 80, 96, 128, 160, 192, 256};
+  for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+    for (int dt = 0; dt < 2; dt++)
+      for (int causal = 0; causal <= 1; causal++)
+        add(l, FG_CHECK_RUN, alt(dt), causal, dims[i], 2, 4, 2, causal ? 513 : 777, 777,
+            dims[i] == 64 || dims[i] == 128, "head_dim/d%d_%s_%s", dims[i], dtn(alt(dt)),
+            cw(causal));
+
+  /* 4. GQA 8:1 and MQA, both loop orders. */
+  for (int mqa = 0; mqa <= 1; mqa++)
+    for (int causal = 0; causal <= 1; causal++)
+      for (int kv = 0; kv <= 1; kv++) {
+        const int64_t hq = mqa ? 8 : 16, hkv = mqa ? 1 : 2;
+        add(l, FG_CHECK_RUN, mqa ? FG_DTYPE_F16 : FG_DTYPE_BF16, causal, mqa ? 64 : 128, 2, hq,
+            hkv, 300, causal ? 345 : 300, 1, "%s/hq%" PRId64 "_hkv%" PRId64 "_%s_%s",
+            mqa ? "mqa" : "gqa8", hq, hkv, cw(causal), kv ? "kvouter" : "dispatch");
+        if (kv) kv_outer(l, defs, ndefs);
+      }
+
+  /* 5. Layouts: (B, N, H, d), padded rows, Q/O and K/V in different layouts. */
+  for (int dt = 0; dt < 2; dt++)
+    for (int causal = 0; causal <= 1; causal++)
+      add(l, FG_CHECK_RUN, alt(dt), causal, 64, 2, 4, 4, 333, 333, 1, "layout/bnhd_%s_%s",
+          dtn(alt(dt)), cw(causal))->layout = FG_CHECK_BNHD;
+  static const struct {
+    int layout;
+    const char *name;
+    int kv, hkv;
+  } ls[] = {{FG_CHECK_BNHD, "bnhd_gqa_kvouter", 1, 2},
+            {FG_CHECK_PADDED, "padded_rows", 0, 4},
+            {FG_CHECK_PADDED, "padded_rows_kvouter", 1, 4},
+            {FG_CHECK_MIXED, "mixed_q_bnhd_kv_bhnd", 0, 4},
+            {FG_CHECK_MIXED, "mixed_q_bnhd_kv_bhnd_kvouter", 1, 2}};
+  for (size_t i = 0; i < sizeof ls / sizeof ls[0]; i++) {
+    const int causal = (int)(i % 2);
+    add(l, FG_CHECK_RUN, FG_DTYPE_BF16, causal, 128, 2, 4, ls[i].hkv, 257, 300, 1,
+        "layout/%s_%s", ls[i].name, cw(causal))->layout = ls[i].layout;
+    if (ls[i].kv) kv_outer(l, defs, ndefs);
+  }
+
+  /* 6. Without LSE. */
+  for (int kv = 0; kv <= 1; kv++) {
+    add(l, FG_CHECK_RUN, FG_DTYPE_BF16, 1, 128, 2, 2, 2, 300, 300, 1, "nolse/%s",
+        kv ? "kvouter" : "dispatch")->lse = 0;
+    if (kv) kv_outer(l, defs, ndefs);
+  }
+
+  /* 7. Rows that see no key: causal with Nq > Nk, and Nk = 0. */
+  static const int64_t nokey[][2] = {{300, 100}, {129, 17}, {1000, 1}, {64, 0}, {300, 0}};
+  for (size_t i = 0; i < sizeof nokey / sizeof nokey[0]; i++)
+    for (int kv = 0; kv <= 1; kv++)
+      for (int causal = nokey[i][1] == 0 ? 0 : 1; causal <= 1; causal++) {
+        add(l, FG_CHECK_RUN, alt((int64_t)i + kv), causal, i % 2 ? 64 : 128, 2, 2, 1, nokey[i][0],
+            nokey[i][1], 1, "nokey/nq%" PRId64 "_nk%" PRId64 "_%s_%s", nokey[i][0], nokey[i][1],
+            cw(causal), kv ? "kvouter" : "dispatch");
+        if (kv) kv_outer(l, defs, ndefs);
+      }
+
+  /* 8. Scales: a custom one, and large logits (scale 1 at d = 128: a very peaked softmax). */
+  add(l, FG_CHECK_RUN, FG_DTYPE_BF16, 0, 128, 1, 2, 2, 500, 500, 1, "scale/0.5")->scale = 0.5f;
+  for (int kv = 0; kv <= 1; kv++) {
+    add(l, FG_CHECK_RUN, FG_DTYPE_F16, 1, 128, 1, 2, 2, 500, 500, 1, "scale/large_logits_%s",
+        kv ? "kvouter" : "dispatch")->scale = 1.0f;
+    if (kv) kv_outer(l, defs, ndefs);
+  }
+
+  /* 9. 64-bit indexing: batch * heads_q past the grid's y limit; more than 2^31 elements. */
+  for (int kv = 0; kv <= 1; kv++)
+    for (int causal = 0; causal <= 1; causal++) {
+      add(l, FG_CHECK_RUN, FG_DTYPE_BF16, causal, 128, 8300, 16, 16, 1, 1, !kv && !causal,
+          "big/b8300_h16_n1_%s_%s", cw(causal), kv ? "kvouter" : "dispatch");
+      if (kv) kv_outer(l, defs, ndefs);
+    }
+  const int64_t big_nq = (INT64_C(1) << 31) / 128 + 4097; /* Q and O: 2^31 + 4097*128 elements */
+  add(l, FG_CHECK_BIG, FG_DTYPE_BF16, 0, 128, 1, 1, 1, big_nq, 64, 0,
+      "big/q_over_2^31_elements_nq%" PRId64, big_nq);
+
+  /* 10. Bad input that needs a GPU: the call fails with FG_ERROR_INVALID_ARGUMENT, nothing is
+   * written. Empty problems: FG_OK, nothing is written. */
+  static const struct {
+    int kind;
+    const char *name;
+  } bad[] = {{FG_CHECK_BAD_HOST_Q, "bad/host_pointer_q"},
+             {FG_CHECK_BAD_PINNED_K, "bad/pinned_host_k"},
+             {FG_CHECK_BAD_FREED_V, "bad/freed_pointer_v"},
+             {FG_CHECK_BAD_HOST_LSE, "bad/host_pointer_lse"},
+             {FG_CHECK_BAD_MISALIGNED_O, "bad/misaligned_o"},
+             {FG_CHECK_BAD_OTHER_DEV_K, "bad/other_device_k"},
+             {FG_CHECK_BAD_DTYPE, "bad/unknown_dtype"},
+             {FG_CHECK_BAD_HEAD_DIM, "bad/head_dim_100"},
+             {FG_CHECK_EMPTY_BATCH, "empty/batch_0"},
+             {FG_CHECK_EMPTY_NQ, "empty/seqlen_q_0"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    if (bad[i].kind == FG_CHECK_BAD_OTHER_DEV_K && device_count < 2) continue;
+    add(l, bad[i].kind, FG_DTYPE_BF16, 0, 64, 1, 2, 2, 64, 64, 1, "%s", bad[i].name);
+  }
+}
