@@ -1252,8 +1252,9 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
   rep->seed = opt->seed ? opt->seed : ((uint64_t)time(NULL) * 1000003u) ^ (uint64_t)getpid();
   for (int i = 0; i < n; i++) {
     rep->rows[i].problem = problems[i];
-    fg_problem_key(problems[i].pass, problems[i].d, problems[i].dtype, problems[i].causal,
-                   fg_seqlen_bucket(problems[i].n), rep->rows[i].key, sizeof rep->rows[i].key);
+    const fg_problem key = fg_problem_make(problems[i].pass, problems[i].d, problems[i].dtype,
+                                           problems[i].causal, problems[i].n);
+    fg_problem_format(&key, rep->rows[i].key, sizeof rep->rows[i].key);
     snprintf(rep->rows[i].note, sizeof rep->rows[i].note, "not reached");
   }
 

@@ -3,7 +3,7 @@
  *
  * Owns: the context struct, per-thread errors, input validation, the device helpers (allocate,
  * copy, fill, time with events), loading and launching an fg_kernel_image, the module registry,
- * exported tables, the problem key and shape bucket, dispatch, and forcing a variant for a call.
+ * exported tables, dispatch, and forcing a variant for a call.
  *
  * Conventions: functions taking an fg_context make its CUDA context current themselves (push/pop)
  * unless they say otherwise, and on failure leave the detailed message in the calling thread's
@@ -16,6 +16,7 @@
 #include "fg_cuda.h"
 #include "fg_kernel.h"
 #include "fg_params.h"
+#include "fg_problem.h"
 #include "fg_variant.h"
 #include "flashgen.h"
 #ifdef FG_WITH_JIT
@@ -202,7 +203,7 @@ fg_status fg_kernel_launch(fg_context *ctx, const fg_loaded_kernel *k, const fg_
                            fg_launch_elems elems, CUstream s);
 
 /* ---- exported tables (registry.c) ---- */
-/* A tuned choice of an exported table: the problem key (fg_problem_key) and the variant. */
+/* A tuned choice of an exported table: the problem key (fg_problem_format) and the variant. */
 typedef struct fg_exported_choice {
   const char *bucket;  /* e.g. "fwd_d128_bf16_causal_nk4096" */
   const char *variant; /* canonical variant name; its arch says which GPUs it is for */
@@ -237,9 +238,9 @@ const fg_kernel_image *fg_exported_find(const fg_context *ctx, const fg_variant 
                                         const char **table_desc);
 
 /* The exported choice for a problem key: exact key first, then the nearest bucket of the same
- * prefix (see fg_problem_key). Returns 1 with *out and a sentence in why, or 0. */
-int fg_exported_choice_for(const fg_context *ctx, const char *key, fg_variant *out, char *why,
-                           size_t whylen);
+ * prefix (see fg_problem_prefix). Returns 1 with *out and a sentence in why, or 0. */
+int fg_exported_choice_for(const fg_context *ctx, const fg_problem *prob, fg_variant *out,
+                           char *why, size_t whylen);
 
 /* Any exported kernel with v's pass, d, dtype and causal that runs on ctx's device. */
 int fg_exported_any(const fg_context *ctx, const fg_variant *v, fg_variant *out);
@@ -280,30 +281,12 @@ fg_binary_source fg_registry_probe(fg_context *ctx, const fg_variant *v, char *d
                                    fg_kernel_meta *meta, int *meta_known);
 
 /* ---- problem keys and dispatch (dispatch.c) ---- */
-#define FG_BUCKET_MIN 512
-#define FG_BUCKET_MAX 16384
-/* The shape bucket of a problem: seqlen_k rounded up to a power of two, clamped to
- * [FG_BUCKET_MIN, FG_BUCKET_MAX]. The one place buckets are defined (autotune uses it too). */
-int64_t fg_seqlen_bucket(int64_t seqlen_k);
-/* The problem key, e.g. "fwd_d128_bf16_causal_nk4096" or "fwd_d64_f16_nk512". Returns the length.
- */
-int fg_problem_key(fg_pass pass, int d, fg_dtype dtype, int causal, int64_t bucket, char *buf,
-                   size_t len);
-/* The key without its bucket number ("fwd_d128_bf16_causal_nk"): every key sharing it differs
- * only in the bucket. Returns the length. */
-int fg_problem_key_prefix(fg_pass pass, int d, fg_dtype dtype, int causal, char *buf, size_t len);
-/* Parses the bucket number off a key that starts with prefix; -1 if it does not. */
-int64_t fg_problem_key_bucket(const char *key, const char *prefix);
-
-/* The built-in rule's variant for a problem on arch (the lead's fg_builtin_variant). */
-fg_variant fg_dispatch_builtin(int d, fg_dtype dtype, int causal, fg_arch arch);
-/* The built-in rule of a pass: fg_dispatch_builtin, or fg_builtin_backward_variant. */
-fg_variant fg_dispatch_builtin_pass(fg_pass pass, int d, fg_dtype dtype, int causal,
-                                    fg_arch arch);
+/* The problem key and the shape buckets are core/fg_problem.h's (fg_problem, fg_seqlen_bucket,
+ * fg_problem_format, fg_problem_builtin). */
 
 /* What the dispatcher chose for a problem key. */
 typedef struct fg_dispatch {
-  char key[64];
+  char key[FG_PROBLEM_KEY_MAX];
   fg_variant variant;
   char variant_name[FG_VARIANT_NAME_MAX];
   char rule[768]; /* which record or rule, in words */

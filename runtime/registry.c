@@ -168,16 +168,12 @@ int fg_exported_any(const fg_context *ctx, const fg_variant *v, fg_variant *out)
   return best_c > 0;
 }
 
-int fg_exported_choice_for(const fg_context *ctx, const char *key, fg_variant *out, char *why,
-                           size_t whylen) {
-  const char *nk = strstr(key, "_nk");
-  if (!nk) return 0;
-  char prefix[64];
-  size_t pl = (size_t)(nk - key) + 3;
-  if (pl >= sizeof prefix) return 0;
-  memcpy(prefix, key, pl);
-  prefix[pl] = 0;
-  int64_t want = fg_problem_key_bucket(key, prefix);
+int fg_exported_choice_for(const fg_context *ctx, const fg_problem *prob, fg_variant *out,
+                           char *why, size_t whylen) {
+  char key[FG_PROBLEM_KEY_MAX], prefix[FG_PROBLEM_KEY_MAX];
+  fg_problem_format(prob, key, sizeof key);
+  fg_problem_prefix(prob, prefix, sizeof prefix);
+  const int64_t want = prob->nk;
   if (want <= 0) return 0;
   int found = 0, best_c = 0;
   int64_t best_dist = 0, best_b = 0;
