@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "fg_autotune.h"
-#include "fg_runtime_internal.h"
+#include "fg_jit.h"
 
 #define MAX_CANDS 256     /* candidates of one (d, dtype, causal) */
 #define CHECK_N_MAX 2048  /* the correctness check runs batch 1, 2 heads, min(N, 2048) */

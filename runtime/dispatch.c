@@ -81,72 +81,6 @@ typedef struct fg_candidate {
   char rule[768];
 } fg_candidate;
 
-#ifdef FG_WITH_JIT
-typedef struct fg_nearest {
-  const char *prefix;
-  int64_t want;
-  int found;
-  int64_t best_b, best_dist;
-  char winner[FG_VARIANT_NAME_MAX];
-  double tflops;
-} fg_nearest;
-
-static void fg_nearest_cb(void *ud, const char *bucket, const char *winner, double tflops) {
-  fg_nearest *n = ud;
-  int64_t b = fg_problem_key_bucket(bucket, n->prefix);
-  if (b <= 0 || !winner) return;
-  int64_t dist = 0;
-  for (int64_t x = b < n->want ? b : n->want, y = b < n->want ? n->want : b; x < y; x *= 2) dist++;
-  if (!n->found || dist < n->best_dist || (dist == n->best_dist && b > n->best_b)) {
-    n->found = 1;
-    n->best_b = b;
-    n->best_dist = dist;
-    n->tflops = tflops;
-    snprintf(n->winner, sizeof n->winner, "%s", winner);
-  }
-}
-
-/* The tuned winner for key on this device from the cache: exact bucket, then nearest. */
-static int fg_cache_candidate(fg_context *ctx, const fg_problem *prob, const char *key,
-                              const char *prefix, fg_candidate *c) {
-  fg_cache *cache = fg_context_cache(ctx);
-  if (!cache) return 0;
-  fg_device_id dev;
-  fg_context_device_id(ctx, &dev);
-  char name[FG_VARIANT_NAME_MAX];
-  double tf = 0;
-  int exact = fg_cache_get_winner(cache, &dev, key, name, sizeof name, &tf) == 1;
-  fg_nearest n;
-  memset(&n, 0, sizeof n);
-  if (!exact) {
-    n.prefix = prefix;
-    n.want = prob->nk;
-    fg_cache_each_winner(cache, &dev, prefix, fg_nearest_cb, &n);
-    if (!n.found) return 0;
-    snprintf(name, sizeof name, "%s", n.winner);
-    tf = n.tflops;
-  }
-  char perr[256];
-  if (fg_variant_parse(name, &c->v, perr, sizeof perr) != 0 ||
-      !fg_problem_served_by(prob, &c->v)) {
-    fg_warn(ctx, "kernel cache: the tuning record for %s names '%s', which is not a variant for "
-            "this problem; ignoring it",
-            exact ? key : "a nearby bucket", name);
-    return 0;
-  }
-  if (exact)
-    snprintf(c->rule, sizeof c->rule,
-             "the tuned record for %s on this GPU (%s), %.1f TFLOP/s, in the kernel cache %s", key,
-             ctx->limits.name, tf, fg_cache_path(cache));
-  else
-    snprintf(c->rule, sizeof c->rule,
-             "the tuned record of the nearest bucket %s%" PRId64
-             " on this GPU (%s), %.1f TFLOP/s, in the kernel cache %s (no record for %s)",
-             prefix, n.best_b, ctx->limits.name, tf, fg_cache_path(cache), key);
-  return 1;
-}
-#endif
-
 static fg_status fg_decide(fg_context *ctx, fg_pass pass, const fg_attention_args *a,
                            fg_dispatch *out) {
   const int d = (int)a->head_dim, causal = a->causal != 0;
@@ -165,9 +99,8 @@ static fg_status fg_decide(fg_context *ctx, fg_pass pass, const fg_attention_arg
     snprintf(cand[n].rule, sizeof cand[n].rule, "%s", why);
     n++;
   }
-#ifdef FG_WITH_JIT
-  if (fg_cache_candidate(ctx, &prob, out->key, prefix, &cand[n])) n++;
-#endif
+  if (ctx->loader && ctx->loader->tuned(ctx, &prob, &cand[n].v, cand[n].rule, sizeof cand[n].rule))
+    n++;
   cand[n].v = fg_problem_builtin(&prob, ctx->arch);
   snprintf(cand[n].rule, sizeof cand[n].rule, "the built-in rule (%s)",
            n ? "after the tuned choice above" : "no tuning record for this key");

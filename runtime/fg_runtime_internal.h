@@ -1,9 +1,10 @@
 /* fg_runtime_internal.h: the runtime's internal API, shared by the files of runtime/ and used by
  * autotune/, cli/ (`flashgen check`, `flashgen explain`) and the tests. Not installed, not stable.
  *
- * Owns: the context struct, per-thread errors, input validation, the device helpers (allocate,
- * copy, fill, time with events), loading and launching an fg_kernel_image, the module registry,
- * exported tables, dispatch, and forcing a variant for a call.
+ * Owns: the context struct, the loader interface (struct fg_loader: the cache and NVRTC behind it,
+ * filled by jit/loader.c in the full library), per-thread errors, input validation, the device
+ * helpers (allocate, copy, fill, time with events), loading and launching an fg_kernel_image, the
+ * module registry, exported tables, dispatch, and forcing a variant for a call.
  *
  * Conventions: functions taking an fg_context make its CUDA context current themselves (push/pop)
  * unless they say otherwise, and on failure leave the detailed message in the calling thread's
@@ -19,10 +20,6 @@
 #include "fg_problem.h"
 #include "fg_variant.h"
 #include "flashgen.h"
-#ifdef FG_WITH_JIT
-#include "fg_cache.h"
-#include "fg_gen.h"
-#endif
 
 #if defined(__GNUC__)
 #define FG_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -50,6 +47,7 @@ typedef struct fg_rt_limits {
 typedef struct fg_registry fg_registry;       /* registry.c */
 typedef struct fg_dispatch_memo fg_dispatch_memo; /* dispatch.c */
 typedef struct fg_err_table fg_err_table;     /* context.c */
+typedef struct fg_loader fg_loader;           /* below */
 
 struct fg_context {
   uint64_t id;               /* unique in the process, never reused */
@@ -68,13 +66,8 @@ struct fg_context {
   pthread_mutex_t lock;      /* guards the lazily created members below */
   CUmemoryPool ws_pool;      /* the workspaces' pool (workspace.c); NULL: none (yet) */
   int ws_pool_tried;
-#ifdef FG_WITH_JIT
-  fg_generator *gen;
-  int gen_tried;
-  char gen_err[1024];
-  fg_cache *cache;
-  int cache_tried;
-#endif
+  const fg_loader *loader;   /* fg_builtin_loader(): NULL in flashgen_runtime */
+  void *jit;                 /* the loader's per-context state (jit/loader.c), created lazily */
 };
 
 /* ---- context (context.c) ---- */
@@ -85,20 +78,6 @@ const char *fg_policy_name(fg_policy p);
 /* Whether the policy lets the dispatcher read the disk cache / compile. */
 int fg_policy_allows_cache(const fg_context *ctx);
 int fg_policy_allows_jit(const fg_context *ctx);
-#ifdef FG_WITH_JIT
-/* The context's device as the generator and the cache describe it (name points into ctx). */
-void fg_context_device_limits(const fg_context *ctx, fg_device_limits *out);
-void fg_context_device_id(const fg_context *ctx, fg_device_id *out);
-/* The generator, created on first use. On failure returns FG_ERROR_INTERNAL with the message
- * in the last error (and the same answer on every later call). */
-fg_status fg_context_generator(fg_context *ctx, fg_generator **out);
-/* The on-disk cache, opened on first use; NULL when the policy or the options forbid it or it
- * cannot be used (one warning on stderr unless quiet, the first time). */
-fg_cache *fg_context_cache(fg_context *ctx);
-/* Fills the parts of a cache key that do not depend on the variant (template hash, NVRTC version,
- * flashgen version). Returns 0, or -1 with the reason in why (NVRTC or the generator missing). */
-int fg_context_cache_key(fg_context *ctx, fg_cache_key *key, char *why, size_t whylen);
-#endif
 
 /* ---- per-thread last error (context.c) ---- */
 /* Sets the calling thread's last error on ctx. */
@@ -260,12 +239,13 @@ void fg_registry_destroy(fg_context *ctx); /* unloads every module; ctx must be 
  * until the context is destroyed. */
 fg_status fg_registry_get(fg_context *ctx, const fg_variant *v, const fg_loaded_kernel **out);
 
-#ifdef FG_WITH_JIT
-/* The reference kernel for dtype (exact = 1: fp64; 0: naive same-dtype), compiled on first use
- * (through the disk cache when the policy allows) and kept like a variant. Needs the JIT. */
-fg_status fg_registry_get_reference(fg_context *ctx, fg_dtype dtype, int exact,
-                                    const fg_loaded_kernel **out);
-#endif
+
+/* A load function fills *k (with k->source) or returns an error with the last error set. */
+typedef fg_status (*fg_load_fn)(fg_context *ctx, const void *arg, fg_loaded_kernel *k);
+/* The registry's one-load-per-key machinery, for loaders of kernels other than variants (the
+ * reference kernels, jit/loader.c): the kernel under key, loaded by load(arg) on first use. */
+fg_status fg_registry_acquire(fg_context *ctx, const char *key, fg_load_fn load, const void *arg,
+                              const fg_loaded_kernel **out);
 
 /* Where v's binary would come from, without compiling or loading anything. */
 typedef enum fg_binary_source {
@@ -281,6 +261,34 @@ fg_binary_source fg_registry_probe(fg_context *ctx, const fg_variant *v, char *d
                                    fg_kernel_meta *meta, int *meta_known);
 
 /* ---- problem keys and dispatch (dispatch.c) ---- */
+/* ---- the loader (jit/loader.c in the full library; none in flashgen_runtime) ---- */
+/* Where binaries come from after the exported tables: the full library's loader reads the disk
+ * cache and compiles with NVRTC (storing into the cache); flashgen_runtime has none, so the
+ * runtime is the same code in both libraries and never names the generator or the cache. Each
+ * function honours the context's policy (fg_policy_allows_cache / _jit). */
+struct fg_loader {
+  const char *name;
+  /* Starts slow work a first load will need (loading NVRTC) while the context is created. */
+  void (*preload)(void);
+  /* Frees the loader's per-context state (ctx->jit). */
+  void (*context_destroy)(fg_context *ctx);
+  /* Loads variant v (canonical name `name`) from the cache or by compiling. Sets *final = 1 when
+   * the answer is final (FG_OK with *k loaded and k->source set, or a failure with the last
+   * error set); *final = 0 when it found nothing and the runtime should say what is missing. */
+  fg_status (*load)(fg_context *ctx, const fg_variant *v, const char *name, fg_loaded_kernel *k,
+                    int *final);
+  /* fg_registry_probe past the exported tables: the cache, compiling, or missing, in desc. */
+  fg_binary_source (*probe)(fg_context *ctx, const fg_variant *v, const char *name, char *desc,
+                            size_t len, fg_kernel_meta *meta, int *meta_known);
+  /* The tuned winner for prob on this device (exact bucket, then nearest): 1 with *out and the
+   * rule in words, or 0. */
+  int (*tuned)(fg_context *ctx, const fg_problem *prob, fg_variant *out, char *rule,
+               size_t rulelen);
+};
+/* The loader this library was linked with: runtime/loader_none.c (flashgen_runtime) returns
+ * NULL, jit/loader.c (flashgen) the JIT. Read once per context by fg_context_create. */
+const fg_loader *fg_builtin_loader(void);
+
 /* The problem key and the shape buckets are core/fg_problem.h's (fg_problem, fg_seqlen_bucket,
  * fg_problem_format, fg_problem_builtin). */
 

@@ -17,7 +17,7 @@
 #include "cli_runner.h"
 #include "fg_autotune.h"
 #include "fg_cache.h"
-#include "fg_runtime_internal.h"
+#include "fg_jit.h"
 
 /* ---- problems ---------------------------------------------------------------------------- */
 
