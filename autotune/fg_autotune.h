@@ -136,7 +136,7 @@ typedef struct fg_tune_options {
 /* One problem's line of the report. */
 typedef struct fg_tune_row {
   fg_tune_problem problem;
-  char key[64];                       /* the bucket key (fg_problem_key) */
+  char key[64];                       /* the bucket key (fg_problem_format) */
   char winner[FG_VARIANT_NAME_MAX];   /* "" when no candidate was correct */
   double winner_ms, winner_tflops;
   char seed_variant[FG_VARIANT_NAME_MAX];

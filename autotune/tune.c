@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "fg_autotune.h"
-#include "fg_runtime_internal.h"
+#include "fg_jit.h"
 
 #define MAX_CANDS 256     /* candidates of one (d, dtype, causal) */
 #define CHECK_N_MAX 2048  /* the correctness check runs batch 1, 2 heads, min(N, 2048) */
@@ -1193,8 +1193,9 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
   rep->seed = opt->seed ? opt->seed : ((uint64_t)time(NULL) * 1000003u) ^ (uint64_t)getpid();
   for (int i = 0; i < n; i++) {
     rep->rows[i].problem = problems[i];
-    fg_problem_key(problems[i].pass, problems[i].d, problems[i].dtype, problems[i].causal,
-                   fg_seqlen_bucket(problems[i].n), rep->rows[i].key, sizeof rep->rows[i].key);
+    const fg_problem key = fg_problem_make(problems[i].pass, problems[i].d, problems[i].dtype,
+                                           problems[i].causal, problems[i].n);
+    fg_problem_format(&key, rep->rows[i].key, sizeof rep->rows[i].key);
     snprintf(rep->rows[i].note, sizeof rep->rows[i].note, "not reached");
   }
 

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "fg_autotune.h"
-#include "fg_runtime_internal.h"
+#include "fg_jit.h"
 
 #define AB_MAX 16   /* versions */
 #define AB_REPS 64  /* calls per version and round (one pair of events each) */

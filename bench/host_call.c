@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "fg_runtime_internal.h"
+#include "fg_jit.h"
 
 static double now_us(void) {
   struct timespec ts;

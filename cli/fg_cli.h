@@ -2,6 +2,7 @@
  * subcommand's name). Each returns the exit status: 0 success, 1 failure, 2 bad usage. */
 #ifndef FG_CLI_H
 #define FG_CLI_H
+#include "fg_jit.h"
 #include "fg_variant.h"
 
 /* Parses the comma-separated arch list of `CMD --arch LIST` (cli/main.c) into archs (room for

@@ -167,22 +167,12 @@ const char *fg_policy_name(fg_policy p) {
 }
 
 int fg_policy_allows_cache(const fg_context *ctx) {
-#ifdef FG_WITH_JIT
-  return !ctx->no_disk_cache &&
+  return ctx->loader && !ctx->no_disk_cache &&
          (ctx->policy == FG_POLICY_EXPORTED_AND_CACHE || ctx->policy == FG_POLICY_JIT);
-#else
-  (void)ctx;
-  return 0;
-#endif
 }
 
 int fg_policy_allows_jit(const fg_context *ctx) {
-#ifdef FG_WITH_JIT
-  return ctx->policy == FG_POLICY_JIT;
-#else
-  (void)ctx;
-  return 0;
-#endif
+  return ctx->loader && ctx->policy == FG_POLICY_JIT;
 }
 
 const fg_rt_limits *fg_context_limits(const fg_context *ctx) { return &ctx->limits; }
@@ -275,26 +265,21 @@ FG_API fg_status fg_context_create(fg_context **out, const fg_context_options *o
                           "the first visible device)",
                           o.device);
   fg_policy policy = o.policy;
-#ifdef FG_WITH_JIT
-  if (policy == FG_POLICY_DEFAULT) policy = FG_POLICY_JIT;
-#else
-  if (policy == FG_POLICY_DEFAULT) policy = FG_POLICY_EXPORTED_ONLY;
-  if (policy != FG_POLICY_EXPORTED_ONLY)
+  const fg_loader *loader = fg_builtin_loader();
+  if (policy == FG_POLICY_DEFAULT) policy = loader ? FG_POLICY_JIT : FG_POLICY_EXPORTED_ONLY;
+  if (!loader && policy != FG_POLICY_EXPORTED_ONLY)
     return fg_create_fail(
         FG_ERROR_UNSUPPORTED,
         "options->policy = %s needs the full flashgen library, but this program is linked with "
         "flashgen_runtime, which can neither compile kernels nor read the kernel cache; use "
         "FG_POLICY_EXPORTED_ONLY (or FG_POLICY_DEFAULT) with exported kernels, or link flashgen",
         fg_policy_name(policy));
-#endif
 
   char err[2048];
   if (fg_cuda_load(err, sizeof err) != 0) return fg_create_fail(FG_ERROR_NO_DRIVER, "%s", err);
-#ifdef FG_WITH_JIT
-  /* The first cache lookup needs NVRTC's version (a cache-key input), and loading NVRTC takes
-   * ~7 ms; cuInit and the primary context below take far longer, so load it meanwhile. */
-  if (policy != FG_POLICY_EXPORTED_ONLY) fg_nvrtc_preload();
-#endif
+  /* The loader may start slow work (the full library loads NVRTC, ~7 ms, whose version is a
+   * cache-key input) while cuInit and the primary context below take far longer. */
+  if (loader && policy != FG_POLICY_EXPORTED_ONLY && loader->preload) loader->preload();
   CUresult r = fg_cu.cuInit(0);
   if (r != FG_CUDA_SUCCESS) {
     char d[512];
@@ -347,6 +332,7 @@ FG_API fg_status fg_context_create(fg_context **out, const fg_context_options *o
   ctx->limits = lim;
   ctx->arch = fg_arch_for_cc(lim.cc_major, lim.cc_minor);
   ctx->policy = policy;
+  ctx->loader = loader;
   ctx->quiet = o.quiet != 0;
   ctx->no_disk_cache = o.no_disk_cache != 0;
   if (o.cache_dir && !(ctx->cache_dir = strdup(o.cache_dir))) {
@@ -387,10 +373,7 @@ FG_API void fg_context_destroy(fg_context *ctx) {
     fg_workspace_pool_destroy(ctx);
     fg_ctx_pop(ctx);
   }
-#ifdef FG_WITH_JIT
-  fg_cache_close(ctx->cache);
-  if (ctx->gen) fg_generator_destroy(ctx->gen);
-#endif
+  if (ctx->loader && ctx->loader->context_destroy) ctx->loader->context_destroy(ctx);
   if (ctx->cu) fg_cu.cuDevicePrimaryCtxRelease(ctx->dev);
   if (ctx->errors) {
     fg_err_slot *s = ctx->errors->head;
@@ -410,86 +393,6 @@ FG_API void fg_context_destroy(fg_context *ctx) {
   pthread_mutex_destroy(&ctx->lock);
   free(ctx);
 }
-
-/* ------------------------------------------------------------------------------------------ */
-/* The generator and the cache (full library). */
-#ifdef FG_WITH_JIT
-void fg_context_device_limits(const fg_context *ctx, fg_device_limits *out) {
-  memset(out, 0, sizeof *out);
-  out->name = ctx->limits.name;
-  out->cc_major = ctx->limits.cc_major;
-  out->cc_minor = ctx->limits.cc_minor;
-  out->smem_optin_per_block = ctx->limits.smem_optin_per_block;
-  out->smem_per_sm = ctx->limits.smem_per_sm;
-  out->regs_per_sm = ctx->limits.regs_per_sm;
-  out->max_threads_per_block = ctx->limits.max_threads_per_block;
-  out->sm_count = ctx->limits.sm_count;
-}
-
-void fg_context_device_id(const fg_context *ctx, fg_device_id *out) {
-  memset(out, 0, sizeof *out);
-  size_t n = strnlen(ctx->limits.name, sizeof out->name - 1);
-  memcpy(out->name, ctx->limits.name, n);
-  out->name[n] = 0;
-  out->cc_major = ctx->limits.cc_major;
-  out->cc_minor = ctx->limits.cc_minor;
-  out->sm_count = ctx->limits.sm_count;
-  out->driver_version = ctx->limits.driver_version;
-}
-
-fg_status fg_context_generator(fg_context *ctx, fg_generator **out) {
-  pthread_mutex_lock(&ctx->lock);
-  if (!ctx->gen_tried) {
-    ctx->gen_tried = 1;
-    if (fg_generator_create(&ctx->gen, ctx->gen_err, sizeof ctx->gen_err) != 0) ctx->gen = NULL;
-  }
-  fg_generator *g = ctx->gen;
-  pthread_mutex_unlock(&ctx->lock);
-  *out = g;
-  if (!g)
-    return fg_fail(ctx, FG_ERROR_INTERNAL, "the kernel generator could not be created: %s",
-                   ctx->gen_err);
-  return FG_OK;
-}
-
-fg_cache *fg_context_cache(fg_context *ctx) {
-  if (!fg_policy_allows_cache(ctx)) return NULL;
-  char warn[1024] = "";
-  int first = 0;
-  pthread_mutex_lock(&ctx->lock);
-  if (!ctx->cache_tried) {
-    ctx->cache_tried = 1;
-    first = 1;
-    ctx->cache = fg_cache_open(ctx->cache_dir, warn, sizeof warn);
-  }
-  fg_cache *c = ctx->cache;
-  pthread_mutex_unlock(&ctx->lock);
-  if (first && !c)
-    fg_warn(ctx, "the kernel cache cannot be used (%s); compiled kernels are kept in memory only",
-            warn[0] ? warn : "no reason given");
-  return c;
-}
-
-int fg_context_cache_key(fg_context *ctx, fg_cache_key *key, char *why, size_t whylen) {
-  memset(key, 0, sizeof *key);
-  char err[1024];
-  if (fg_nvrtc_load(err, sizeof err) != 0) {
-    snprintf(why, whylen,
-             "NVRTC could not be loaded (%s), and its version is part of the cache key", err);
-    return -1;
-  }
-  fg_generator *g;
-  if (fg_context_generator(ctx, &g) != FG_OK) {
-    snprintf(why, whylen, "%s", fg_context_last_error(ctx));
-    return -1;
-  }
-  key->arch = ctx->arch;
-  key->nvrtc_version = fg_nvrtc_version();
-  key->template_hash = fg_generator_template_hash(g);
-  key->flashgen_version = FG_VERSION_STRING;
-  return 0;
-}
-#endif
 
 /* ------------------------------------------------------------------------------------------ */
 /* Device helpers. Each makes the context current for its driver call. */

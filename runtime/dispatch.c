@@ -1,7 +1,7 @@
 /* dispatch.c: problem -> key (pass, d, dtype, causal, shape bucket) -> variant, memoised per
  * context, the same way for every pass (forward, backward): exported choice, tuned record
- * (exact bucket, then nearest), the pass's built-in rule; the shape bucket rule (one place,
- * shared with autotune); and fg_explain / fg_explain_backward, which say what would run and why
+ * (exact bucket, then nearest), the pass's built-in rule (the key and its buckets are
+ * core/fg_problem.h's); and fg_explain / fg_explain_backward, which say what would run and why
  * without compiling or launching anything. */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -10,46 +10,6 @@
 #include <string.h>
 
 #include "fg_runtime_internal.h"
-
-int64_t fg_seqlen_bucket(int64_t seqlen_k) {
-  int64_t b = FG_BUCKET_MIN;
-  while (b < seqlen_k && b < FG_BUCKET_MAX) b *= 2;
-  return b;
-}
-
-int fg_problem_key_prefix(fg_pass pass, int d, fg_dtype dtype, int causal, char *buf, size_t len) {
-  return snprintf(buf, len, "%s_d%d_%s_%s_nk", fg_pass_name(pass), d, fg_dtype_name(dtype),
-                  causal ? "causal" : "noncausal");
-}
-
-int fg_problem_key(fg_pass pass, int d, fg_dtype dtype, int causal, int64_t bucket, char *buf,
-                   size_t len) {
-  return snprintf(buf, len, "%s_d%d_%s_%s_nk%" PRId64, fg_pass_name(pass), d,
-                  fg_dtype_name(dtype), causal ? "causal" : "noncausal", bucket);
-}
-
-int64_t fg_problem_key_bucket(const char *key, const char *prefix) {
-  size_t pl = strlen(prefix);
-  if (strncmp(key, prefix, pl) != 0) return -1;
-  const char *p = key + pl;
-  if (!*p) return -1;
-  int64_t v = 0;
-  for (; *p; p++) {
-    if (*p < '0' || *p > '9' || v > INT64_MAX / 10 - 10) return -1;
-    v = v * 10 + (*p - '0');
-  }
-  return v;
-}
-
-fg_variant fg_dispatch_builtin(int d, fg_dtype dtype, int causal, fg_arch arch) {
-  return fg_builtin_variant(d, dtype, causal, arch);
-}
-
-fg_variant fg_dispatch_builtin_pass(fg_pass pass, int d, fg_dtype dtype, int causal,
-                                    fg_arch arch) {
-  return pass == FG_PASS_BWD ? fg_builtin_backward_variant(d, dtype, causal, arch)
-                             : fg_dispatch_builtin(d, dtype, causal, arch);
-}
 
 /* ------------------------------------------------------------------------------------------ */
 /* The memo: packed key -> decision. Entries are never freed before the context (callers keep
@@ -101,11 +61,11 @@ void fg_dispatch_forget(fg_context *ctx) {
   pthread_mutex_unlock(&ctx->memo->lock);
 }
 
-static uint32_t fg_pack_key(fg_pass pass, int d, fg_dtype dtype, int causal, int64_t bucket) {
+static uint32_t fg_pack_key(const fg_problem *p) {
   int lg = 0;
-  while (((int64_t)1 << lg) < bucket) lg++;
-  return ((((uint32_t)pass * 512u + (uint32_t)d) * 4u + (uint32_t)dtype) * 2u +
-          (uint32_t)(causal != 0)) * 64u + (uint32_t)lg;
+  while (((int64_t)1 << lg) < p->nk) lg++;
+  return ((((uint32_t)p->pass * 512u + (uint32_t)p->d) * 4u + (uint32_t)p->dtype) * 2u +
+          (uint32_t)(p->causal != 0)) * 64u + (uint32_t)lg;
 }
 
 static fg_memo_entry *fg_memo_find(fg_dispatch_memo *m, uint32_t key) {
@@ -121,99 +81,27 @@ typedef struct fg_candidate {
   char rule[768];
 } fg_candidate;
 
-static int fg_variant_serves(const fg_variant *v, fg_pass pass, int d, fg_dtype dtype,
-                             int causal) {
-  return v->pass == pass && v->d == d && v->dtype == dtype && (v->causal != 0) == (causal != 0);
-}
-
-#ifdef FG_WITH_JIT
-typedef struct fg_nearest {
-  const char *prefix;
-  int64_t want;
-  int found;
-  int64_t best_b, best_dist;
-  char winner[FG_VARIANT_NAME_MAX];
-  double tflops;
-} fg_nearest;
-
-static void fg_nearest_cb(void *ud, const char *bucket, const char *winner, double tflops) {
-  fg_nearest *n = ud;
-  int64_t b = fg_problem_key_bucket(bucket, n->prefix);
-  if (b <= 0 || !winner) return;
-  int64_t dist = 0;
-  for (int64_t x = b < n->want ? b : n->want, y = b < n->want ? n->want : b; x < y; x *= 2) dist++;
-  if (!n->found || dist < n->best_dist || (dist == n->best_dist && b > n->best_b)) {
-    n->found = 1;
-    n->best_b = b;
-    n->best_dist = dist;
-    n->tflops = tflops;
-    snprintf(n->winner, sizeof n->winner, "%s", winner);
-  }
-}
-
-/* The tuned winner for key on this device from the cache: exact bucket, then nearest. */
-static int fg_cache_candidate(fg_context *ctx, const char *key, const char *prefix, int64_t bucket,
-                              fg_pass pass, int d, fg_dtype dtype, int causal, fg_candidate *c) {
-  fg_cache *cache = fg_context_cache(ctx);
-  if (!cache) return 0;
-  fg_device_id dev;
-  fg_context_device_id(ctx, &dev);
-  char name[FG_VARIANT_NAME_MAX];
-  double tf = 0;
-  int exact = fg_cache_get_winner(cache, &dev, key, name, sizeof name, &tf) == 1;
-  fg_nearest n;
-  memset(&n, 0, sizeof n);
-  if (!exact) {
-    n.prefix = prefix;
-    n.want = bucket;
-    fg_cache_each_winner(cache, &dev, prefix, fg_nearest_cb, &n);
-    if (!n.found) return 0;
-    snprintf(name, sizeof name, "%s", n.winner);
-    tf = n.tflops;
-  }
-  char perr[256];
-  if (fg_variant_parse(name, &c->v, perr, sizeof perr) != 0 ||
-      !fg_variant_serves(&c->v, pass, d, dtype, causal)) {
-    fg_warn(ctx, "kernel cache: the tuning record for %s names '%s', which is not a variant for "
-            "this problem; ignoring it",
-            exact ? key : "a nearby bucket", name);
-    return 0;
-  }
-  if (exact)
-    snprintf(c->rule, sizeof c->rule,
-             "the tuned record for %s on this GPU (%s), %.1f TFLOP/s, in the kernel cache %s", key,
-             ctx->limits.name, tf, fg_cache_path(cache));
-  else
-    snprintf(c->rule, sizeof c->rule,
-             "the tuned record of the nearest bucket %s%" PRId64
-             " on this GPU (%s), %.1f TFLOP/s, in the kernel cache %s (no record for %s)",
-             prefix, n.best_b, ctx->limits.name, tf, fg_cache_path(cache), key);
-  return 1;
-}
-#endif
-
 static fg_status fg_decide(fg_context *ctx, fg_pass pass, const fg_attention_args *a,
                            fg_dispatch *out) {
   const int d = (int)a->head_dim, causal = a->causal != 0;
   const fg_dtype dtype = a->dtype;
-  const int64_t bucket = fg_seqlen_bucket(a->seqlen_k);
-  char prefix[48];
+  const fg_problem prob = fg_problem_make(pass, d, dtype, causal, a->seqlen_k);
+  char prefix[FG_PROBLEM_KEY_MAX];
   memset(out, 0, sizeof *out);
-  fg_problem_key(pass, d, dtype, causal, bucket, out->key, sizeof out->key);
-  fg_problem_key_prefix(pass, d, dtype, causal, prefix, sizeof prefix);
+  fg_problem_format(&prob, out->key, sizeof out->key);
+  fg_problem_prefix(&prob, prefix, sizeof prefix);
 
   fg_candidate cand[4];
   int n = 0;
   char why[512];
-  if (fg_exported_choice_for(ctx, out->key, &cand[n].v, why, sizeof why) &&
-      fg_variant_serves(&cand[n].v, pass, d, dtype, causal)) {
+  if (fg_exported_choice_for(ctx, &prob, &cand[n].v, why, sizeof why) &&
+      fg_problem_served_by(&prob, &cand[n].v)) {
     snprintf(cand[n].rule, sizeof cand[n].rule, "%s", why);
     n++;
   }
-#ifdef FG_WITH_JIT
-  if (fg_cache_candidate(ctx, out->key, prefix, bucket, pass, d, dtype, causal, &cand[n])) n++;
-#endif
-  cand[n].v = fg_dispatch_builtin_pass(pass, d, dtype, causal, ctx->arch);
+  if (ctx->loader && ctx->loader->tuned(ctx, &prob, &cand[n].v, cand[n].rule, sizeof cand[n].rule))
+    n++;
+  cand[n].v = fg_problem_builtin(&prob, ctx->arch);
   snprintf(cand[n].rule, sizeof cand[n].rule, "the built-in rule (%s)",
            n ? "after the tuned choice above" : "no tuning record for this key");
   n++;
@@ -281,8 +169,9 @@ fg_status fg_dispatch_choose_pass(fg_context *ctx, fg_pass pass, const fg_attent
                                   int load_kernel, const fg_dispatch **out,
                                   const fg_loaded_kernel **kernel) {
   fg_dispatch_memo *m = ctx->memo;
-  const uint32_t key = fg_pack_key(pass, (int)a->head_dim, a->dtype, a->causal,
-                                   fg_seqlen_bucket(a->seqlen_k));
+  const fg_problem prob = fg_problem_make(pass, (int)a->head_dim, a->dtype, a->causal,
+                                         a->seqlen_k);
+  const uint32_t key = fg_pack_key(&prob);
   *out = NULL;
   pthread_mutex_lock(&m->lock);
   fg_memo_entry *e = fg_memo_find(m, key);
@@ -371,11 +260,12 @@ static fg_status fg_explain_choice(fg_context *ctx, fg_text *t, fg_pass pass,
                                    const fg_attention_args *a, const fg_dispatch **d,
                                    fg_binary_source *src, fg_kernel_meta *meta, int *known) {
   fg_status st = fg_dispatch_choose_pass(ctx, pass, a, 0, d, NULL);
-  char key[64];
-  fg_problem_key(pass, (int)a->head_dim, a->dtype, a->causal, fg_seqlen_bucket(a->seqlen_k), key,
-                 sizeof key);
+  const fg_problem prob = fg_problem_make(pass, (int)a->head_dim, a->dtype, a->causal,
+                                         a->seqlen_k);
+  char key[FG_PROBLEM_KEY_MAX];
+  fg_problem_format(&prob, key, sizeof key);
   fg_text_add(t, "key: %s (seqlen_k %" PRId64 " -> bucket %" PRId64 ")\n", key, a->seqlen_k,
-              fg_seqlen_bucket(a->seqlen_k));
+              prob.nk);
   if (st != FG_OK) {
     fg_text_add(t, "no kernel: %s\n", fg_context_last_error(ctx));
     return st;

@@ -1,9 +1,10 @@
 /* fg_runtime_internal.h: the runtime's internal API, shared by the files of runtime/ and used by
  * autotune/, cli/ (`flashgen check`, `flashgen explain`) and the tests. Not installed, not stable.
  *
- * Owns: the context struct, per-thread errors, input validation, the device helpers (allocate,
- * copy, fill, time with events), loading and launching an fg_kernel_image, the module registry,
- * exported tables, the problem key and shape bucket, dispatch, and forcing a variant for a call.
+ * Owns: the context struct, the loader interface (struct fg_loader: the cache and NVRTC behind it,
+ * filled by jit/loader.c in the full library), per-thread errors, input validation, the device
+ * helpers (allocate, copy, fill, time with events), loading and launching an fg_kernel_image, the
+ * module registry, exported tables, dispatch, and forcing a variant for a call.
  *
  * Conventions: functions taking an fg_context make its CUDA context current themselves (push/pop)
  * unless they say otherwise, and on failure leave the detailed message in the calling thread's
@@ -16,12 +17,9 @@
 #include "fg_cuda.h"
 #include "fg_kernel.h"
 #include "fg_params.h"
+#include "fg_problem.h"
 #include "fg_variant.h"
 #include "flashgen.h"
-#ifdef FG_WITH_JIT
-#include "fg_cache.h"
-#include "fg_gen.h"
-#endif
 
 #if defined(__GNUC__)
 #define FG_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -49,6 +47,7 @@ typedef struct fg_rt_limits {
 typedef struct fg_registry fg_registry;       /* registry.c */
 typedef struct fg_dispatch_memo fg_dispatch_memo; /* dispatch.c */
 typedef struct fg_err_table fg_err_table;     /* context.c */
+typedef struct fg_loader fg_loader;           /* below */
 
 struct fg_context {
   uint64_t id;               /* unique in the process, never reused */
@@ -67,13 +66,8 @@ struct fg_context {
   pthread_mutex_t lock;      /* guards the lazily created members below */
   CUmemoryPool ws_pool;      /* the workspaces' pool (workspace.c); NULL: none (yet) */
   int ws_pool_tried;
-#ifdef FG_WITH_JIT
-  fg_generator *gen;
-  int gen_tried;
-  char gen_err[1024];
-  fg_cache *cache;
-  int cache_tried;
-#endif
+  const fg_loader *loader;   /* fg_builtin_loader(): NULL in flashgen_runtime */
+  void *jit;                 /* the loader's per-context state (jit/loader.c), created lazily */
 };
 
 /* ---- context (context.c) ---- */
@@ -84,20 +78,6 @@ const char *fg_policy_name(fg_policy p);
 /* Whether the policy lets the dispatcher read the disk cache / compile. */
 int fg_policy_allows_cache(const fg_context *ctx);
 int fg_policy_allows_jit(const fg_context *ctx);
-#ifdef FG_WITH_JIT
-/* The context's device as the generator and the cache describe it (name points into ctx). */
-void fg_context_device_limits(const fg_context *ctx, fg_device_limits *out);
-void fg_context_device_id(const fg_context *ctx, fg_device_id *out);
-/* The generator, created on first use. On failure returns FG_ERROR_INTERNAL with the message
- * in the last error (and the same answer on every later call). */
-fg_status fg_context_generator(fg_context *ctx, fg_generator **out);
-/* The on-disk cache, opened on first use; NULL when the policy or the options forbid it or it
- * cannot be used (one warning on stderr unless quiet, the first time). */
-fg_cache *fg_context_cache(fg_context *ctx);
-/* Fills the parts of a cache key that do not depend on the variant (template hash, NVRTC version,
- * flashgen version). Returns 0, or -1 with the reason in why (NVRTC or the generator missing). */
-int fg_context_cache_key(fg_context *ctx, fg_cache_key *key, char *why, size_t whylen);
-#endif
 
 /* ---- per-thread last error (context.c) ---- */
 /* Sets the calling thread's last error on ctx. */
@@ -202,7 +182,7 @@ fg_status fg_kernel_launch(fg_context *ctx, const fg_loaded_kernel *k, const fg_
                            fg_launch_elems elems, CUstream s);
 
 /* ---- exported tables (registry.c) ---- */
-/* A tuned choice of an exported table: the problem key (fg_problem_key) and the variant. */
+/* A tuned choice of an exported table: the problem key (fg_problem_format) and the variant. */
 typedef struct fg_exported_choice {
   const char *bucket;  /* e.g. "fwd_d128_bf16_causal_nk4096" */
   const char *variant; /* canonical variant name; its arch says which GPUs it is for */
@@ -237,9 +217,9 @@ const fg_kernel_image *fg_exported_find(const fg_context *ctx, const fg_variant 
                                         const char **table_desc);
 
 /* The exported choice for a problem key: exact key first, then the nearest bucket of the same
- * prefix (see fg_problem_key). Returns 1 with *out and a sentence in why, or 0. */
-int fg_exported_choice_for(const fg_context *ctx, const char *key, fg_variant *out, char *why,
-                           size_t whylen);
+ * prefix (see fg_problem_prefix). Returns 1 with *out and a sentence in why, or 0. */
+int fg_exported_choice_for(const fg_context *ctx, const fg_problem *prob, fg_variant *out,
+                           char *why, size_t whylen);
 
 /* Any exported kernel with v's pass, d, dtype and causal that runs on ctx's device. */
 int fg_exported_any(const fg_context *ctx, const fg_variant *v, fg_variant *out);
@@ -259,12 +239,13 @@ void fg_registry_destroy(fg_context *ctx); /* unloads every module; ctx must be 
  * until the context is destroyed. */
 fg_status fg_registry_get(fg_context *ctx, const fg_variant *v, const fg_loaded_kernel **out);
 
-#ifdef FG_WITH_JIT
-/* The reference kernel for dtype (exact = 1: fp64; 0: naive same-dtype), compiled on first use
- * (through the disk cache when the policy allows) and kept like a variant. Needs the JIT. */
-fg_status fg_registry_get_reference(fg_context *ctx, fg_dtype dtype, int exact,
-                                    const fg_loaded_kernel **out);
-#endif
+
+/* A load function fills *k (with k->source) or returns an error with the last error set. */
+typedef fg_status (*fg_load_fn)(fg_context *ctx, const void *arg, fg_loaded_kernel *k);
+/* The registry's one-load-per-key machinery, for loaders of kernels other than variants (the
+ * reference kernels, jit/loader.c): the kernel under key, loaded by load(arg) on first use. */
+fg_status fg_registry_acquire(fg_context *ctx, const char *key, fg_load_fn load, const void *arg,
+                              const fg_loaded_kernel **out);
 
 /* Where v's binary would come from, without compiling or loading anything. */
 typedef enum fg_binary_source {
@@ -280,30 +261,40 @@ fg_binary_source fg_registry_probe(fg_context *ctx, const fg_variant *v, char *d
                                    fg_kernel_meta *meta, int *meta_known);
 
 /* ---- problem keys and dispatch (dispatch.c) ---- */
-#define FG_BUCKET_MIN 512
-#define FG_BUCKET_MAX 16384
-/* The shape bucket of a problem: seqlen_k rounded up to a power of two, clamped to
- * [FG_BUCKET_MIN, FG_BUCKET_MAX]. The one place buckets are defined (autotune uses it too). */
-int64_t fg_seqlen_bucket(int64_t seqlen_k);
-/* The problem key, e.g. "fwd_d128_bf16_causal_nk4096" or "fwd_d64_f16_nk512". Returns the length.
- */
-int fg_problem_key(fg_pass pass, int d, fg_dtype dtype, int causal, int64_t bucket, char *buf,
-                   size_t len);
-/* The key without its bucket number ("fwd_d128_bf16_causal_nk"): every key sharing it differs
- * only in the bucket. Returns the length. */
-int fg_problem_key_prefix(fg_pass pass, int d, fg_dtype dtype, int causal, char *buf, size_t len);
-/* Parses the bucket number off a key that starts with prefix; -1 if it does not. */
-int64_t fg_problem_key_bucket(const char *key, const char *prefix);
+/* ---- the loader (jit/loader.c in the full library; none in flashgen_runtime) ---- */
+/* Where binaries come from after the exported tables: the full library's loader reads the disk
+ * cache and compiles with NVRTC (storing into the cache); flashgen_runtime has none, so the
+ * runtime is the same code in both libraries and never names the generator or the cache. Each
+ * function honours the context's policy (fg_policy_allows_cache / _jit). */
+struct fg_loader {
+  const char *name;
+  /* Starts slow work a first load will need (loading NVRTC) while the context is created. */
+  void (*preload)(void);
+  /* Frees the loader's per-context state (ctx->jit). */
+  void (*context_destroy)(fg_context *ctx);
+  /* Loads variant v (canonical name `name`) from the cache or by compiling. Sets *final = 1 when
+   * the answer is final (FG_OK with *k loaded and k->source set, or a failure with the last
+   * error set); *final = 0 when it found nothing and the runtime should say what is missing. */
+  fg_status (*load)(fg_context *ctx, const fg_variant *v, const char *name, fg_loaded_kernel *k,
+                    int *final);
+  /* fg_registry_probe past the exported tables: the cache, compiling, or missing, in desc. */
+  fg_binary_source (*probe)(fg_context *ctx, const fg_variant *v, const char *name, char *desc,
+                            size_t len, fg_kernel_meta *meta, int *meta_known);
+  /* The tuned winner for prob on this device (exact bucket, then nearest): 1 with *out and the
+   * rule in words, or 0. */
+  int (*tuned)(fg_context *ctx, const fg_problem *prob, fg_variant *out, char *rule,
+               size_t rulelen);
+};
+/* The loader this library was linked with: runtime/loader_none.c (flashgen_runtime) returns
+ * NULL, jit/loader.c (flashgen) the JIT. Read once per context by fg_context_create. */
+const fg_loader *fg_builtin_loader(void);
 
-/* The built-in rule's variant for a problem on arch (the lead's fg_builtin_variant). */
-fg_variant fg_dispatch_builtin(int d, fg_dtype dtype, int causal, fg_arch arch);
-/* The built-in rule of a pass: fg_dispatch_builtin, or fg_builtin_backward_variant. */
-fg_variant fg_dispatch_builtin_pass(fg_pass pass, int d, fg_dtype dtype, int causal,
-                                    fg_arch arch);
+/* The problem key and the shape buckets are core/fg_problem.h's (fg_problem, fg_seqlen_bucket,
+ * fg_problem_format, fg_problem_builtin). */
 
 /* What the dispatcher chose for a problem key. */
 typedef struct fg_dispatch {
-  char key[64];
+  char key[FG_PROBLEM_KEY_MAX];
   fg_variant variant;
   char variant_name[FG_VARIANT_NAME_MAX];
   char rule[768]; /* which record or rule, in words */

@@ -2,7 +2,7 @@
  * contract; one load per variant, other threads wait; failures remembered), loading an
  * fg_kernel_image into the driver, and the process-wide list of exported tables. A variant is
  * looked for in the order of the policy (DESIGN.md, "Dispatch order and policies"): exported
- * table -> disk cache -> NVRTC, whose result goes into the cache. */
+ * table, then the context's loader (the full library's: disk cache -> NVRTC, jit/loader.c). */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,16 +168,12 @@ int fg_exported_any(const fg_context *ctx, const fg_variant *v, fg_variant *out)
   return best_c > 0;
 }
 
-int fg_exported_choice_for(const fg_context *ctx, const char *key, fg_variant *out, char *why,
-                           size_t whylen) {
-  const char *nk = strstr(key, "_nk");
-  if (!nk) return 0;
-  char prefix[64];
-  size_t pl = (size_t)(nk - key) + 3;
-  if (pl >= sizeof prefix) return 0;
-  memcpy(prefix, key, pl);
-  prefix[pl] = 0;
-  int64_t want = fg_problem_key_bucket(key, prefix);
+int fg_exported_choice_for(const fg_context *ctx, const fg_problem *prob, fg_variant *out,
+                           char *why, size_t whylen) {
+  char key[FG_PROBLEM_KEY_MAX], prefix[FG_PROBLEM_KEY_MAX];
+  fg_problem_format(prob, key, sizeof key);
+  fg_problem_prefix(prob, prefix, sizeof prefix);
+  const int64_t want = prob->nk;
   if (want <= 0) return 0;
   int found = 0, best_c = 0;
   int64_t best_dist = 0, best_b = 0;
@@ -465,16 +461,13 @@ static fg_reg_entry *fg_reg_find(fg_registry *r, const char *key) {
   return NULL;
 }
 
-/* A loader fills *k (with k->source) or returns an error with the last error set. */
-typedef fg_status (*fg_loader_fn)(fg_context *ctx, const void *arg, fg_loaded_kernel *k);
-
 static int fg_failure_is_permanent(fg_status s) {
   return s == FG_ERROR_COMPILE || s == FG_ERROR_NO_COMPILER || s == FG_ERROR_UNSUPPORTED ||
          s == FG_ERROR_KERNEL_MISSING;
 }
 
-static fg_status fg_registry_acquire(fg_context *ctx, const char *key, fg_loader_fn load,
-                                     const void *arg, const fg_loaded_kernel **out) {
+fg_status fg_registry_acquire(fg_context *ctx, const char *key, fg_load_fn load, const void *arg,
+                              const fg_loaded_kernel **out) {
   fg_registry *r = ctx->registry;
   *out = NULL;
   pthread_mutex_lock(&r->lock);
@@ -533,85 +526,6 @@ static fg_status fg_registry_acquire(fg_context *ctx, const char *key, fg_loader
   return s;
 }
 
-#ifdef FG_WITH_JIT
-/* Loads a kernel from the disk cache. Returns 1 on a hit (k filled), 0 on a miss (why says why
- * the cache was not consulted when it was not), -1 on a failure to load a hit (error set). */
-static int fg_load_from_cache(fg_context *ctx, const char *name, fg_arch arch, fg_loaded_kernel *k,
-                              fg_status *st) {
-  fg_cache *c = fg_context_cache(ctx);
-  if (!c) return 0;
-  fg_cache_key key;
-  char why[1024];
-  if (fg_context_cache_key(ctx, &key, why, sizeof why) != 0) return 0;
-  key.variant = name;
-  key.arch = arch;
-  fg_kernel_image img;
-  memset(&img, 0, sizeof img);
-  char warn[1024] = "";
-  int hit = fg_cache_get_kernel(c, &key, &img, warn, sizeof warn);
-  if (warn[0]) fg_warn(ctx, "kernel cache: %s", warn);
-  if (hit != 1) return 0;
-  *st = fg_kernel_load(ctx, &img, k);
-  fg_kernel_image_free(&img);
-  if (*st != FG_OK) return -1;
-  snprintf(k->source, sizeof k->source, "the kernel cache (%s)", fg_cache_path(c));
-  return 1;
-}
-
-/* Compiles with NVRTC (build = the generator call), loads, and stores into the cache. */
-typedef int (*fg_build_fn)(fg_context *ctx, fg_generator *g, const void *arg, fg_kernel_image *img,
-                           char **errlog);
-
-static fg_status fg_load_by_compiling(fg_context *ctx, const char *name, fg_build_fn build,
-                                      const void *arg, fg_loaded_kernel *k) {
-  char err[1024];
-  if (fg_nvrtc_load(err, sizeof err) != 0)
-    return fg_fail(ctx, FG_ERROR_NO_COMPILER,
-                   "kernel %s must be compiled, but NVRTC could not be loaded: %s", name, err);
-  fg_generator *g;
-  fg_status st = fg_context_generator(ctx, &g);
-  if (st != FG_OK) return st;
-  fg_kernel_image img;
-  memset(&img, 0, sizeof img);
-  char *log = NULL;
-  if (build(ctx, g, arg, &img, &log) != 0) {
-    st = fg_fail(ctx, FG_ERROR_COMPILE, "compiling kernel %s for %s failed: %s", name,
-                 fg_arch_name(ctx->arch), log ? log : "(no log)");
-    free(log);
-    fg_kernel_image_free(&img);
-    return st;
-  }
-  free(log);
-  st = fg_kernel_load(ctx, &img, k);
-  if (st == FG_OK) {
-    fg_cache *c = fg_context_cache(ctx);
-    int stored = 0;
-    if (c) {
-      fg_cache_key key;
-      char why[1024], warn[1024] = "";
-      if (fg_context_cache_key(ctx, &key, why, sizeof why) == 0) {
-        key.variant = name;
-        key.arch = img.arch;
-        if (fg_cache_put_kernel(c, &key, &img, warn, sizeof warn) == 0) stored = 1;
-        else if (warn[0]) /* empty: writing was switched off after the one warning */
-          fg_warn(ctx, "kernel cache: could not store %s: %s", name, warn);
-      }
-    }
-    snprintf(k->source, sizeof k->source, "compiled with NVRTC %d.%d in %.0f ms%s",
-             fg_nvrtc_version() / 1000, (fg_nvrtc_version() % 1000) / 10, img.compile_ms,
-             stored ? ", stored in the kernel cache" : ", kept in memory only");
-  }
-  fg_kernel_image_free(&img);
-  return st;
-}
-
-static int fg_build_variant(fg_context *ctx, fg_generator *g, const void *arg, fg_kernel_image *img,
-                            char **errlog) {
-  (void)ctx;
-  return fg_generator_build(g, (const fg_variant *)arg, img, errlog);
-}
-#endif
-
 static fg_status fg_load_variant(fg_context *ctx, const void *arg, fg_loaded_kernel *k) {
   const fg_variant *v = arg;
   char name[FG_VARIANT_NAME_MAX];
@@ -629,14 +543,11 @@ static fg_status fg_load_variant(fg_context *ctx, const void *arg, fg_loaded_ker
     }
     snprintf(exported_err, sizeof exported_err, "%s", fg_context_last_error(ctx));
   }
-#ifdef FG_WITH_JIT
-  if (fg_policy_allows_cache(ctx)) {
-    int hit = fg_load_from_cache(ctx, name, v->arch, k, &st);
-    if (hit == 1) return FG_OK;
-    if (hit < 0 && !fg_policy_allows_jit(ctx)) return st;
+  if (ctx->loader) { /* the disk cache, then compiling, as the policy allows */
+    int final = 0;
+    fg_status ls = ctx->loader->load(ctx, v, name, k, &final);
+    if (final) return ls;
   }
-  if (fg_policy_allows_jit(ctx)) return fg_load_by_compiling(ctx, name, fg_build_variant, v, k);
-#endif
   if (exported_err[0]) return fg_fail(ctx, st, "%s", exported_err);
   char summary[768];
   fg_exported_summary(ctx, summary, sizeof summary);
@@ -655,41 +566,6 @@ fg_status fg_registry_get(fg_context *ctx, const fg_variant *v, const fg_loaded_
   }
   return fg_registry_acquire(ctx, name, fg_load_variant, v, out);
 }
-
-#ifdef FG_WITH_JIT
-typedef struct fg_ref_arg {
-  fg_dtype dtype;
-  int exact;
-  char name[32];
-} fg_ref_arg;
-
-static int fg_build_reference(fg_context *ctx, fg_generator *g, const void *arg,
-                              fg_kernel_image *img, char **errlog) {
-  const fg_ref_arg *a = arg;
-  return fg_generator_build_reference(g, a->dtype, a->exact, ctx->arch, img, errlog);
-}
-
-static fg_status fg_load_reference(fg_context *ctx, const void *arg, fg_loaded_kernel *k) {
-  const fg_ref_arg *a = arg;
-  fg_status st = FG_OK;
-  if (fg_policy_allows_cache(ctx)) {
-    int hit = fg_load_from_cache(ctx, a->name, ctx->arch, k, &st);
-    if (hit == 1) return FG_OK;
-  }
-  return fg_load_by_compiling(ctx, a->name, fg_build_reference, a, k);
-}
-
-fg_status fg_registry_get_reference(fg_context *ctx, fg_dtype dtype, int exact,
-                                    const fg_loaded_kernel **out) {
-  fg_ref_arg a;
-  a.dtype = dtype;
-  a.exact = exact != 0;
-  snprintf(a.name, sizeof a.name, "ref_%s_%s", exact ? "f64" : "lowp", fg_dtype_name(dtype));
-  char key[FG_VARIANT_NAME_MAX + 8];
-  snprintf(key, sizeof key, "%s_%s", a.name, fg_arch_name(ctx->arch));
-  return fg_registry_acquire(ctx, key, fg_load_reference, &a, out);
-}
-#endif
 
 fg_binary_source fg_registry_probe(fg_context *ctx, const fg_variant *v, char *desc, size_t len,
                                    fg_kernel_meta *meta, int *meta_known) {
@@ -729,54 +605,9 @@ fg_binary_source fg_registry_probe(fg_context *ctx, const fg_variant *v, char *d
     *meta_known = 1;
     return FG_BINARY_EXPORTED;
   }
-#ifdef FG_WITH_JIT
-  char why[1024] = "";
-  fg_cache *c = fg_policy_allows_cache(ctx) ? fg_context_cache(ctx) : NULL;
-  if (c) {
-    fg_cache_key key;
-    if (fg_context_cache_key(ctx, &key, why, sizeof why) == 0) {
-      key.variant = name;
-      key.arch = v->arch;
-      fg_kernel_image ci;
-      memset(&ci, 0, sizeof ci);
-      char warn[1024] = "";
-      if (fg_cache_get_kernel(c, &key, &ci, warn, sizeof warn) == 1) {
-        snprintf(desc, len, "the kernel cache (%s)", fg_cache_path(c));
-        *meta = ci.meta;
-        *meta_known = 1;
-        fg_kernel_image_free(&ci);
-        return FG_BINARY_CACHED;
-      }
-      if (warn[0]) fg_warn(ctx, "kernel cache: %s", warn);
-    }
-  }
-  if (fg_policy_allows_jit(ctx)) {
-    char err[256];
-    if (fg_nvrtc_load(err, sizeof err) != 0) {
-      snprintf(desc, len, "would be compiled, but NVRTC cannot be loaded: %s", err);
-      return FG_BINARY_MISSING;
-    }
-    snprintf(desc, len, "would be compiled with NVRTC %d.%d on first use (%s)",
-             fg_nvrtc_version() / 1000, (fg_nvrtc_version() % 1000) / 10,
-             c ? "not in the kernel cache yet" : "no kernel cache: kept in memory only");
-    fg_generator *g;
-    char *src = NULL;
-    if (fg_context_generator(ctx, &g) == FG_OK &&
-        fg_generator_render(g, v, &src, meta, err, sizeof err) == 0)
-      *meta_known = 1;
-    free(src);
-    return FG_BINARY_COMPILE;
-  }
-  snprintf(desc, len, "missing: not in an exported table%s, and the policy '%s' forbids compiling",
-           c ? " nor in the kernel cache" : "", fg_policy_name(ctx->policy));
-  if (why[0]) {
-    size_t n = strlen(desc);
-    snprintf(desc + n, len - n, " (cache not consulted: %s)", why);
-  }
-#else
+  if (ctx->loader) return ctx->loader->probe(ctx, v, name, desc, len, meta, meta_known);
   snprintf(desc, len,
            "missing: not in an exported table, and flashgen_runtime cannot compile (policy '%s')",
            fg_policy_name(ctx->policy));
-#endif
   return FG_BINARY_MISSING;
 }

@@ -1,8 +1,4 @@
-/* status.c: static text for status codes, the library version, and freeing kernel images. */
-#include <stdlib.h>
-#include <string.h>
-
-#include "fg_kernel.h"
+/* status.c: static text for status codes and the library version. */
 #include "flashgen.h"
 
 #ifndef FG_VERSION_STRING
@@ -27,13 +23,3 @@ FG_API const char *fg_status_string(fg_status code) {
 }
 
 FG_API const char *fg_version(void) { return FG_VERSION_STRING; }
-
-void fg_kernel_image_free(fg_kernel_image *img) {
-  if (!img) return;
-  free(img->cubin);
-  free(img->ptx);
-  img->cubin = NULL;
-  img->cubin_size = 0;
-  img->ptx = NULL;
-  img->ptx_size = 0;
-}

@@ -18,7 +18,7 @@
 #include "cli_runner.h"
 #include "fg_autotune.h"
 #include "fg_cache.h"
-#include "fg_runtime_internal.h"
+#include "fg_jit.h"
 
 /* ---- problems ---------------------------------------------------------------------------- */
 
@@ -130,18 +130,22 @@ Test(problems, parses_the_pass) {
 
 Test(problems, backward_key) {
   char k[64], pre[64];
-  fg_problem_key(FG_PASS_BWD, 128, FG_DTYPE_BF16, 1, 4096, k, sizeof k);
+  fg_problem pr = fg_problem_make(FG_PASS_BWD, 128, FG_DTYPE_BF16, 1, 4096);
+  fg_problem_format(&pr, k, sizeof k);
   cr_assert_str_eq(k, "bwd_d128_bf16_causal_nk4096");
-  fg_problem_key(FG_PASS_FWD, 128, FG_DTYPE_BF16, 1, 4096, k, sizeof k);
+  pr.pass = FG_PASS_FWD;
+  fg_problem_format(&pr, k, sizeof k);
   cr_assert_str_eq(k, "fwd_d128_bf16_causal_nk4096", "the forward's keys are unchanged");
-  fg_problem_key_prefix(FG_PASS_BWD, 64, FG_DTYPE_F16, 0, pre, sizeof pre);
+  pr = fg_problem_make(FG_PASS_BWD, 64, FG_DTYPE_F16, 0, 1);
+  fg_problem_prefix(&pr, pre, sizeof pre);
   cr_assert_str_eq(pre, "bwd_d64_f16_noncausal_nk");
   cr_assert_eq(fg_problem_key_bucket("bwd_d64_f16_noncausal_nk1024", pre), 1024);
   cr_assert_eq(fg_problem_key_bucket("fwd_d64_f16_noncausal_nk1024", pre), -1,
                "a forward record is no backward bucket");
   /* What a tuning run names the records of a backward problem. */
   fg_tune_problem p = parse_ok("d=128,n=3000,causal=1,pass=bwd");
-  fg_problem_key(p.pass, p.d, p.dtype, p.causal, fg_seqlen_bucket(p.n), k, sizeof k);
+  pr = fg_problem_make(p.pass, p.d, p.dtype, p.causal, p.n);
+  fg_problem_format(&pr, k, sizeof k);
   cr_assert_str_eq(k, "bwd_d128_bf16_causal_nk4096");
 }
 

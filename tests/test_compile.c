@@ -137,7 +137,7 @@ Test(compile, candidates_d128_bf16_a100_sm80, .timeout = 1800) { candidate_set(F
 /* The backward pass: the built-in variant of every (d, dtype, causal) fits the arch's typical
  * device and compiles (the plan's three kernels are one module) with at most 128 B of spills:
  * the built-in rule's key blocks of 128 spill 8-88 B at d = 104..128 and run 1.3-1.5x the
- * spill-free blocks of 64 (H100, fg_ab; runtime/variant.c). */
+ * spill-free blocks of 64 (H100, fg_ab; core/variant.c). */
 static void backward_set(fg_arch arch, int both_dtypes) {
   char err[4096];
   fg_generator *g;

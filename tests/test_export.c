@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "cli_runner.h"
-#include "fg_runtime_internal.h"
+#include "fg_jit.h"
 #include "flashgen_export.h"
 
 static char tmp_dir[64];

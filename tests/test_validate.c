@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -423,11 +424,13 @@ Test(dispatch, buckets_and_keys) {
   cr_assert_eq(fg_seqlen_bucket(16384), 16384);
   cr_assert_eq(fg_seqlen_bucket(INT64_C(1) << 40), 16384);
   char k[64], p[64];
-  fg_problem_key(FG_PASS_FWD, 128, FG_DTYPE_BF16, 1, 4096, k, sizeof k);
+  fg_problem pr = fg_problem_make(FG_PASS_FWD, 128, FG_DTYPE_BF16, 1, 4096);
+  fg_problem_format(&pr, k, sizeof k);
   cr_assert_str_eq(k, "fwd_d128_bf16_causal_nk4096");
-  fg_problem_key(FG_PASS_FWD, 64, FG_DTYPE_F16, 0, 512, k, sizeof k);
+  pr = fg_problem_make(FG_PASS_FWD, 64, FG_DTYPE_F16, 0, 512);
+  fg_problem_format(&pr, k, sizeof k);
   cr_assert_str_eq(k, "fwd_d64_f16_noncausal_nk512");
-  fg_problem_key_prefix(FG_PASS_FWD, 64, FG_DTYPE_F16, 0, p, sizeof p);
+  fg_problem_prefix(&pr, p, sizeof p);
   cr_assert_str_eq(p, "fwd_d64_f16_noncausal_nk");
   cr_assert_eq(fg_problem_key_bucket(k, p), 512);
   cr_assert_eq(fg_problem_key_bucket("fwd_d128_bf16_causal_nk4096", p), -1);

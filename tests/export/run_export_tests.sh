@@ -43,6 +43,16 @@ fi
 if nm -u "$PREFIX/lib/libflashgen_runtime.a" 2>/dev/null | grep -E ' (lua_|luaL_|sqlite3_|nvrtc)' >"$T/nm_rt.txt"; then
   bad "libflashgen_runtime.a references Lua/SQLite/NVRTC symbols" "$T/nm_rt.txt"
 else ok "libflashgen_runtime.a: no lua_/sqlite3_/nvrtc references"; fi
+# ... nor the generator, the cache or the JIT loader: it is runtime/ with the empty loader.
+if nm -u "$PREFIX/lib/libflashgen_runtime.a" 2>/dev/null | grep -E ' (fg_generator_|fg_cache_|fg_nvrtc_|fg_context_generator|fg_context_cache)' >"$T/nm_rt2.txt"; then
+  bad "libflashgen_runtime.a references the generator, the cache or the JIT" "$T/nm_rt2.txt"
+else ok "libflashgen_runtime.a: no generator/cache/JIT references"; fi
+nm -A "$PREFIX/lib/libflashgen_runtime.a" 2>/dev/null | grep ' T fg_builtin_loader$' >"$T/ld_rt.txt"
+nm -A "$PREFIX/lib/libflashgen.a" 2>/dev/null | grep ' T fg_builtin_loader$' >"$T/ld_full.txt"
+if [ "$(wc -l <"$T/ld_rt.txt")" = 1 ] && grep -q 'loader_none' "$T/ld_rt.txt" &&
+   [ "$(wc -l <"$T/ld_full.txt")" = 1 ] && grep -q 'loader\.c' "$T/ld_full.txt"; then
+  ok "one loader per library: loader_none in flashgen_runtime, jit/loader.c in flashgen"
+else cat "$T/ld_full.txt" >>"$T/ld_rt.txt"; bad "fg_builtin_loader is not defined once per library" "$T/ld_rt.txt"; fi
 
 # The example, out of the source tree, against the prefix only.
 cp -r "$SRC/examples/embed" "$T/embed-src"

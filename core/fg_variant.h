@@ -1,6 +1,7 @@
 /* fg_variant.h: the variant type (every parameter that changes generated code), its canonical
- * name, and parsing names back. Pure C: part of flashgen_runtime so exported tables and the
- * dispatcher can name variants without the generator. */
+ * name, and parsing names back. Pure C, in core/ (the ground floor: includes nothing of ours but
+ * core/ and the public flashgen.h) so the generator, the cache, exported tables and the
+ * dispatcher all name variants the same way. */
 #ifndef FG_VARIANT_H
 #define FG_VARIANT_H
 #include <stddef.h>

@@ -1,0 +1,152 @@
+/* problem.c: the problem key (core/fg_problem.h): length buckets, building a key from a call's
+ * arguments, formatting it into the strings tuning records and exported tables hold, parsing it
+ * back, and the built-in rule per op. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fg_problem.h"
+
+int64_t fg_seqlen_bucket(int64_t seqlen) {
+  int64_t b = FG_BUCKET_MIN;
+  while (b < seqlen && b < FG_BUCKET_MAX) b *= 2;
+  return b;
+}
+
+fg_problem fg_problem_make(fg_pass pass, int d, fg_dtype dtype, int causal, int64_t seqlen_k) {
+  fg_problem p;
+  memset(&p, 0, sizeof p);
+  p.pass = pass;
+  p.d = d;
+  p.dtype = dtype;
+  p.causal = causal != 0;
+  p.nq = 0;
+  p.nk = fg_seqlen_bucket(seqlen_k);
+  return p;
+}
+
+fg_problem fg_problem_from_forward(const fg_attention_args *a) {
+  return fg_problem_make(FG_PASS_FWD, (int)a->head_dim, a->dtype, a->causal, a->seqlen_k);
+}
+
+fg_problem fg_problem_from_backward(const fg_attention_backward_args *b) {
+  return fg_problem_make(FG_PASS_BWD, (int)b->head_dim, b->dtype, b->causal, b->seqlen_k);
+}
+
+static int fg_problem_head(const fg_problem *p, char *buf, size_t len) {
+  return snprintf(buf, len, "%s_d%d_%s_%s", fg_pass_name(p->pass), p->d, fg_dtype_name(p->dtype),
+                  p->causal ? "causal" : "noncausal");
+}
+
+int fg_problem_prefix(const fg_problem *p, char *buf, size_t len) {
+  char head[FG_PROBLEM_KEY_MAX];
+  fg_problem_head(p, head, sizeof head);
+  if (p->nq > 0) return snprintf(buf, len, "%s_nq%" PRId64 "_nk", head, p->nq);
+  return snprintf(buf, len, "%s_nk", head);
+}
+
+int fg_problem_format(const fg_problem *p, char *buf, size_t len) {
+  char prefix[FG_PROBLEM_KEY_MAX];
+  fg_problem_prefix(p, prefix, sizeof prefix);
+  return snprintf(buf, len, "%s%" PRId64, prefix, p->nk);
+}
+
+/* A decimal number without sign or leading zeros, whole of [s, end); -1 if not. */
+static int64_t fg_parse_count(const char *s, const char *end) {
+  if (s >= end || (*s == '0' && end - s > 1)) return -1;
+  int64_t v = 0;
+  for (; s < end; s++) {
+    if (*s < '0' || *s > '9' || v > INT64_MAX / 10 - 10) return -1;
+    v = v * 10 + (*s - '0');
+  }
+  return v;
+}
+
+int64_t fg_problem_key_bucket(const char *key, const char *prefix) {
+  size_t pl = strlen(prefix);
+  if (strncmp(key, prefix, pl) != 0) return -1;
+  const char *p = key + pl;
+  if (!*p) return -1;
+  int64_t v = 0;
+  for (; *p; p++) {
+    if (*p < '0' || *p > '9' || v > INT64_MAX / 10 - 10) return -1;
+    v = v * 10 + (*p - '0');
+  }
+  return v;
+}
+
+int fg_problem_parse(const char *key, fg_problem *out, char *err, size_t errlen) {
+  fg_problem p;
+  memset(&p, 0, sizeof p);
+  char tok[6][24];
+  int n = 0;
+  const char *s = key;
+  while (n < 6) {
+    const char *u = strchr(s, '_');
+    size_t l = u ? (size_t)(u - s) : strlen(s);
+    if (l == 0 || l >= sizeof tok[0]) break;
+    memcpy(tok[n], s, l);
+    tok[n++][l] = 0;
+    if (!u) break;
+    s = u + 1;
+  }
+  const char *want = "<op>_d<head_dim>_<f16|bf16>_<causal|noncausal>[_nq<N>]_nk<N>, e.g. "
+                     "fwd_d128_bf16_causal_nk4096";
+  if (n < 5) {
+    snprintf(err, errlen, "problem key '%s' does not have the form %s", key, want);
+    return -1;
+  }
+  if (strcmp(tok[0], "fwd") == 0) p.pass = FG_PASS_FWD;
+  else if (strcmp(tok[0], "bwd") == 0) p.pass = FG_PASS_BWD;
+  else {
+    snprintf(err, errlen, "problem key '%s': unknown op '%s' (fwd or bwd)", key, tok[0]);
+    return -1;
+  }
+  int64_t d = tok[1][0] == 'd' ? fg_parse_count(tok[1] + 1, tok[1] + strlen(tok[1])) : -1;
+  if (d <= 0 || d > 4096) {
+    snprintf(err, errlen, "problem key '%s': '%s' is not a head dim (d<N>)", key, tok[1]);
+    return -1;
+  }
+  p.d = (int)d;
+  if (fg_dtype_parse(tok[2], &p.dtype) != 0 || strcmp(fg_dtype_name(p.dtype), tok[2]) != 0) {
+    snprintf(err, errlen, "problem key '%s': unknown dtype '%s' (f16 or bf16)", key, tok[2]);
+    return -1;
+  }
+  if (strcmp(tok[3], "causal") == 0) p.causal = 1;
+  else if (strcmp(tok[3], "noncausal") != 0) {
+    snprintf(err, errlen, "problem key '%s': '%s' is not causal or noncausal", key, tok[3]);
+    return -1;
+  }
+  int i = 4;
+  if (n == 6) {
+    p.nq = strncmp(tok[4], "nq", 2) == 0 ? fg_parse_count(tok[4] + 2, tok[4] + strlen(tok[4])) : -1;
+    if (p.nq <= 0) {
+      snprintf(err, errlen, "problem key '%s': '%s' is not a query-length bucket (nq<N>)", key,
+               tok[4]);
+      return -1;
+    }
+    i = 5;
+  }
+  p.nk = strncmp(tok[i], "nk", 2) == 0 ? fg_parse_count(tok[i] + 2, tok[i] + strlen(tok[i])) : -1;
+  if (p.nk <= 0) {
+    snprintf(err, errlen, "problem key '%s': '%s' is not a key-length bucket (nk<N>)", key, tok[i]);
+    return -1;
+  }
+  char back[FG_PROBLEM_KEY_MAX];
+  if (fg_problem_format(&p, back, sizeof back) >= (int)sizeof back || strcmp(back, key) != 0) {
+    snprintf(err, errlen, "problem key '%s' is not in canonical form (%s)", key, want);
+    return -1;
+  }
+  *out = p;
+  return 0;
+}
+
+int fg_problem_served_by(const fg_problem *p, const fg_variant *v) {
+  return v->pass == p->pass && v->d == p->d && v->dtype == p->dtype &&
+         (v->causal != 0) == (p->causal != 0);
+}
+
+fg_variant fg_problem_builtin(const fg_problem *p, fg_arch arch) {
+  return p->pass == FG_PASS_BWD ? fg_builtin_backward_variant(p->d, p->dtype, p->causal, arch)
+                                : fg_builtin_variant(p->d, p->dtype, p->causal, arch);
+}
