@@ -6,6 +6,7 @@
 #define FG_CHECK_H
 #include <stdint.h>
 
+#include "fg_jit.h"
 #include "fg_runtime_internal.h"
 
 typedef struct fg_check_options {
