@@ -50,7 +50,7 @@ function M.resources(v)
            regs = regs_estimate(v, L) }
 end
 
--- Rules the template adds to the shared structural ones (runtime/variant.c).
+-- Rules the template adds to the shared structural ones (core/variant.c).
 function M.check(v)
   if v.loop ~= "kv_outer" then
     return "the backward pass has one loop order, kv_outer (K/V blocks outer, seed 003)"
@@ -79,7 +79,7 @@ end
 
 function M.entry(v) return "fg_" .. v.name end
 
--- The main kernel's launch contract (runtime/fg_kernel.h). grid "kv_tiles": (ceil(Nk / br),
+-- The main kernel's launch contract (core/fg_kernel.h). grid "kv_tiles": (ceil(Nk / br),
 -- B * Hkv), so br here is the variant's Bc. The _pre and _post kernels are fixed by the plan.
 function M.launch(v)
   local r = M.resources(v)

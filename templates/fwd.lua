@@ -111,7 +111,7 @@ function M.resources(v)
   return { threads = 32 * v.warps, smem = smem, regs = regs_estimate(v, L) }
 end
 
--- Rules a template adds to the shared structural ones (runtime/variant.c).
+-- Rules a template adds to the shared structural ones (core/variant.c).
 -- kv_outer holds an S block, its P fragments, the fp32 P~V chunk and the HBM update in
 -- registers at once; ptxas spills beyond one 16-row tile per warp, 4 warps, and Bc = 32 (Bc = 16
 -- above d = 128): Bc = 64 spilled 4 to 28 B at d = 40..120 (NVRTC 13.0, sm_80 and sm_90a).
@@ -140,7 +140,7 @@ end
 
 function M.entry(v) return "fg_" .. v.name end
 
--- The launch contract (runtime/fg_kernel.h).
+-- The launch contract (core/fg_kernel.h).
 function M.launch(v)
   local r = M.resources(v)
   if v.loop == "q_outer" then
