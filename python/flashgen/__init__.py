@@ -30,8 +30,8 @@ import os
 import sys
 import threading
 
-__all__ = ["FlashgenError", "Status", "attention", "attention_backward", "explain", "version",
-           "status_string", "library_path"]
+__all__ = ["FlashgenError", "Status", "attention", "attention_backward", "explain",
+           "explain_backward", "version", "status_string", "library_path"]
 
 
 class Status(enum.IntEnum):
@@ -187,6 +187,9 @@ _PROTOTYPES = {  # name: (restype, argtypes), as in include/flashgen.h
                                             ctypes.c_void_p]),
     "fg_explain": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(fg_attention_args),
                                   ctypes.c_char_p, ctypes.c_size_t]),
+    "fg_explain_backward": (ctypes.c_int, [ctypes.c_void_p,
+                                           ctypes.POINTER(fg_attention_backward_args),
+                                           ctypes.c_char_p, ctypes.c_size_t]),
     "fg_attention_backward": (ctypes.c_int, [ctypes.c_void_p,
                                              ctypes.POINTER(fg_attention_backward_args),
                                              ctypes.c_void_p]),
@@ -613,6 +616,30 @@ def explain(q, k, v, causal=False, scale=None, return_lse=False):
     buf = ctypes.create_string_buffer(1 << 16)
     with torch.cuda.device(device):
         status = _fn("fg_explain")(ctx, ctypes.byref(a), buf, len(buf))
+    if status != Status.OK:
+        raise FlashgenError(status, _text(_fn("fg_context_last_error")(ctx)))
+    return _text(buf.value)
+
+
+def explain_backward(q, k, v, causal=False, scale=None, deterministic=False):
+    """Which backward plan flashgen.attention_backward (and autograd) would run for these shapes,
+    and why (fg_explain_backward): the key, the record or rule, the variant, where its binary
+    comes from, the three launches and the workspace. Launches and compiles nothing."""
+    code = _check(q, k, v, scale)
+    if q.numel() == 0 or k.shape[2] == 0:
+        return ("empty problem (shape q %s, k %s): the backward launches no main kernel"
+                % (tuple(q.shape), tuple(k.shape)))
+    import torch
+    qs, ks = q.shape, k.shape
+    a = fg_attention_backward_args(
+        size=_BWD_ARGS_SIZE, dtype=code, causal=1 if causal else 0, batch=qs[0], heads_q=qs[1],
+        heads_kv=ks[1], seqlen_q=qs[2], seqlen_k=ks[2], head_dim=qs[3],
+        scale=0.0 if scale is None else float(scale), deterministic=1 if deterministic else 0)
+    device = q.get_device()
+    ctx = _context(device)
+    buf = ctypes.create_string_buffer(1 << 16)
+    with torch.cuda.device(device):
+        status = _fn("fg_explain_backward")(ctx, ctypes.byref(a), buf, len(buf))
     if status != Status.OK:
         raise FlashgenError(status, _text(_fn("fg_context_last_error")(ctx)))
     return _text(buf.value)

@@ -355,6 +355,9 @@ class CudaTest(unittest.TestCase):
         text = flashgen.explain(q, k, v, causal=True)
         self.assertIsInstance(text, str)
         self.assertRegex(text, r"d64|head_dim\W+64|d\s*=\s*64")
+        text = flashgen.explain_backward(q, k, v, causal=True)
+        self.assertIn("bwd_d64_bf16_causal", text)
+        self.assertIn("_pre", text)
 
 
 def _grad_reference(q, k, v, do, causal, scale, dtype):
