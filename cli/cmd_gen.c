@@ -60,8 +60,9 @@ int fg_cmd_list(int argc, char **argv) {
     printf("usage: flashgen list [--arch ARCH] [--filter SUBSTRING] [--all]\n\n"
            "Lists the candidate variants that fit the device: the live GPU, or with --arch the\n"
            "typical limits of that arch (sm_80: A100, sm_86: RTX 3090, sm_89: RTX 4090,\n"
-           "sm_90/sm_90a: H100). --filter keeps names containing SUBSTRING (repeatable: all must\n"
-           "match). --all also prints the variants that do not fit, with the reason.\n");
+           "sm_90/sm_90a: H100), forward (fwd_...) then backward (bwd_...). --filter keeps names\n"
+           "containing SUBSTRING (repeatable: all must match; --filter bwd_ for the backward).\n"
+           "--all also prints the variants that do not fit, with the reason.\n");
     return 0;
   }
   const char *arch_s = NULL;
@@ -95,17 +96,20 @@ int fg_cmd_list(int argc, char **argv) {
   static const int ds_all[] = {32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128, 136, 144, 152,
                                160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256};
   static const int brs[] = {16, 32, 64, 128, 256}, bcs[] = {16, 32, 64, 128, 256};
-  static const int warps[] = {1, 2, 4, 8};
+  static const int warps[] = {1, 2, 4, 8, 16};
+  /* The forward's grid, then the backward's (one loop order, kv_outer; 1 or 2 stages). */
+  for (int pass = FG_PASS_FWD; pass <= FG_PASS_BWD; pass++)
   for (size_t di = 0; di < sizeof ds_all / sizeof ds_all[0]; di++)
     for (int dt = FG_DTYPE_F16; dt <= FG_DTYPE_BF16; dt++)
       for (int causal = 0; causal <= 1; causal++)
         for (int loop = 0; loop < FG_LOOP_COUNT; loop++)
           for (size_t bi = 0; bi < 5; bi++)
             for (size_t ci = 0; ci < 5; ci++)
-              for (size_t wi = 0; wi < 4; wi++)
+              for (size_t wi = 0; wi < 5; wi++)
                 for (int st = 1; st <= 3; st++) {
-                  fg_variant v = {FG_PASS_FWD, ds_all[di], brs[bi], bcs[ci], (fg_dtype)dt, causal,
-                                  (fg_loop_order)loop, warps[wi], st, arch};
+                  if (pass == FG_PASS_BWD && (loop != FG_LOOP_KV_OUTER || st > 2)) continue;
+                  fg_variant v = {(fg_pass)pass, ds_all[di], brs[bi], bcs[ci], (fg_dtype)dt,
+                                  causal, (fg_loop_order)loop, warps[wi], st, arch};
                   char name[FG_VARIANT_NAME_MAX], why[256];
                   if (fg_variant_check(&v, why, sizeof why)) continue;
                   fg_variant_name(&v, name, sizeof name);

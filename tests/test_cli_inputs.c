@@ -175,3 +175,18 @@ Test(cli_inputs, export_refuses_a_variant_list_that_never_ends, .init = make_tmp
   list_dir(files, sizeof files);
   cr_assert(strstr(files, "out") == NULL, "export wrote %s", files);
 }
+
+/* `flashgen list` lists the backward's variants too: every bwd_ name it prints fits (the built-in
+ * one among them), none is of another loop order, and the forward's list is unchanged by it. */
+Test(cli_inputs, list_includes_the_backward) {
+  int rc = fg_test_run_cli(NULL, NULL, "list --arch sm_90a --filter bwd_d128_ --filter bf16_causal");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
+  cr_assert(strstr(fg_test_out, "bwd_d128_br64_bc128_bf16_causal_kvouter_w8_s2_sm90a\n"),
+            "the built-in backward variant is missing:\n%s", fg_test_out);
+  cr_assert_null(strstr(fg_test_out, "fwd_"), "%s", fg_test_out);
+  cr_assert_null(strstr(fg_test_out, "qouter"), "%s", fg_test_out);
+  rc = fg_test_run_cli(NULL, NULL, "list --arch sm_90a --filter fwd_d128_br128_bc64_bf16_causal");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
+  cr_assert_null(strstr(fg_test_out, "bwd_"), "%s", fg_test_out);
+  cr_assert_null(strstr(fg_test_out, "_w16_"), "16 warps are a backward-only size: %s", fg_test_out);
+}
