@@ -8,8 +8,6 @@
 
 #include "fg_runtime_internal.h"
 
-#define FG_BWD_ROWS_PER_BLOCK 64 /* rows per block of the _pre and _post kernels (bwd.cu) */
-#define FG_BWD_AUX_THREADS 128
 
 /* Bytes of workspace: (d + 1) floats per (batch, query head, query row), and in deterministic
  * mode a 4-byte semaphore per 16 query rows of each (batch, query head). */

@@ -336,11 +336,6 @@ FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char
   return st;
 }
 
-/* The backward plan's auxiliary kernels (templates/bwd.cu, launched by runtime/backward.c, whose
- * FG_BWD_ROWS_PER_BLOCK and FG_BWD_AUX_THREADS these must equal): 64 query rows per block, 128
- * threads. */
-#define FG_EXPLAIN_BWD_ROWS 64
-#define FG_EXPLAIN_BWD_THREADS 128
 
 FG_API fg_status fg_explain_backward(fg_context *ctx, const fg_attention_backward_args *args,
                                      char *buf, size_t len) {
@@ -376,12 +371,12 @@ FG_API fg_status fg_explain_backward(fg_context *ctx, const fg_attention_backwar
   const uint64_t grid_y = (uint64_t)ctx->limits.max_grid_y;
   const uint64_t per = grid_y / (uint64_t)a.heads_q; /* batches per launch (heads_q <= grid_y) */
   const uint64_t nb = per && (uint64_t)a.batch > per ? per : (uint64_t)a.batch;
-  const uint64_t rows = ((uint64_t)a.seqlen_q + FG_EXPLAIN_BWD_ROWS - 1) / FG_EXPLAIN_BWD_ROWS;
+  const uint64_t rows = ((uint64_t)a.seqlen_q + FG_BWD_ROWS_PER_BLOCK - 1) / FG_BWD_ROWS_PER_BLOCK;
   fg_text_add(&t, "plan: 3 kernels in order on the stream\n");
   fg_text_add(&t,
               "  1. %s_pre: D = rowsum(dO * O), dQ accumulator := 0; grid (%" PRIu64 ", %" PRIu64
               ") x %d threads\n",
-              d->variant_name, rows, nb * (uint64_t)a.heads_q, FG_EXPLAIN_BWD_THREADS);
+              d->variant_name, rows, nb * (uint64_t)a.heads_q, FG_BWD_AUX_THREADS);
   if (known && meta.br > 0) {
     const uint64_t kv = ((uint64_t)a.seqlen_k + (uint64_t)meta.br - 1) / (uint64_t)meta.br;
     fg_text_add(&t,
@@ -399,7 +394,7 @@ FG_API fg_status fg_explain_backward(fg_context *ctx, const fg_attention_backwar
   fg_text_add(&t, "  3. %s_post: dQ = scale * accumulator, converted to %s; grid (%" PRIu64
                   ", %" PRIu64 ") x %d threads\n",
               d->variant_name, fg_dtype_name(a.dtype), rows, nb * (uint64_t)a.heads_q,
-              FG_EXPLAIN_BWD_THREADS);
+              FG_BWD_AUX_THREADS);
   if (per && (uint64_t)a.batch > per)
     fg_text_add(&t, "  (batch * heads_q past the grid's %" PRIu64 ": each kernel split into %" PRIu64
                     " launches of at most %" PRIu64 " batches)\n",

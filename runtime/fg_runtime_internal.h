@@ -338,6 +338,10 @@ void fg_workspace_free(fg_context *ctx, fg_workspace *w, CUstream s);
 void fg_workspace_pool_destroy(fg_context *ctx);
 
 /* ---- backward (backward.c) ---- */
+/* The backward plan's _pre and _post kernels (templates/bwd.cu: PRE_ROWS, PRE_THREADS): query
+ * rows per block and threads per block; backward.c launches them, fg_explain_backward shows them. */
+#define FG_BWD_ROWS_PER_BLOCK 64
+#define FG_BWD_AUX_THREADS 128
 /* Normalised backward arguments: default strides filled in, scale resolved. The checks that
  * need no driver (validate.c). */
 fg_status fg_validate_backward_args(const fg_attention_backward_args *in, fg_validate_mode mode,
