@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "cli_runner.h"
+#include "cache_support.h"
 #include "fg_cache.h"
 #include "fg_cache_internal.h" /* fg_cache_hash64, FG_CACHE_SCHEMA_VERSION */
 
@@ -39,28 +40,6 @@
 static char g_tmp[64];
 static char g_dir[128];
 
-static void rm_rf(const char *path) {
-  struct stat st;
-  if (lstat(path, &st) != 0) return;
-  if (S_ISDIR(st.st_mode)) {
-    chmod(path, 0700);
-    DIR *d = opendir(path);
-    if (d) {
-      struct dirent *e;
-      while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        char p[1024];
-        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-        rm_rf(p);
-      }
-      closedir(d);
-    }
-    rmdir(path);
-  } else {
-    unlink(path);
-  }
-}
-
 static void setup(void) {
   snprintf(g_tmp, sizeof g_tmp, "/tmp/fg-cache-test-XXXXXX");
   cr_assert_not_null(mkdtemp(g_tmp), "mkdtemp: %s", strerror(errno));
@@ -68,19 +47,11 @@ static void setup(void) {
   unsetenv("FLASHGEN_CACHE_DIR");
 }
 
-static void teardown(void) { rm_rf(g_tmp); }
+static void teardown(void) { fgt_rm_rf(g_tmp); }
 
 TestSuite(cache, .init = setup, .fini = teardown);
 
 /* ---- Helpers ---- */
-
-static fg_cache *open_ok(const char *dir) {
-  char warn[1024];
-  fg_cache *c = fg_cache_open(dir, warn, sizeof warn);
-  cr_assert_not_null(c, "fg_cache_open(%s): %s", dir, warn);
-  cr_assert_str_empty(warn, "unexpected warning: %s", warn);
-  return c;
-}
 
 static void open_refused(const char *dir, const char *expect_in_warn) {
   char warn[1024];
@@ -88,11 +59,6 @@ static void open_refused(const char *dir, const char *expect_in_warn) {
   cr_assert_null(c, "fg_cache_open(%s) accepted a directory it must refuse", dir);
   cr_assert(strstr(warn, expect_in_warn) != NULL, "warning lacks \"%s\": %s", expect_in_warn, warn);
   cr_assert(strstr(warn, "FLASHGEN_CACHE_DIR") != NULL, "warning says not what to do: %s", warn);
-}
-
-static fg_cache_key key_of(const char *variant) {
-  fg_cache_key k = {variant, FG_ARCH_SM80, 12040, 0xF1E2D3C4B5A69788ULL, "0.1.0"};
-  return k;
 }
 
 /* A deterministic image: bytes from an LCG seeded by seed. */
@@ -132,13 +98,6 @@ static fg_kernel_image make_image(const char *variant, unsigned seed, size_t cub
 }
 
 /* The contract of fg_cache_get_kernel: the buffers come from malloc and free() releases them. */
-static void release(fg_kernel_image *img) {
-  free(img->cubin);
-  free(img->ptx);
-  img->cubin = NULL;
-  img->ptx = NULL;
-}
-
 static int same_image(const fg_kernel_image *a, const fg_kernel_image *b) {
   return a->cubin_size == b->cubin_size && a->ptx_size == b->ptx_size &&
          memcmp(a->cubin, b->cubin, a->cubin_size) == 0 &&
@@ -150,24 +109,6 @@ static int same_image(const fg_kernel_image *a, const fg_kernel_image *b) {
          a->meta.regs == b->meta.regs && a->meta.spill_store_bytes == b->meta.spill_store_bytes &&
          a->meta.spill_load_bytes == b->meta.spill_load_bytes &&
          a->meta.stack_bytes == b->meta.stack_bytes;
-}
-
-static void put_ok(fg_cache *c, const fg_cache_key *k, const fg_kernel_image *img) {
-  char warn[1024];
-  cr_assert_eq(fg_cache_put_kernel(c, k, img, warn, sizeof warn), 0, "put %s: %s", k->variant,
-               warn);
-  cr_assert_str_empty(warn);
-}
-
-static int get(fg_cache *c, const fg_cache_key *k, fg_kernel_image *out, char *warn, size_t len) {
-  memset(out, 0, sizeof *out);
-  return fg_cache_get_kernel(c, k, out, warn, len);
-}
-
-static long long kernel_count(fg_cache *c) {
-  fg_cache_counts n;
-  cr_assert_eq(fg_cache_count(c, &n), 0);
-  return n.kernels;
 }
 
 /* Runs sql on the cache's database through a separate connection (to damage it on purpose). */
@@ -223,53 +164,53 @@ static char *capture(int (*fn)(fg_cache *, FILE *), fg_cache *c, int *ret) {
 /* ---- Kernels: round trip and keys ---- */
 
 Test(cache, put_then_get_round_trips_bytes_and_meta_exactly) {
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   const char *v = "fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm80";
   fg_kernel_image img = make_image(v, 7, 300000, 120000);
-  fg_cache_key k = key_of(v);
-  put_ok(c, &k, &img);
+  fg_cache_key k = fgt_key_of(v);
+  fgt_put_ok(c, &k, &img);
   fg_kernel_image got;
   char warn[1024];
-  cr_assert_eq(get(c, &k, &got, warn, sizeof warn), 1, "miss right after put: %s", warn);
+  cr_assert_eq(fgt_get(c, &k, &got, warn, sizeof warn), 1, "miss right after put: %s", warn);
   cr_assert_str_empty(warn);
   cr_assert(same_image(&img, &got), "bytes or meta differ after the round trip");
   cr_assert_str_eq(got.variant, v);
   cr_assert_eq(got.arch, FG_ARCH_SM80);
   cr_assert_eq(got.compile_ms, 0.0, "a cached kernel was not compiled in this process");
-  release(&got);
+  fgt_release(&got);
   fg_cache_close(c);
 
   /* And from a new handle (another process would see the same). */
-  c = open_ok(g_dir);
-  cr_assert_eq(get(c, &k, &got, warn, sizeof warn), 1);
+  c = fgt_open_ok(g_dir);
+  cr_assert_eq(fgt_get(c, &k, &got, warn, sizeof warn), 1);
   cr_assert(same_image(&img, &got));
-  release(&got);
-  release(&img);
+  fgt_release(&got);
+  fgt_release(&img);
   fg_cache_close(c);
 }
 
 Test(cache, empty_cubin_and_ptx_round_trip) {
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   fg_kernel_image img = make_image("ref", 1, 0, 0);
-  fg_cache_key k = key_of("ref");
-  put_ok(c, &k, &img);
+  fg_cache_key k = fgt_key_of("ref");
+  fgt_put_ok(c, &k, &img);
   fg_kernel_image got;
-  cr_assert_eq(get(c, &k, &got, NULL, 0), 1);
+  cr_assert_eq(fgt_get(c, &k, &got, NULL, 0), 1);
   cr_assert_eq(got.cubin_size, 0);
   cr_assert_eq(got.ptx_size, 0);
   cr_assert_not_null(got.ptx);
   cr_assert_eq(got.ptx[0], '\0');
-  release(&got);
-  release(&img);
+  fgt_release(&got);
+  fgt_release(&img);
   fg_cache_close(c);
 }
 
 Test(cache, any_key_input_differing_is_a_miss) {
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   const char *v = "fwd_d64_br64_bc64_f16_nocausal_qouter_w4_s2_sm80";
   fg_kernel_image img = make_image(v, 3, 5000, 3000);
-  fg_cache_key k = key_of(v);
-  put_ok(c, &k, &img);
+  fg_cache_key k = fgt_key_of(v);
+  fgt_put_ok(c, &k, &img);
 
   fg_cache_key variants[6];
   for (int i = 0; i < 6; i++) variants[i] = k;
@@ -285,41 +226,41 @@ Test(cache, any_key_input_differing_is_a_miss) {
   for (int i = 0; i < 6; i++) {
     fg_kernel_image got;
     char warn[1024];
-    cr_assert_eq(get(c, &variants[i], &got, warn, sizeof warn), 0,
+    cr_assert_eq(fgt_get(c, &variants[i], &got, warn, sizeof warn), 0,
                  "a different %s must miss, never give a stale kernel", what[i]);
     cr_assert_str_empty(warn, "a plain miss is not a warning: %s", warn);
   }
   fg_kernel_image got;
-  cr_assert_eq(get(c, &k, &got, NULL, 0), 1, "the exact key must still hit");
-  release(&got);
-  release(&img);
+  cr_assert_eq(fgt_get(c, &k, &got, NULL, 0), 1, "the exact key must still hit");
+  fgt_release(&got);
+  fgt_release(&img);
   fg_cache_close(c);
 }
 
 Test(cache, put_replaces_the_entry_of_the_same_key) {
-  fg_cache *c = open_ok(g_dir);
-  fg_cache_key k = key_of("v1");
+  fg_cache *c = fgt_open_ok(g_dir);
+  fg_cache_key k = fgt_key_of("v1");
   fg_kernel_image a = make_image("v1", 1, 1000, 500), b = make_image("v1", 2, 2000, 700);
-  put_ok(c, &k, &a);
-  put_ok(c, &k, &b);
-  cr_assert_eq(kernel_count(c), 1);
+  fgt_put_ok(c, &k, &a);
+  fgt_put_ok(c, &k, &b);
+  cr_assert_eq(fgt_kernel_count(c), 1);
   fg_kernel_image got;
-  cr_assert_eq(get(c, &k, &got, NULL, 0), 1);
+  cr_assert_eq(fgt_get(c, &k, &got, NULL, 0), 1);
   cr_assert(same_image(&b, &got), "the second put must win");
-  release(&got);
-  release(&a);
-  release(&b);
+  fgt_release(&got);
+  fgt_release(&a);
+  fgt_release(&b);
   fg_cache_close(c);
 }
 
 Test(cache, null_cache_misses_and_refuses_puts) {
-  fg_cache_key k = key_of("v");
+  fg_cache_key k = fgt_key_of("v");
   fg_kernel_image img = make_image("v", 1, 10, 10), got;
   cr_assert_eq(fg_cache_get_kernel(NULL, &k, &got, NULL, 0), 0);
   cr_assert_eq(fg_cache_put_kernel(NULL, &k, &img, NULL, 0), -1);
   cr_assert_eq(fg_cache_writable(NULL), 0);
   fg_cache_close(NULL);
-  release(&img);
+  fgt_release(&img);
 }
 
 /* ---- Corruption ---- */
@@ -327,11 +268,11 @@ Test(cache, null_cache_misses_and_refuses_puts) {
 /* Damages the entry of v with sql_or_flip, then: verify counts it, get misses with a warning and
  * deletes it, a new put hits again. */
 static void check_damage_is_caught(const char *damage_sql, const char *flip_column) {
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   const char *v = "fwd_d128_br64_bc64_f16_causal_qouter_w4_s2_sm80";
   fg_kernel_image img = make_image(v, 11, 40000, 9000);
-  fg_cache_key k = key_of(v);
-  put_ok(c, &k, &img);
+  fg_cache_key k = fgt_key_of(v);
+  fgt_put_ok(c, &k, &img);
   if (damage_sql)
     db_exec(fg_cache_path(c), damage_sql);
   else
@@ -340,20 +281,20 @@ static void check_damage_is_caught(const char *damage_sql, const char *flip_colu
   cr_assert_eq(fg_cache_verify(c, NULL), 1, "verify must see the damaged entry");
   fg_kernel_image got;
   char warn[1024];
-  cr_assert_eq(get(c, &k, &got, warn, sizeof warn), 0, "a damaged entry must be a miss");
+  cr_assert_eq(fgt_get(c, &k, &got, warn, sizeof warn), 0, "a damaged entry must be a miss");
   cr_assert_null(got.cubin, "no bytes may be handed out for a damaged entry");
   cr_assert(strstr(warn, "checksum") && strstr(warn, v) && strstr(warn, "deleted"),
             "warning must name the entry and say it was deleted: %s", warn);
-  cr_assert_eq(kernel_count(c), 0, "the damaged entry must be gone");
-  cr_assert_eq(get(c, &k, &got, warn, sizeof warn), 0);
+  cr_assert_eq(fgt_kernel_count(c), 0, "the damaged entry must be gone");
+  cr_assert_eq(fgt_get(c, &k, &got, warn, sizeof warn), 0);
   cr_assert_str_empty(warn, "after deletion it is a plain miss: %s", warn);
 
-  put_ok(c, &k, &img); /* "recompiled" */
-  cr_assert_eq(get(c, &k, &got, warn, sizeof warn), 1);
+  fgt_put_ok(c, &k, &img); /* "recompiled" */
+  cr_assert_eq(fgt_get(c, &k, &got, warn, sizeof warn), 1);
   cr_assert(same_image(&img, &got));
   cr_assert_eq(fg_cache_verify(c, NULL), 0);
-  release(&got);
-  release(&img);
+  fgt_release(&got);
+  fgt_release(&img);
   fg_cache_close(c);
 }
 
@@ -434,10 +375,10 @@ static int writer(int id, int start_fd) {
       int i = (j + id * 3) % NKEYS;
       char name[FG_VARIANT_NAME_MAX];
       key_name(i, name, sizeof name);
-      fg_cache_key k = key_of(name);
+      fg_cache_key k = fgt_key_of(name);
       fg_kernel_image img = make_image(name, (unsigned)i, 50000 + 1000 * (size_t)i, 20000);
       int rc = fg_cache_put_kernel(c, &k, &img, warn, sizeof warn);
-      release(&img);
+      fgt_release(&img);
       if (rc != 0) {
         fprintf(stderr, "writer %d: put %s: %s\n", id, name, warn);
         return 20;
@@ -447,13 +388,13 @@ static int writer(int id, int start_fd) {
   for (int i = 0; i < NKEYS; i++) {
     char name[FG_VARIANT_NAME_MAX];
     key_name(i, name, sizeof name);
-    fg_cache_key k = key_of(name);
+    fg_cache_key k = fgt_key_of(name);
     fg_kernel_image want = make_image(name, (unsigned)i, 50000 + 1000 * (size_t)i, 20000), got;
     memset(&got, 0, sizeof got);
     int hit = fg_cache_get_kernel(c, &k, &got, warn, sizeof warn);
     int same = hit == 1 && same_image(&want, &got);
-    release(&want);
-    release(&got);
+    fgt_release(&want);
+    fgt_release(&got);
     if (!same) {
       fprintf(stderr, "writer %d: get %s: hit %d, warn %s\n", id, name, hit, warn);
       return 30;
@@ -485,19 +426,19 @@ Test(cache, eight_processes_writing_the_same_entries) {
         WIFEXITED(status) && WEXITSTATUS(status) == 0, "writer %d failed (exit %d, signal %d)", p,
         WIFEXITED(status) ? WEXITSTATUS(status) : -1, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   }
-  fg_cache *c = open_ok(g_dir);
-  cr_assert_eq(kernel_count(c), NKEYS, "one entry per key");
+  fg_cache *c = fgt_open_ok(g_dir);
+  cr_assert_eq(fgt_kernel_count(c), NKEYS, "one entry per key");
   cr_assert_eq(fg_cache_verify(c, NULL), 0, "every entry valid");
   cr_assert_eq(fg_cache_ls(c, NULL), NKEYS);
   for (int i = 0; i < NKEYS; i++) {
     char name[FG_VARIANT_NAME_MAX];
     key_name(i, name, sizeof name);
-    fg_cache_key k = key_of(name);
+    fg_cache_key k = fgt_key_of(name);
     fg_kernel_image want = make_image(name, (unsigned)i, 50000 + 1000 * (size_t)i, 20000), got;
-    cr_assert_eq(get(c, &k, &got, NULL, 0), 1, "%s missing", name);
+    cr_assert_eq(fgt_get(c, &k, &got, NULL, 0), 1, "%s missing", name);
     cr_assert(same_image(&want, &got), "%s differs", name);
-    release(&want);
-    release(&got);
+    fgt_release(&want);
+    fgt_release(&got);
   }
   fg_cache_close(c);
 }
@@ -512,19 +453,19 @@ static void *thread_main(void *p) {
   for (int i = 0; i < 10; i++) {
     char name[64];
     snprintf(name, sizeof name, "t%d_k%d", a->id, i);
-    fg_cache_key k = key_of(name);
+    fg_cache_key k = fgt_key_of(name);
     fg_kernel_image img = make_image(name, (unsigned)(a->id * 100 + i), 20000, 5000), got;
     memset(&got, 0, sizeof got);
     if (fg_cache_put_kernel(a->c, &k, &img, NULL, 0) != 0) a->failures++;
     if (fg_cache_get_kernel(a->c, &k, &got, NULL, 0) != 1 || !same_image(&img, &got)) a->failures++;
-    release(&img);
-    release(&got);
+    fgt_release(&img);
+    fgt_release(&got);
   }
   return NULL;
 }
 
 Test(cache, one_handle_shared_by_threads) {
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   pthread_t t[4];
   thread_arg a[4];
   for (int i = 0; i < 4; i++) {
@@ -535,7 +476,7 @@ Test(cache, one_handle_shared_by_threads) {
     pthread_join(t[i], NULL);
     cr_assert_eq(a[i].failures, 0, "thread %d", i);
   }
-  cr_assert_eq(kernel_count(c), 40);
+  cr_assert_eq(fgt_kernel_count(c), 40);
   fg_cache_close(c);
 }
 
@@ -545,7 +486,7 @@ Test(cache, directory_is_created_with_mode_0700) {
   mode_t old = umask(0); /* even with a permissive umask */
   char deep[256];
   snprintf(deep, sizeof deep, "%s/a/b/flashgen", g_tmp);
-  fg_cache *c = open_ok(deep);
+  fg_cache *c = fgt_open_ok(deep);
   umask(old);
   struct stat st;
   cr_assert_eq(stat(deep, &st), 0);
@@ -559,7 +500,7 @@ Test(cache, directory_is_created_with_mode_0700) {
 
   old = umask(0277); /* and with one that would remove the owner's write bit */
   snprintf(deep, sizeof deep, "%s/other", g_tmp);
-  c = open_ok(deep);
+  c = fgt_open_ok(deep);
   umask(old);
   cr_assert_eq(stat(deep, &st), 0);
   cr_assert_eq(st.st_mode & 07777, 0700, "mode %o", (unsigned)(st.st_mode & 07777));
@@ -589,7 +530,7 @@ Test(cache, symlinked_directory_is_refused) {
   cr_assert_eq(mkdir(real, 0700), 0);
   cr_assert_eq(symlink(real, g_dir), 0);
   open_refused(g_dir, "symbolic link");
-  fg_cache_close(open_ok(real)); /* the real directory itself is fine */
+  fg_cache_close(fgt_open_ok(real)); /* the real directory itself is fine */
 }
 
 Test(cache, directory_of_another_user_is_refused) {
@@ -652,11 +593,11 @@ static int open_readonly_dir(void) {
 
 Test(cache, read_only_directory_is_refused) {
   /* First a working cache with an entry, then the directory is made read-only. */
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   fg_kernel_image img = make_image("v", 1, 100, 100);
-  fg_cache_key k = key_of("v");
-  put_ok(c, &k, &img);
-  release(&img);
+  fg_cache_key k = fgt_key_of("v");
+  fgt_put_ok(c, &k, &img);
+  fgt_release(&img);
   fg_cache_close(c);
   cr_assert_eq(chmod(g_dir, 0500), 0);
   if (geteuid() == 0) {
@@ -681,9 +622,9 @@ static int readonly_db_file(void) {
   fg_cache *c = fg_cache_open(g_dir, warn, sizeof warn);
   if (!c) return warn[0] ? 0 : 4;
   fg_kernel_image img = make_image("w", 2, 100, 100);
-  fg_cache_key k = key_of("w");
+  fg_cache_key k = fgt_key_of("w");
   int rc = fg_cache_put_kernel(c, &k, &img, warn, sizeof warn);
-  release(&img);
+  fgt_release(&img);
   if (rc != -1 || !strstr(warn, "read-only")) {
     fprintf(stderr, "put on a read-only database: %d, %s\n", rc, warn);
     return 5;
@@ -693,7 +634,7 @@ static int readonly_db_file(void) {
 }
 
 Test(cache, read_only_database_file) {
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   fg_cache_close(c);
   if (geteuid() == 0) {
     cr_assert_eq(chown(g_tmp, NOBODY, NOBODY), 0);
@@ -711,11 +652,11 @@ Test(cache, read_only_database_file) {
 }
 
 Test(cache, full_disk_fails_the_put_with_one_warning) {
-  fg_cache *c = open_ok(g_dir);
-  fg_cache_key k1 = key_of("small"), k2 = key_of("big"), k3 = key_of("later");
+  fg_cache *c = fgt_open_ok(g_dir);
+  fg_cache_key k1 = fgt_key_of("small"), k2 = fgt_key_of("big"), k3 = fgt_key_of("later");
   fg_kernel_image small = make_image("small", 1, 1000, 1000);
   fg_kernel_image big = make_image("big", 2, 2000000, 100000);
-  put_ok(c, &k1, &small);
+  fgt_put_ok(c, &k1, &small);
   cr_assert_gt(fg_cache_debug_set_max_pages(c, 0), 0);
   char warn[1024];
   cr_assert_eq(fg_cache_put_kernel(c, &k2, &big, warn, sizeof warn), -1, "a full disk must fail");
@@ -731,18 +672,18 @@ Test(cache, full_disk_fails_the_put_with_one_warning) {
   cr_assert_str_empty(warn);
   /* What was stored is still served, nothing half-written is. */
   fg_kernel_image got;
-  cr_assert_eq(get(c, &k1, &got, NULL, 0), 1);
+  cr_assert_eq(fgt_get(c, &k1, &got, NULL, 0), 1);
   cr_assert(same_image(&small, &got));
-  release(&got);
-  cr_assert_eq(get(c, &k2, &got, NULL, 0), 0);
+  fgt_release(&got);
+  cr_assert_eq(fgt_get(c, &k2, &got, NULL, 0), 0);
   cr_assert_eq(fg_cache_verify(c, NULL), 0);
   fg_cache_close(c);
   /* A new handle (a new process) tries again. */
-  c = open_ok(g_dir);
+  c = fgt_open_ok(g_dir);
   cr_assert_eq(fg_cache_writable(c), 1);
-  put_ok(c, &k2, &big);
-  release(&small);
-  release(&big);
+  fgt_put_ok(c, &k2, &big);
+  fgt_release(&small);
+  fgt_release(&big);
   fg_cache_close(c);
 }
 
@@ -771,7 +712,7 @@ Test(cache, resolve_dir_order) {
 
 Test(cache, open_uses_FLASHGEN_CACHE_DIR) {
   setenv("FLASHGEN_CACHE_DIR", g_dir, 1);
-  fg_cache *c = open_ok(NULL);
+  fg_cache *c = fgt_open_ok(NULL);
   char want[300];
   snprintf(want, sizeof want, "%s/flashgen.sqlite3", g_dir);
   cr_assert_str_eq(fg_cache_path(c), want);
@@ -788,14 +729,14 @@ Test(cache, older_schema_is_rebuilt) {
   db_exec(db,
           "CREATE TABLE kernels(name TEXT, blob BLOB); INSERT INTO kernels VALUES('x', x'00');"
           "CREATE TABLE junk(a); PRAGMA user_version = 0;");
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   fg_kernel_image img = make_image("v", 5, 1000, 1000), got;
-  fg_cache_key k = key_of("v");
-  put_ok(c, &k, &img);
-  cr_assert_eq(get(c, &k, &got, NULL, 0), 1);
-  cr_assert_eq(kernel_count(c), 1);
-  release(&got);
-  release(&img);
+  fg_cache_key k = fgt_key_of("v");
+  fgt_put_ok(c, &k, &img);
+  cr_assert_eq(fgt_get(c, &k, &got, NULL, 0), 1);
+  cr_assert_eq(fgt_kernel_count(c), 1);
+  fgt_release(&got);
+  fgt_release(&img);
   fg_cache_close(c);
   sqlite3 *h;
   cr_assert_eq(sqlite3_open(db, &h), SQLITE_OK);
@@ -843,11 +784,11 @@ Test(cache, damaged_database_file_is_rebuilt) {
   cr_assert_not_null(c, "%s", warn);
   cr_assert(strstr(warn, "rebuilt"), "one warning says so: %s", warn);
   fg_kernel_image img = make_image("v", 5, 1000, 1000), got;
-  fg_cache_key k = key_of("v");
-  put_ok(c, &k, &img);
-  cr_assert_eq(get(c, &k, &got, NULL, 0), 1);
-  release(&got);
-  release(&img);
+  fg_cache_key k = fgt_key_of("v");
+  fgt_put_ok(c, &k, &img);
+  cr_assert_eq(fgt_get(c, &k, &got, NULL, 0), 1);
+  fgt_release(&got);
+  fgt_release(&img);
   fg_cache_close(c);
 }
 
@@ -882,7 +823,7 @@ static fg_device_id h100(void) {
 }
 
 Test(cache, tuning_merge_keeps_old_candidates_and_updates_the_winner) {
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   fg_device_id dev = h100();
   const char *bucket = "fwd_d128_bf16_causal_n4096";
   fg_tune_candidate first[3] = {cand("A", 1, 1.0, 100.0, ""), cand("B", 1, 2.0, 50.0, ""),
@@ -926,7 +867,7 @@ Test(cache, tuning_merge_keeps_old_candidates_and_updates_the_winner) {
 }
 
 Test(cache, a_rejected_candidate_never_becomes_the_winner) {
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   fg_device_id dev = h100();
   fg_tune_candidate k[2] = {cand("A", 1, 1.0, 100.0, ""), cand("C", 0, 0, 0, "launch failed")};
   char warn[1024];
@@ -966,7 +907,7 @@ static void collect(void *ud, const char *bucket, const char *winner, double tfl
 }
 
 Test(cache, each_winner_filters_by_prefix_and_device) {
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   fg_device_id dev = h100(), newer_driver = h100(), fewer_sms = h100();
   newer_driver.driver_version = 12050;
   fewer_sms.sm_count = 114;
@@ -1018,14 +959,14 @@ Test(cache, each_winner_filters_by_prefix_and_device) {
 /* ---- ls, stats, verify, clear ---- */
 
 Test(cache, verify_reports_each_bad_entry) {
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   const char *names[3] = {"kern_alpha", "kern_beta", "kern_gamma"};
   fg_kernel_image imgs[3];
   for (int i = 0; i < 3; i++) {
     imgs[i] = make_image(names[i], (unsigned)i, 3000, 2000);
-    fg_cache_key k = key_of(names[i]);
-    put_ok(c, &k, &imgs[i]);
-    release(&imgs[i]);
+    fg_cache_key k = fgt_key_of(names[i]);
+    fgt_put_ok(c, &k, &imgs[i]);
+    fgt_release(&imgs[i]);
   }
   int ret;
   char *out = capture(fg_cache_verify, c, &ret);
@@ -1042,19 +983,19 @@ Test(cache, verify_reports_each_bad_entry) {
             "each bad entry named, the good one not: %s", out);
   cr_assert(strstr(out, "2 of 3 entries bad"), "%s", out);
   free(out);
-  cr_assert_eq(kernel_count(c), 3, "verify reports, it does not delete");
+  cr_assert_eq(fgt_kernel_count(c), 3, "verify reports, it does not delete");
   fg_cache_close(c);
 }
 
 Test(cache, ls_stats_list_tuning_and_clear) {
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   fg_kernel_image img =
       make_image("fwd_d64_br64_bc64_f16_nocausal_qouter_w4_s2_sm80", 1, 4000, 1000);
-  fg_cache_key k = key_of(img.variant);
-  put_ok(c, &k, &img);
+  fg_cache_key k = fgt_key_of(img.variant);
+  fgt_put_ok(c, &k, &img);
   k.arch = FG_ARCH_SM90A;
-  put_ok(c, &k, &img);
-  release(&img);
+  fgt_put_ok(c, &k, &img);
+  fgt_release(&img);
   fg_device_id dev = h100();
   fg_tune_candidate cs[2] = {cand("fwd_d64_x", 1, 0.25, 321.5, ""),
                              cand("fwd_d64_y", 0, 0, 0, "smem")};
@@ -1149,7 +1090,7 @@ static int racer(int id, int start_fd, int report_fd) {
   for (int j = 0; j < RACE_PUTS; j++) {
     char name[64];
     snprintf(name, sizeof name, "race_p%d_k%d", id, j);
-    fg_cache_key k = key_of(name);
+    fg_cache_key k = fgt_key_of(name);
     fg_kernel_image img = make_image(name, (unsigned)(id * 10 + j), 6000, 2000);
     if (fg_cache_put_kernel(c, &k, &img, warn, sizeof warn) == 0) {
       unsigned char r = (unsigned char)(id * 16 + j);
@@ -1157,7 +1098,7 @@ static int racer(int id, int start_fd, int report_fd) {
     } else {
       fprintf(stderr, "racer %d: put %s: %s\n", id, name, warn);
     }
-    release(&img);
+    fgt_release(&img);
   }
   fg_cache_close(c);
   return rc;
@@ -1300,21 +1241,21 @@ static void release_lock(pid_t pid, int release_fd) {
 /* Another process holds the write lock: the stores of this process cost one bounded wait in
  * all, one warning names the lock and the process holding it, then writing is off. */
 Test(cache, a_held_write_lock_costs_one_bounded_wait, .timeout = 120) {
-  fg_cache *c = open_ok(g_dir);
-  fg_cache_key k0 = key_of("before_the_lock");
+  fg_cache *c = fgt_open_ok(g_dir);
+  fg_cache_key k0 = fgt_key_of("before_the_lock");
   fg_kernel_image img0 = make_image("before_the_lock", 1, 3000, 1000);
-  put_ok(c, &k0, &img0);
+  fgt_put_ok(c, &k0, &img0);
   fg_cache_close(c);
   int rel;
   pid_t holder = hold_write_lock(&rel);
   double t0 = now_s();
-  c = open_ok(g_dir);
+  c = fgt_open_ok(g_dir);
   char warn[1024], first[1024] = "";
   int warnings = 0;
   for (int i = 0; i < 5; i++) {
     char name[64];
     snprintf(name, sizeof name, "under_the_lock_%d", i);
-    fg_cache_key k = key_of(name);
+    fg_cache_key k = fgt_key_of(name);
     fg_kernel_image img = make_image(name, (unsigned)i + 2, 3000, 1000);
     cr_assert_eq(fg_cache_put_kernel(c, &k, &img, warn, sizeof warn), -1,
                  "a store cannot succeed while another process holds the lock");
@@ -1322,7 +1263,7 @@ Test(cache, a_held_write_lock_costs_one_bounded_wait, .timeout = 120) {
       warnings++;
       if (!first[0]) snprintf(first, sizeof first, "%s", warn);
     }
-    release(&img);
+    fgt_release(&img);
   }
   double waited = now_s() - t0;
   fprintf(stderr, "held lock: 5 stores returned after %.2f s; warning: %s\n", waited, first);
@@ -1335,8 +1276,8 @@ Test(cache, a_held_write_lock_costs_one_bounded_wait, .timeout = 120) {
   cr_assert_eq(fg_cache_writable(c), 0, "writing is off after the lock wait");
   /* Reading still works under a writer's lock. */
   fg_kernel_image got;
-  cr_assert_eq(get(c, &k0, &got, NULL, 0), 1);
-  release(&got);
+  cr_assert_eq(fgt_get(c, &k0, &got, NULL, 0), 1);
+  fgt_release(&got);
   fg_cache_close(c);
 
   /* `cache clear` fails fast and says the cache is locked (not read-only), and by whom. */
@@ -1354,23 +1295,23 @@ Test(cache, a_held_write_lock_costs_one_bounded_wait, .timeout = 120) {
   release_lock(holder, rel);
 
   /* Once the lock is gone a new process stores again. */
-  c = open_ok(g_dir);
+  c = fgt_open_ok(g_dir);
   cr_assert_eq(fg_cache_writable(c), 1);
-  fg_cache_key k1 = key_of("after_the_lock");
-  put_ok(c, &k1, &img0);
-  release(&img0);
+  fg_cache_key k1 = fgt_key_of("after_the_lock");
+  fgt_put_ok(c, &k1, &img0);
+  fgt_release(&img0);
   fg_cache_close(c);
 }
 
 /* Stores n kernels of about 40 KB each (several overflow pages each) and closes the cache, so
  * everything is in the database file. */
 static void store_big_kernels(const char *const *names, int n) {
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   for (int i = 0; i < n; i++) {
-    fg_cache_key k = key_of(names[i]);
+    fg_cache_key k = fgt_key_of(names[i]);
     fg_kernel_image img = make_image(names[i], (unsigned)(100 + i), 40000, 3000);
-    put_ok(c, &k, &img);
-    release(&img);
+    fgt_put_ok(c, &k, &img);
+    fgt_release(&img);
   }
   fg_cache_close(c);
 }
@@ -1398,7 +1339,7 @@ static void zero_page_of(const char *name, unsigned seed) {
   cr_assert_eq(pwrite(fd, zero, sizeof zero, at / 4096 * 4096), 4096);
   close(fd);
   free(buf);
-  release(&img);
+  fgt_release(&img);
 }
 
 Test(cache, verify_lists_every_unreadable_row) {
@@ -1407,7 +1348,7 @@ Test(cache, verify_lists_every_unreadable_row) {
   zero_page_of("row_b", 101);
   zero_page_of("row_d", 103);
   zero_page_of("row_f", 105);
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   int ret;
   char *out = capture(fg_cache_verify, c, &ret);
   fprintf(stderr, "unreadable rows, verify:\n%s", out);
@@ -1423,7 +1364,7 @@ Test(cache, verify_lists_every_unreadable_row) {
 Test(cache, verify_names_every_row_with_a_bad_checksum) {
   const char *names[5] = {"sum_a", "sum_b", "sum_c", "sum_d", "sum_e"};
   store_big_kernels(names, 5);
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   db_exec(fg_cache_path(c), "UPDATE kernels SET checksum = checksum + 1"
                             " WHERE variant IN ('sum_a', 'sum_c', 'sum_e')");
   int ret;
@@ -1465,16 +1406,16 @@ Test(cache, clear_repairs_a_database_with_a_zeroed_page) {
   cr_assert_eq(st, 0, "clear must repair a damaged cache: %s%s", fg_test_out, fg_test_err);
   fprintf(stderr, "zeroed page, clear: %s%s", fg_test_out, fg_test_err);
 
-  fg_cache *c = open_ok(g_dir);
+  fg_cache *c = fgt_open_ok(g_dir);
   cr_assert_eq(fg_cache_verify(c, NULL), 0);
-  cr_assert_eq(kernel_count(c), 0);
-  fg_cache_key k = key_of("after_repair");
+  cr_assert_eq(fgt_kernel_count(c), 0);
+  fg_cache_key k = fgt_key_of("after_repair");
   fg_kernel_image img = make_image("after_repair", 9, 40000, 3000), got;
-  put_ok(c, &k, &img);
-  cr_assert_eq(get(c, &k, &got, NULL, 0), 1);
+  fgt_put_ok(c, &k, &img);
+  cr_assert_eq(fgt_get(c, &k, &got, NULL, 0), 1);
   cr_assert(same_image(&img, &got));
-  release(&img);
-  release(&got);
+  fgt_release(&img);
+  fgt_release(&got);
   fg_cache_close(c);
   h_integrity_ok(db);
 }
@@ -1501,8 +1442,8 @@ Test(cache, clear_on_a_full_disk_says_the_disk_is_full) {
   store_big_kernels(names, 2);
   /* This handle keeps the shared-memory file mapped at its full size, so the command does not
    * need to write to open the database, only to clear it. */
-  fg_cache *c = open_ok(g_dir);
-  cr_assert_eq(kernel_count(c), 2);
+  fg_cache *c = fgt_open_ok(g_dir);
+  cr_assert_eq(fgt_kernel_count(c), 2);
   char out[300];
   snprintf(out, sizeof out, "%s/out.txt", g_tmp);
   pid_t pid = fork();
@@ -1523,6 +1464,6 @@ Test(cache, clear_on_a_full_disk_says_the_disk_is_full) {
   fprintf(stderr, "full disk, clear: %s", text);
   cr_assert(strstr(text, "full") && !strstr(text, "read-only") && !strstr(text, "locked"),
             "clear on a full disk must say the disk is full: %s", text);
-  cr_assert_eq(kernel_count(c), 2, "nothing was removed");
+  cr_assert_eq(fgt_kernel_count(c), 2, "nothing was removed");
   fg_cache_close(c);
 }

@@ -21,36 +21,13 @@
 #include <unistd.h>
 
 #include "cli_runner.h"
+#include "cache_support.h"
 #include "fg_cache.h"
 #include "fg_cache_internal.h" /* fg_cache_kernel_checksum */
 
 /* ---- Fixture: a fresh private temp dir per test. ---- */
 
 static char g_tmp[64];
-
-static void rm_rf(const char *path) {
-  struct stat st;
-  if (lstat(path, &st) != 0) return;
-  if (S_ISDIR(st.st_mode)) {
-    chmod(path, 0700);
-    DIR *d = opendir(path);
-    if (d) {
-      struct dirent *e;
-      while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        size_t n = strlen(path) + strlen(e->d_name) + 2;
-        char *p = malloc(n);
-        snprintf(p, n, "%s/%s", path, e->d_name);
-        rm_rf(p);
-        free(p);
-      }
-      closedir(d);
-    }
-    rmdir(path);
-  } else {
-    unlink(path);
-  }
-}
 
 static void setup(void) {
   snprintf(g_tmp, sizeof g_tmp, "/tmp/fg-integrity-XXXXXX");
@@ -60,25 +37,12 @@ static void setup(void) {
 
 static void teardown(void) {
   if (chdir("/") != 0) return;
-  rm_rf(g_tmp);
+  fgt_rm_rf(g_tmp);
 }
 
 TestSuite(cache_integrity, .init = setup, .fini = teardown);
 
 /* ---- Helpers ---- */
-
-static fg_cache *open_ok(const char *dir) {
-  char warn[1024];
-  fg_cache *c = fg_cache_open(dir, warn, sizeof warn);
-  cr_assert_not_null(c, "fg_cache_open(%s): %s", dir ? dir : "NULL", warn);
-  cr_assert_str_empty(warn, "unexpected warning: %s", warn);
-  return c;
-}
-
-static fg_cache_key key_of(const char *variant) {
-  fg_cache_key k = {variant, FG_ARCH_SM80, 12040, 0xF1E2D3C4B5A69788ULL, "0.1.0"};
-  return k;
-}
 
 /* A deterministic image of variant with entry point entry (NULL: "fg_" + variant, as the
  * templates name it). */
@@ -119,35 +83,10 @@ static fg_kernel_image make_image(const char *variant, const char *entry, unsign
   return img;
 }
 
-static void release(fg_kernel_image *img) {
-  free(img->cubin);
-  free(img->ptx);
-  img->cubin = NULL;
-  img->ptx = NULL;
-}
-
 static int same_bytes(const fg_kernel_image *a, const fg_kernel_image *b) {
   return a->cubin_size == b->cubin_size && a->ptx_size == b->ptx_size &&
          memcmp(a->cubin, b->cubin, a->cubin_size) == 0 &&
          memcmp(a->ptx, b->ptx, a->ptx_size) == 0 && strcmp(a->meta.entry, b->meta.entry) == 0;
-}
-
-static void put_ok(fg_cache *c, const fg_cache_key *k, const fg_kernel_image *img) {
-  char warn[1024];
-  cr_assert_eq(fg_cache_put_kernel(c, k, img, warn, sizeof warn), 0, "put %s: %s", k->variant,
-               warn);
-  cr_assert_str_empty(warn);
-}
-
-static int get(fg_cache *c, const fg_cache_key *k, fg_kernel_image *out, char *warn, size_t len) {
-  memset(out, 0, sizeof *out);
-  return fg_cache_get_kernel(c, k, out, warn, len);
-}
-
-static long long kernel_count(fg_cache *c) {
-  fg_cache_counts n;
-  cr_assert_eq(fg_cache_count(c, &n), 0);
-  return n.kernels;
 }
 
 /* A second connection to the database, as another program (or a person) would open it. path
@@ -220,13 +159,13 @@ Test(cache_integrity, uri_like_cache_dir_is_a_plain_directory) {
   char env[600];
   snprintf(env, sizeof env, "file:%s#", victim);
   setenv("FLASHGEN_CACHE_DIR", env, 1);
-  fg_cache *c = open_ok(NULL);
+  fg_cache *c = fgt_open_ok(NULL);
   const char *v = "fwd_d64_br64_bc64_f16_causal_qouter_w4_s2_sm80";
   fg_kernel_image img = make_image(v, NULL, 1), got;
-  fg_cache_key k = key_of(v);
-  put_ok(c, &k, &img);
-  cr_assert_eq(get(c, &k, &got, NULL, 0), 1);
-  release(&got);
+  fg_cache_key k = fgt_key_of(v);
+  fgt_put_ok(c, &k, &img);
+  cr_assert_eq(fgt_get(c, &k, &got, NULL, 0), 1);
+  fgt_release(&got);
 
   char path[1200], want[1200];
   snprintf(path, sizeof path, "%s", fg_cache_path(c));
@@ -253,13 +192,13 @@ Test(cache_integrity, uri_like_cache_dir_is_a_plain_directory) {
   cr_assert_eq(sqlite3_column_int(q, 0), 1, "the kernel must be in <dir>/flashgen.sqlite3");
   sqlite3_finalize(q);
   sqlite3_close(db);
-  release(&img);
+  fgt_release(&img);
 }
 
 Test(cache_integrity, uri_like_dir_argument_with_a_query_is_a_plain_directory) {
   /* '?mode=memory' would make SQLite keep the cache in memory; '?vfs=...' choose another VFS. */
   cr_assert_eq(chdir(g_tmp), 0);
-  fg_cache *c = open_ok("file:cachedb?mode=memory");
+  fg_cache *c = fgt_open_ok("file:cachedb?mode=memory");
   char want[256];
   snprintf(want, sizeof want, "%s/file:cachedb?mode=memory/flashgen.sqlite3", g_tmp);
   cr_assert_str_eq(fg_cache_path(c), want);
@@ -322,7 +261,7 @@ Test(cache_integrity, symlinked_dir_is_refused_with_or_without_trailing_slashes)
   /* The real directory with a trailing slash is fine, and its database path has no '//'. */
   char p[300], want[300];
   snprintf(p, sizeof p, "%s//", real);
-  fg_cache *c = open_ok(p);
+  fg_cache *c = fgt_open_ok(p);
   snprintf(want, sizeof want, "%s/flashgen.sqlite3", real);
   cr_assert_str_eq(fg_cache_path(c), want);
   fg_cache_close(c);
@@ -387,16 +326,16 @@ Test(cache_integrity, path_longer_than_sqlite_takes_says_too_long_at_the_limit) 
   /* Exactly at the limit the cache works; one byte more is refused with the same limit. */
   cr_assert_lt(limit, 1000);
   long_dir(dir, (size_t)limit);
-  fg_cache *c = open_ok(dir);
+  fg_cache *c = fgt_open_ok(dir);
   const char *v = "fwd_d64_br64_bc64_f16_causal_qouter_w4_s2_sm80";
   fg_kernel_image img = make_image(v, NULL, 2), got;
-  fg_cache_key k = key_of(v);
-  put_ok(c, &k, &img);
+  fg_cache_key k = fgt_key_of(v);
+  fgt_put_ok(c, &k, &img);
   fg_cache_close(c);
-  c = open_ok(dir);
-  cr_assert_eq(get(c, &k, &got, NULL, 0), 1, "the kernel must survive a reopen at the limit");
-  release(&got);
-  release(&img);
+  c = fgt_open_ok(dir);
+  cr_assert_eq(fgt_get(c, &k, &got, NULL, 0), 1, "the kernel must survive a reopen at the limit");
+  fgt_release(&got);
+  fgt_release(&img);
   fg_cache_close(c);
   long_dir(dir, (size_t)limit + 1);
   cr_assert_null(fg_cache_open(dir, warn, sizeof warn));
@@ -454,11 +393,11 @@ Test(cache_integrity, planted_row_with_a_recomputed_checksum_is_a_miss_and_evict
   cr_assert_eq(fg_variant_parse(V144, &pv, err, sizeof err), 0, "%s", err);
   char dir[256];
   snprintf(dir, sizeof dir, "%s/c", g_tmp);
-  fg_cache *c = open_ok(dir);
+  fg_cache *c = fgt_open_ok(dir);
   fg_kernel_image a = make_image(V32, NULL, 1), b = make_image(V144, NULL, 2), got;
-  fg_cache_key ka = key_of(V32), kb = key_of(V144);
-  put_ok(c, &ka, &a);
-  put_ok(c, &kb, &b);
+  fg_cache_key ka = fgt_key_of(V32), kb = fgt_key_of(V144);
+  fgt_put_ok(c, &ka, &a);
+  fgt_put_ok(c, &kb, &b);
   cr_assert_eq(fg_cache_verify(c, NULL), 0);
 
   plant(fg_cache_path(c), &ka, &b);
@@ -476,46 +415,46 @@ Test(cache_integrity, planted_row_with_a_recomputed_checksum_is_a_miss_and_evict
 
   /* The lookup by d=32's key misses, warns, and evicts the row. */
   char warn[1024];
-  cr_assert_eq(get(c, &ka, &got, warn, sizeof warn), 0, "d=144's kernel was served for d=32");
+  cr_assert_eq(fgt_get(c, &ka, &got, warn, sizeof warn), 0, "d=144's kernel was served for d=32");
   cr_assert_null(got.cubin, "no bytes may be handed out for a mismatched entry");
   cr_assert(strstr(warn, V32) && strstr(warn, "fg_" V144) && strstr(warn, "deleted"),
             "the warning must name the key, the foreign entry point and the eviction: %s", warn);
-  cr_assert_eq(kernel_count(c), 1, "the planted row must be gone, d=144's kept");
-  cr_assert_eq(get(c, &ka, &got, warn, sizeof warn), 0);
+  cr_assert_eq(fgt_kernel_count(c), 1, "the planted row must be gone, d=144's kept");
+  cr_assert_eq(fgt_get(c, &ka, &got, warn, sizeof warn), 0);
   cr_assert_str_empty(warn, "after the eviction it is a plain miss: %s", warn);
-  cr_assert_eq(get(c, &kb, &got, NULL, 0), 1, "d=144's own entry is untouched");
+  cr_assert_eq(fgt_get(c, &kb, &got, NULL, 0), 1, "d=144's own entry is untouched");
   cr_assert(same_bytes(&b, &got));
-  release(&got);
+  fgt_release(&got);
   cr_assert_eq(fg_cache_verify(c, NULL), 0);
 
   /* Stored again (recompiled), d=32's own kernel is served. */
-  put_ok(c, &ka, &a);
-  cr_assert_eq(get(c, &ka, &got, NULL, 0), 1);
+  fgt_put_ok(c, &ka, &a);
+  cr_assert_eq(fgt_get(c, &ka, &got, NULL, 0), 1);
   cr_assert(same_bytes(&a, &got));
-  release(&got);
-  release(&a);
-  release(&b);
+  fgt_release(&got);
+  fgt_release(&a);
+  fgt_release(&b);
   fg_cache_close(c);
 }
 
 Test(cache_integrity, planted_reference_kernel_is_a_miss) {
   char dir[256];
   snprintf(dir, sizeof dir, "%s/c", g_tmp);
-  fg_cache *c = open_ok(dir);
+  fg_cache *c = fgt_open_ok(dir);
   fg_kernel_image e = make_image("ref_f64_f16", NULL, 3), l = make_image("ref_lowp_f16", NULL, 4);
-  fg_cache_key ke = key_of("ref_f64_f16"), kl = key_of("ref_lowp_f16");
-  put_ok(c, &ke, &e);
-  put_ok(c, &kl, &l);
+  fg_cache_key ke = fgt_key_of("ref_f64_f16"), kl = fgt_key_of("ref_lowp_f16");
+  fgt_put_ok(c, &ke, &e);
+  fgt_put_ok(c, &kl, &l);
   plant(fg_cache_path(c), &ke, &l); /* the low-precision reference as the fp64 one */
   cr_assert_eq(fg_cache_verify(c, NULL), 1);
   fg_kernel_image got;
   char warn[1024];
-  cr_assert_eq(get(c, &ke, &got, warn, sizeof warn), 0, "the wrong reference was served");
+  cr_assert_eq(fgt_get(c, &ke, &got, warn, sizeof warn), 0, "the wrong reference was served");
   cr_assert(strstr(warn, "fg_ref_lowp_f16") && strstr(warn, "deleted"), "%s", warn);
-  cr_assert_eq(get(c, &kl, &got, NULL, 0), 1);
-  release(&got);
-  release(&e);
-  release(&l);
+  cr_assert_eq(fgt_get(c, &kl, &got, NULL, 0), 1);
+  fgt_release(&got);
+  fgt_release(&e);
+  fgt_release(&l);
   fg_cache_close(c);
 }
 
@@ -524,18 +463,18 @@ Test(cache_integrity, entry_points_not_named_after_a_variant_are_served) {
    * point that names another variant is a mismatch. */
   char dir[256];
   snprintf(dir, sizeof dir, "%s/c", g_tmp);
-  fg_cache *c = open_ok(dir);
+  fg_cache *c = fgt_open_ok(dir);
   const char *entries[] = {"my_attention_kernel", "fg_fwd_custom", "fg_", "fg_" V32 "x"};
   for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++) {
     fg_kernel_image img = make_image(V32, entries[i], 5 + (unsigned)i), got;
-    fg_cache_key k = key_of(V32);
-    put_ok(c, &k, &img);
+    fg_cache_key k = fgt_key_of(V32);
+    fgt_put_ok(c, &k, &img);
     char warn[1024];
-    cr_assert_eq(get(c, &k, &got, warn, sizeof warn), 1, "entry %s: %s", entries[i], warn);
+    cr_assert_eq(fgt_get(c, &k, &got, warn, sizeof warn), 1, "entry %s: %s", entries[i], warn);
     cr_assert(same_bytes(&img, &got));
     cr_assert_eq(fg_cache_verify(c, NULL), 0, "entry %s", entries[i]);
-    release(&got);
-    release(&img);
+    fgt_release(&got);
+    fgt_release(&img);
   }
   fg_cache_close(c);
 }
@@ -550,10 +489,10 @@ Test(cache_integrity, row_copied_under_another_key_fails_its_checksum) {
   for (size_t i = 0; i < sizeof moves / sizeof moves[0]; i++) {
     char dir[256];
     snprintf(dir, sizeof dir, "%s/c%zu", g_tmp, i);
-    fg_cache *c = open_ok(dir);
+    fg_cache *c = fgt_open_ok(dir);
     fg_kernel_image b = make_image(V144, i == 0 ? "fg_" V32 : NULL, 2), got;
-    fg_cache_key kb = key_of(V144);
-    put_ok(c, &kb, &b);
+    fg_cache_key kb = fgt_key_of(V144);
+    fgt_put_ok(c, &kb, &b);
     sqlite3 *db = raw_open(fg_cache_path(c));
     raw_exec(db, moves[i]);
     sqlite3_close(db);
@@ -564,10 +503,10 @@ Test(cache_integrity, row_copied_under_another_key_fails_its_checksum) {
     if (i == 3) k.template_hash = 7;
     if (i == 4) k.flashgen_version = "9.9.9";
     char warn[1024];
-    cr_assert_eq(get(c, &k, &got, warn, sizeof warn), 0, "%s: a moved row was served", moves[i]);
+    cr_assert_eq(fgt_get(c, &k, &got, warn, sizeof warn), 0, "%s: a moved row was served", moves[i]);
     cr_assert(strstr(warn, "checksum") && strstr(warn, "deleted"), "%s: %s", moves[i], warn);
-    cr_assert_eq(kernel_count(c), 0);
-    release(&b);
+    cr_assert_eq(fgt_kernel_count(c), 0);
+    fgt_release(&b);
     fg_cache_close(c);
   }
 }
@@ -578,10 +517,10 @@ Test(cache_integrity, row_whose_recorded_key_differs_from_the_lookup_is_a_miss) 
    * recorded key with the key looked up catches it. */
   char dir[256];
   snprintf(dir, sizeof dir, "%s/c", g_tmp);
-  fg_cache *c = open_ok(dir);
+  fg_cache *c = fgt_open_ok(dir);
   fg_kernel_image img = make_image(V32, "fg_kernel", 1), got;
-  fg_cache_key k = key_of(V32);
-  put_ok(c, &k, &img);
+  fg_cache_key k = fgt_key_of(V32);
+  fgt_put_ok(c, &k, &img);
   fg_cache_close(c);
   char path[300];
   snprintf(path, sizeof path, "%s/flashgen.sqlite3", dir);
@@ -605,12 +544,12 @@ Test(cache_integrity, row_whose_recorded_key_differs_from_the_lookup_is_a_miss) 
   free(sql);
   sqlite3_close(db);
 
-  c = open_ok(dir);
+  c = fgt_open_ok(dir);
   char warn[1024];
-  cr_assert_eq(get(c, &k, &got, warn, sizeof warn), 0, "a row recorded as %s was served for %s",
+  cr_assert_eq(fgt_get(c, &k, &got, warn, sizeof warn), 0, "a row recorded as %s was served for %s",
                "FWD_D32_...", V32);
   cr_assert(strstr(warn, "recorded") && strstr(warn, "deleted"), "%s", warn);
-  cr_assert_eq(kernel_count(c), 0);
-  release(&img);
+  cr_assert_eq(fgt_kernel_count(c), 0);
+  fgt_release(&img);
   fg_cache_close(c);
 }
