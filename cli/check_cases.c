@@ -272,3 +272,17 @@ void fg_check_build_cases(fg_check_list *l, const fg_variant *defs, int ndefs, i
     add(l, bad[i].kind, FG_DTYPE_BF16, 0, 64, 1, 2, 2, 64, 64, 1, "%s", bad[i].name);
   }
 }
+
+void fg_check_case_args(const fg_check_case *c, fg_attention_args *a) {
+  memset(a, 0, sizeof *a);
+  a->size = sizeof *a;
+  a->dtype = c->dtype;
+  a->causal = c->causal;
+  a->batch = c->B;
+  a->heads_q = c->Hq;
+  a->heads_kv = c->Hkv;
+  a->seqlen_q = c->Nq;
+  a->seqlen_k = c->Nk;
+  a->head_dim = c->d;
+  a->scale = c->scale;
+}

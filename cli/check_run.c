@@ -140,17 +140,7 @@ static void run_case(fg_check_env *env, const fg_check_case *cs, fg_check_result
   r->pass = 1;
   fg_context *ctx = env->ctx;
   fg_attention_args a;
-  memset(&a, 0, sizeof a);
-  a.size = sizeof a;
-  a.dtype = cs->dtype;
-  a.causal = cs->causal;
-  a.batch = cs->B;
-  a.heads_q = cs->Hq;
-  a.heads_kv = cs->Hkv;
-  a.seqlen_q = cs->Nq;
-  a.seqlen_k = cs->Nk;
-  a.head_dim = cs->d;
-  a.scale = cs->scale;
+  fg_check_case_args(cs, &a);
   int64_t sq[3], sk[3], sv[3], so[3];
   case_strides(cs, 'q', sq);
   case_strides(cs, 'k', sk);

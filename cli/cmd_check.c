@@ -68,15 +68,7 @@ static void preload(fg_context *ctx, const fg_check_list *l, const char *sel, in
       v = c->v;
     } else {
       fg_attention_args a;
-      memset(&a, 0, sizeof a);
-      a.dtype = c->dtype;
-      a.causal = c->causal;
-      a.batch = c->B;
-      a.heads_q = c->Hq;
-      a.heads_kv = c->Hkv;
-      a.seqlen_q = c->Nq;
-      a.seqlen_k = c->Nk;
-      a.head_dim = c->d;
+      fg_check_case_args(c, &a);
       fg_attention_args norm;
       char err[256];
       const fg_dispatch *d;

@@ -87,6 +87,9 @@ typedef struct fg_check_result {
  * the case's name), outputs poisoned with NaN, the forward call, the reference kernels and
  * fg_gate_forward; or, for the bad-input kinds, the expected error with the outputs untouched. */
 void fg_check_run(fg_check_env *env, const fg_check_case *c, fg_check_result *r);
+/* The call's arguments of a case: size, dtype, causal, the sizes and scale; no pointers, default
+ * strides (check_cases.c). */
+void fg_check_case_args(const fg_check_case *c, fg_attention_args *a);
 /* A monotonic clock in milliseconds. */
 double fg_check_now_ms(void);
 #endif
