@@ -75,13 +75,7 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
     return fg_fail(ctx, FG_ERROR_UNSUPPORTED, "the backward workspace would exceed 2^63 bytes");
   CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace;
   fg_workspace own = {0, 0};
-  if (ws) {
-    if (a->workspace_size < bytes)
-      return fg_fail(ctx, FG_ERROR_INVALID_ARGUMENT,
-                     "args->workspace_size = %zu bytes is less than this call needs (%" PRIu64
-                     " bytes: fg_attention_backward_workspace_size)",
-                     a->workspace_size, bytes);
-  } else {
+  if (!ws) { /* a caller's workspace was checked against `bytes` before dispatch */
     char what[FG_VARIANT_NAME_MAX + 64];
     snprintf(what, sizeof what, "kernel %s (or pass args->workspace)", k->name);
     fg_status st = fg_workspace_alloc(ctx, (size_t)bytes, s, what, &own);
@@ -152,6 +146,13 @@ fg_status fg_attention_backward_variant(fg_context *ctx, const fg_attention_back
                    name, a.head_dim, fg_dtype_name(a.dtype), a.causal ? "causal" : "non-causal");
   }
   if (a.batch == 0 || a.heads_q == 0 || a.seqlen_q == 0) return FG_OK;
+  /* A caller's workspace too small is refused before any kernel is loaded (or compiled). */
+  uint64_t need;
+  if (a.workspace && !fg_bwd_workspace_bytes(&a, &need) && a.workspace_size < need)
+    return fg_fail(ctx, FG_ERROR_INVALID_ARGUMENT,
+                   "args->workspace_size = %zu bytes is less than this call needs (%" PRIu64
+                   " bytes: fg_attention_backward_workspace_size)",
+                   a.workspace_size, need);
 
   st = fg_ctx_push(ctx);
   if (st != FG_OK) return st;
