@@ -11,6 +11,7 @@
 // describe. Online softmax in exp2 with the scale folded in and a lazy running max; causal
 // blocks above the diagonal skipped. Writes O and the log-sum-exp. Do not edit.
 {% include("common.cuh") %}
+{% include("wgmma.cuh") %}
 {% local function list(n, f) local t = {} for i = 0, n - 1 do t[#t + 1] = f(i) end return table.concat(t, ", ") end %}
 {% local function regs(n, from) return list(n, function(i) return "%" .. (from + i) end) end %}
 {% local function outs(n) return list(n, function(i) return '"+f"(d[' .. i .. '])' end) end %}
@@ -32,44 +33,6 @@ static_assert(D % 64 == 0 && BR == 16 * WARPS && WARPS % 4 == 0 && BC % 16 == 0 
 // (BC rows each). A tile of R rows is D / 64 column blocks of R rows x 128 bytes.
 constexpr unsigned Q_BYTES = BR * D * 2, STAGE_BYTES = BC * D * 2;
 constexpr unsigned K_OFF = Q_BYTES, V_OFF = K_OFF + 2 * STAGE_BYTES;
-
-// Copies ROWS rows of D columns (row stride in elements) from global into the swizzled tile at
-// sbase (1024-byte aligned) with cp.async: 16-byte chunk c of row r goes to column block c / 8,
-// row r, chunk (c % 8) ^ (r % 8). Rows at or past rows_left are zero-filled.
-template <int ROWS>
-FG_DEV void load_sw(u32 sbase, const u16 *g, i64 row_stride, i64 rows_left, int tid) {
-  static_assert(THREADS % CHUNKS == 0, "threads cover whole rows");
-  constexpr int RPI = THREADS / CHUNKS;  // rows per pass
-  const int r0 = tid / CHUNKS, c = tid % CHUNKS;
-  const int left = (int)(rows_left < ROWS ? rows_left : ROWS) - r0;
-  const i64 lane_off = (r0 * row_stride + c * 8) * 2;
-  const u32 dst = sbase + (u32)((c / 8) * ROWS * 128 + r0 * 128);
-#pragma unroll
-  for (int it = 0; it < (ROWS + RPI - 1) / RPI; ++it) {
-    if (ROWS % RPI == 0 || r0 + it * RPI < ROWS) {
-      const u32 sw = (u32)(((c % 8) ^ ((r0 + it * RPI) % 8)) * 16);
-      cp_async16_row(dst + (u32)(it * RPI * 128) + sw, g + it * RPI * row_stride, lane_off, it * RPI < left);
-    }
-  }
-}
-
-// A shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte
-// offsets (PTX ISA, "Matrix Descriptor Format").
-FG_DEV u64 sw128_desc(u32 addr, u32 lbo, u32 sbo) {
-  return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);
-}
-
-FG_DEV void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-FG_DEV void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> FG_DEV void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// Shared memory written by cp.async (the generic proxy) becomes visible to wgmma (the async
-// proxy) after this fence in the writing thread, then a barrier.
-FG_DEV void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Keeps the compiler from moving accesses of an accumulator across wgmma's asynchronous window.
-template <int N> FG_DEV void fence_regs(float *d) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 // d (64 x BC, f32) = Q K^T over one k-step: A (64 x 16) and B (BC x 16) from shared memory, both
 // K-major; scale_d = 0 starts from zero.
@@ -108,12 +71,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   // V_{j+1} (into block j-1's stages). Overlapped, the loop runs one block ahead on the tensor
   // cores (below), so block j loads K_{j+2} (into K_j's stage, free once S_j is done) and V_{j+1}.
   auto load_k = [&](int jb) {
-    load_sw<BC>(sbase + K_OFF + (u32)(jb % 2) * STAGE_BYTES, gK + (i64)jb * BC * p.k_sn, p.k_sn, Nk - (i64)jb * BC, tid);
+    load_sw<BC, CHUNKS, THREADS>(sbase + K_OFF + (u32)(jb % 2) * STAGE_BYTES, gK + (i64)jb * BC * p.k_sn, p.k_sn, Nk - (i64)jb * BC, tid);
   };
   auto load_v = [&](int jb) {
-    load_sw<BC>(sbase + V_OFF + (u32)(jb % 2) * STAGE_BYTES, gV + (i64)jb * BC * p.v_sn, p.v_sn, Nk - (i64)jb * BC, tid);
+    load_sw<BC, CHUNKS, THREADS>(sbase + V_OFF + (u32)(jb % 2) * STAGE_BYTES, gV + (i64)jb * BC * p.v_sn, p.v_sn, Nk - (i64)jb * BC, tid);
   };
-  load_sw<BR>(sbase, gQ, p.q_sn, Nq - q0, tid);
+  load_sw<BR, CHUNKS, THREADS>(sbase, gQ, p.q_sn, Nq - q0, tid);
   if (n_blocks > 0) { load_k(0); load_v(0); }
   if (OVERLAP && n_blocks > 1) load_k(1);
   cp_async_commit();
