@@ -40,120 +40,9 @@ constexpr unsigned K_OFF = 0, V_OFF = TILE_BYTES, Q_OFF = 2 * TILE_BYTES;
 constexpr unsigned DO_IN = QTILE_BYTES, L_IN = 2 * QTILE_BYTES, DD_IN = L_IN + BR * 4;
 constexpr unsigned STAGE_BYTES = 2 * QTILE_BYTES + 2 * BR * 4;
 constexpr unsigned P_OFF = Q_OFF + STAGES * STAGE_BYTES, DS_OFF = P_OFF + BC * PROW * 2;
-constexpr int PRE_ROWS = 64, PRE_THREADS = 128;  // rows per block of the _pre and _post kernels
-constexpr float LOG2E = 1.4426950408889634f;
 
-FG_DEV void ld_global_v4(const void *g, u32 &a, u32 &b, u32 &c, u32 &d) {
-  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(g));
-}
-FG_DEV void st_global_v4(void *g, u32 a, u32 b, u32 c, u32 d) {
-  asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"l"(g), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
-FG_DEV void red_add_f32(float *g, float x) {
-  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(g), "f"(x) : "memory");
-}
-// Adds the dQ fragment of one m16n8 tile (row g: x0, x1 at columns c, c + 1; row g + 8: x2, x3)
-// to the fp32 accumulator at row0 (row stride D floats, c = 2t + tile column). On sm_90 the lane
-// pairs (t, t ^ 1) swap halves so that each adds four adjacent floats with one vector reduction
-// (+17-24% over two scalar ones on an H100 at d = 64 and 128); before, four scalar reductions.
-FG_DEV void add_dq_tile(float *row0, int g, int t, int c, int nrows, float x0, float x1, float x2,
-                        float x3) {
-{% if arch == "sm_90" or arch == "sm_90a" then %}
-  const bool even = (t & 1) == 0;
-  const float y0 = __shfl_xor_sync(0xffffffffu, even ? x2 : x0, 1);
-  const float y1 = __shfl_xor_sync(0xffffffffu, even ? x3 : x1, 1);
-  const int r = even ? g : g + 8;
-  if (r < nrows) {
-    float *a = row0 + r * D + (even ? c : c - 2);
-    if (even)
-      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(a), "f"(x0), "f"(x1), "f"(y0), "f"(y1) : "memory");
-    else
-      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(a), "f"(y0), "f"(y1), "f"(x2), "f"(x3) : "memory");
-  }
-{% else %}
-  if (g < nrows) {
-    red_add_f32(row0 + g * D + c, x0);
-    red_add_f32(row0 + g * D + c + 1, x1);
-  }
-  if (g + 8 < nrows) {
-    red_add_f32(row0 + (g + 8) * D + c, x2);
-    red_add_f32(row0 + (g + 8) * D + c + 1, x3);
-  }
-{% end %}
-}
-FG_DEV float lo_f(u32 x) { return to_float<BF16>((u16)(x & 0xffffu)); }
-FG_DEV float hi_f(u32 x) { return to_float<BF16>((u16)(x >> 16)); }
-FG_DEV float warp_sum(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-// The fp32 workspace: the dQ accumulator, then D.
-FG_DEV float *dq_acc(const fg_bwd_params &p) { return (float *)p.workspace; }
-FG_DEV float *d_sum(const fg_bwd_params &p) { return (float *)p.dsum; }
-// Deterministic mode: one semaphore per 16 query rows of each (batch, query head); the one of the
-// tile's first row counts the key blocks that have added their part of that dQ tile.
-FG_DEV i64 sems_per_head(const fg_bwd_params &p) { return (p.seqlen_q + 15) / 16; }
-FG_DEV u32 ld_acquire(const u32 *a) {
-  u32 v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
-  return v;
-}
-FG_DEV void st_release(u32 *a, u32 v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
-}
 }  // namespace
-
-// D = rowsum(dO * O) in fp32; zeroes the row's dQ accumulator. Grid (ceil(Nq / 64), B * Hq).
-extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_pre(const __grid_constant__ fg_bwd_params p) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const u32 bh = blockIdx.y, b = bh / (u32)p.heads_q, h = bh % (u32)p.heads_q;
-  for (int rr = warp; rr < PRE_ROWS; rr += PRE_THREADS / 32) {
-    const i64 q = (i64)blockIdx.x * PRE_ROWS + rr;
-    if (q >= p.seqlen_q) break;
-    const u16 *o = (const u16 *)p.o + b * p.o_sb + h * p.o_sh + q * p.o_sn;
-    const u16 *dout = (const u16 *)p.d_o + b * p.do_sb + h * p.do_sh + q * p.do_sn;
-    float acc = 0.f;
-    for (int c = lane; c < CHUNKS; c += 32) {
-      u32 a[4], e[4];
-      ld_global_v4(o + c * 8, a[0], a[1], a[2], a[3]);
-      ld_global_v4(dout + c * 8, e[0], e[1], e[2], e[3]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc += lo_f(a[i]) * lo_f(e[i]) + hi_f(a[i]) * hi_f(e[i]);
-    }
-    acc = warp_sum(acc);
-    const i64 row = (i64)bh * p.seqlen_q + q;
-    if (lane == 0) d_sum(p)[row] = acc;
-    float *acc_row = dq_acc(p) + row * D;
-    for (int c = lane; c < D / 4; c += 32) st_global_v4(acc_row + c * 4, 0u, 0u, 0u, 0u);
-  }
-  if (p.deterministic && threadIdx.x < PRE_ROWS / 16) {  // this block's rows' semaphores
-    const i64 s = (i64)blockIdx.x * (PRE_ROWS / 16) + threadIdx.x;
-    if (s < sems_per_head(p)) ((u32 *)p.sem)[(i64)bh * sems_per_head(p) + s] = 0u;
-  }
-}
-
-// dQ = scale * accumulator, in the element type, at dQ's strides. Grid (ceil(Nq / 64), B * Hq).
-extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_post(const __grid_constant__ fg_bwd_params p) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const u32 bh = blockIdx.y, b = bh / (u32)p.heads_q, h = bh % (u32)p.heads_q;
-  const float sc = (float)p.scale;
-  for (int rr = warp; rr < PRE_ROWS; rr += PRE_THREADS / 32) {
-    const i64 q = (i64)blockIdx.x * PRE_ROWS + rr;
-    if (q >= p.seqlen_q) break;
-    const float *acc_row = dq_acc(p) + ((i64)bh * p.seqlen_q + q) * D;
-    u16 *dq = (u16 *)p.dq + b * p.dq_sb + h * p.dq_sh + q * p.dq_sn;
-    for (int c = lane; c < CHUNKS; c += 32) {
-      u32 x[8];
-      ld_global_v4(acc_row + c * 8, x[0], x[1], x[2], x[3]);
-      ld_global_v4(acc_row + c * 8 + 4, x[4], x[5], x[6], x[7]);
-      u32 y[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) y[i] = pack2<BF16>(__int_as_float(x[2 * i]) * sc, __int_as_float(x[2 * i + 1]) * sc);
-      st_global_v4(dq + c * 8, y[0], y[1], y[2], y[3]);
-    }
-  }
-}
+{% include("bwd_aux.cuh") %}
 
 // The main kernel. Grid (ceil(Nk / BC), B * Hkv).
 extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __grid_constant__ fg_bwd_params p) {
@@ -163,15 +52,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const u32 bhk = blockIdx.y, b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
   const i64 k0 = (i64)blockIdx.x * BC, Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
   const int G = (int)p.hq_per_hkv;
-  // The query blocks that see this key block: all of them, or (causal) from the block of the
-  // first query i with k0 <= i + diag.
-  const int nqb = (int)((Nq + BR - 1) / BR);
-  int i0 = 0;
-  if constexpr (CAUSAL) {
-    const i64 first_q = k0 - diag;
-    i0 = first_q <= 0 ? 0 : (first_q / BR < nqb ? (int)(first_q / BR) : nqb);
-  }
-  const int per_head = nqb - i0, n_items = G * per_head;
+  const bwd_span sp = bwd_span_of(p, k0);
+  const int i0 = sp.i0, per_head = sp.per_head, n_items = sp.n_items;
 
   zero_pad_columns<2 * BC, D, DP, ROW, THREADS>(smem, tid);
 #pragma unroll
@@ -185,8 +67,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   }
 
   // Query block `item` (head hk * G + item / per_head) into stage `st`: Q and dO with cp.async,
-  // LSE * log2(e) and D with plain loads. Rows past Nq, and rows that saw no key (LSE = -inf),
-  // get +inf, so their P is 0.
+  // LSE * log2(e) and D with plain loads (load_lse_d).
   auto load_q = [&](int item, int st) {
     const i64 h = (i64)hk * G + item / per_head, q0 = (i64)(i0 + item % per_head) * BR;
     const u32 s_q = sbase + Q_OFF + st * STAGE_BYTES;
@@ -194,14 +75,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       load_tile<BR, CHUNKS, ROW, LOAD_THREADS>(s_q, (const u16 *)p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_sn, p.q_sn, Nq - q0, tid);
       load_tile<BR, CHUNKS, ROW, LOAD_THREADS>(s_q + DO_IN, (const u16 *)p.d_o + b * p.do_sb + h * p.do_sh + q0 * p.do_sn, p.do_sn, Nq - q0, tid);
     }
-    float *sl = (float *)((char *)smem + Q_OFF + st * STAGE_BYTES + L_IN);
-    const i64 row0 = ((i64)b * p.heads_q + h) * Nq + q0;
-    for (int c = tid; c < BR; c += THREADS) {
-      const bool in = q0 + c < Nq;
-      const float l = in ? ((const float *)p.lse)[row0 + c] : FG_NEG_INF;
-      sl[c] = l == FG_NEG_INF ? __int_as_float(0x7f800000) : l * LOG2E;
-      sl[BR + c] = in ? d_sum(p)[row0 + c] : 0.f;
-    }
+    load_lse_d((float *)((char *)smem + Q_OFF + st * STAGE_BYTES + L_IN), p, b, h, q0, tid);
   };
   if (STAGES == 2 && n_items > 0) load_q(0, 0);
   cp_async_commit();
@@ -355,16 +229,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
         }
       }
     }
-    // Deterministic: wait until the key blocks before this one have added their part of this
-    // dQ tile (every one of them does: they walk the same tiles in the same order, and a block
-    // earlier in x sees at least the tiles of a later one), add, then pass the tile on.
-    u32 *sem = (u32 *)p.sem + ((i64)b * p.heads_q + h) * sems_per_head(p) + q0 / 16;
-    if (p.deterministic) {
-      if (tid == 0)
-        while (ld_acquire(sem) != blockIdx.x) {
-        }
-      __syncthreads();
-    }
+    u32 *sem = dq_sem(p, b, h, q0);
+    dq_sem_wait(p, sem, tid);
     float *acc = dq_acc(p) + (((i64)b * p.heads_q + h) * Nq + q0) * D;
     const int q_left = (int)(Nq - q0 < BR ? Nq - q0 : BR);
 #pragma unroll
@@ -376,11 +242,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
           add_dq_tile(acc + (wq * MQ + mq) * 16 * D, g, t, c, q_left - (wq * MQ + mq) * 16,
                       dq[mq][nq][0], dq[mq][nq][1], dq[mq][nq][2], dq[mq][nq][3]);
       }
-    if (p.deterministic) {
-      __threadfence();
-      __syncthreads();
-      if (tid == 0) st_release(sem, blockIdx.x + 1);
-    }
+    dq_sem_release(p, sem, tid);
     if constexpr (STAGES == 1) __syncthreads();  // before the next block overwrites Q and dO
   }
 
