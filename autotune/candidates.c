@@ -77,8 +77,9 @@ static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg
  * spilling more than fg_variant_spill_limit is rejected after compiling. */
 #define BWD_REGS_MAX 255
 
-/* The backward grid (templates/bwd.lua): one loop order (kv_outer), Br and Bc in {32, 64, 128},
- * 4 or 8 warps, Q/dO single- or double-buffered: 36 points, pruned by the fit rule and by three
+/* The backward grid (templates/bwd.lua): kv_outer (mma.sync) and kv_wgmma (sm_90a; its rule
+ * prunes it elsewhere, under "rules"), Br and Bc in {32, 64, 128}, 4 or 8 warps, Q/dO single- or
+ * double-buffered: 72 points, pruned by the fit rule and by three
  * tuning rules that keep a default tune within its time (each bucket times every candidate at
  * full size, and one backward run costs 5 forward ones):
  *   - Bc (the K/V block, rows kept on chip) at least 64, and 128 up to d = 128 where 160 KB of
@@ -88,41 +89,44 @@ static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg
  *   - single-buffered (1 stage) only where double-buffered does not fit: at ptxas's register
  *     counts (up to 255 at 8 warps) registers, not shared memory, bound the blocks per SM, so
  *     the double-buffered variant has the same occupancy and prefetches.
- * The rules count under "rules". On an H100 and an A100: 7 candidates at d = 64, 5 at d = 128. */
+ * The rules count under "rules". On an A100: 7 candidates at d = 64, 5 at d = 128; an H100 adds
+ * kv_wgmma's (d = 64: Br 128 Bc 128; d = 128: Br 64 Bc 128). */
 static int bwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
                           const fg_device_limits *lim, const fg_variant *seed, fg_variant *out,
                           int n, int cap, fg_prune_counts *pc) {
   static const int brs[] = {32, 64, 128}, bcs[] = {32, 64, 128}, warps[] = {4, 8};
   char why[256];
-  for (size_t bi = 0; bi < sizeof brs / sizeof brs[0]; bi++)
-    for (size_t ci = 0; ci < sizeof bcs / sizeof bcs[0]; ci++)
-      for (size_t wi = 0; wi < sizeof warps / sizeof warps[0]; wi++)
-        for (int st = 1; st <= 2; st++) {
-          fg_variant v = {FG_PASS_BWD, d, brs[bi], bcs[ci], dtype, causal, FG_LOOP_KV_OUTER,
-                          warps[wi], st, arch};
-          if (memcmp(&v, seed, sizeof v) == 0) continue;
-          if (fg_variant_fits(g, &v, lim, why, sizeof why) != 1) {
-            count_pruned(pc, why);
-            continue;
+  static const fg_loop_order loops[] = {FG_LOOP_KV_OUTER, FG_LOOP_KV_WGMMA};
+  for (size_t li = 0; li < sizeof loops / sizeof loops[0]; li++)
+    for (size_t bi = 0; bi < sizeof brs / sizeof brs[0]; bi++)
+      for (size_t ci = 0; ci < sizeof bcs / sizeof bcs[0]; ci++)
+        for (size_t wi = 0; wi < sizeof warps / sizeof warps[0]; wi++)
+          for (int st = 1; st <= 2; st++) {
+            fg_variant v = {FG_PASS_BWD, d, brs[bi], bcs[ci], dtype, causal, loops[li],
+                            warps[wi], st, arch};
+            if (memcmp(&v, seed, sizeof v) == 0) continue;
+            if (fg_variant_fits(g, &v, lim, why, sizeof why) != 1) {
+              count_pruned(pc, why);
+              continue;
+            }
+            fg_resources r;
+            if (fg_generator_resources(g, &v, &r, why, sizeof why) == 0 &&
+                r.regs_estimate > BWD_REGS_MAX) {
+              pc->regs++;
+              continue;
+            }
+            fg_variant v2 = v;
+            v2.stages = 2;
+            /* Up to d = 128 on GPUs with the shared memory for it, key blocks of 128 (1.3-1.5x
+             * blocks of 64 on an H100 at d = 64 and 128, every shape measured). */
+            const int bc128_fits = d <= 128 && lim->smem_optin_per_block >= 160 * 1024;
+            if (v.bc < 64 || (bc128_fits && v.bc < 128) ||
+                (v.stages == 1 && fg_variant_fits(g, &v2, lim, why, sizeof why) == 1)) {
+              pc->rules++;
+              continue;
+            }
+            if (n < cap) out[n++] = v;
           }
-          fg_resources r;
-          if (fg_generator_resources(g, &v, &r, why, sizeof why) == 0 &&
-              r.regs_estimate > BWD_REGS_MAX) {
-            pc->regs++;
-            continue;
-          }
-          fg_variant v2 = v;
-          v2.stages = 2;
-          /* Up to d = 128 on GPUs with the shared memory for it, key blocks of 128 (1.3-1.5x
-           * blocks of 64 on an H100 at d = 64 and 128, every shape measured). */
-          const int bc128_fits = d <= 128 && lim->smem_optin_per_block >= 160 * 1024;
-          if (v.bc < 64 || (bc128_fits && v.bc < 128) ||
-              (v.stages == 1 && fg_variant_fits(g, &v2, lim, why, sizeof why) == 1)) {
-            pc->rules++;
-            continue;
-          }
-          if (n < cap) out[n++] = v;
-        }
   return n;
 }
 

@@ -17,7 +17,7 @@ static const struct {
     {"compile", fg_cmd_compile, "compile a variant with NVRTC: cubin to a file, resource report"},
     {"info", fg_cmd_info, "GPU, driver, NVRTC and shared-memory limits"},
     {"build-default", fg_cmd_build_default, "compile the default kernel set and print a table"},
-    {"check", fg_cmd_check, "check every forward variant against an fp64 reference on the GPU"},
+    {"check", fg_cmd_check, "check the forward and backward kernels against fp64 references on the GPU"},
     {"explain", fg_cmd_explain, "say which variant a problem would run and why"},
     {"tune", fg_cmd_tune, "find the fastest correct variant of each problem on the GPU, record it"},
     {"cache", fg_cmd_cache, "the kernel cache: ls, stats, verify, clear, tuning"},

@@ -16,12 +16,14 @@ const char *fg_pass_name(fg_pass p);
  * sm_80 and newer); kv_outer is FlashAttention-1's Algorithm 1; q_wgmma is q_outer's loop on
  * Hopper's warpgroup matrix instructions (wgmma, sm_90a only: fwd_wgmma.cu), each block's S,
  * softmax and O += P V in order; q_wgmma_ov the same with the softmax of block j+1 overlapping
- * O += P_j V_j on the tensor cores. */
+ * O += P_j V_j on the tensor cores. kv_wgmma is the backward's K/V-outer loop on wgmma (sm_90a only:
+ * bwd_wgmma.cu), one warpgroup per 64 keys. */
 typedef enum fg_loop_order {
   FG_LOOP_Q_OUTER = 0,
   FG_LOOP_KV_OUTER = 1,
   FG_LOOP_Q_WGMMA = 2,
   FG_LOOP_Q_WGMMA_OV = 3,
+  FG_LOOP_KV_WGMMA = 4,
   FG_LOOP_COUNT
 } fg_loop_order;
 typedef enum fg_arch {
@@ -59,8 +61,9 @@ int fg_variant_parse(const char *name, fg_variant *out, char *err, size_t errlen
 int fg_variant_check(const fg_variant *v, char *err, size_t errlen);
 
 const char *fg_arch_name(fg_arch a);  /* "sm_80", ... "sm_90a" */
-/* The loop order's token in variant names ("qouter", "kvouter", "qwgmma", "qwgmmaov") and its
- * name in the templates ("q_outer", "kv_outer", "q_wgmma", "q_wgmma_ov"); "?" when out of range. */
+/* The loop order's token in variant names ("qouter", "kvouter", "qwgmma", "qwgmmaov", "kvwgmma")
+ * and its name in the templates ("q_outer", "kv_outer", "q_wgmma", "q_wgmma_ov", "kv_wgmma"); "?"
+ * when out of range. */
 const char *fg_loop_token(fg_loop_order l);
 const char *fg_loop_name(fg_loop_order l);
 int fg_arch_parse(const char *s, fg_arch *out); /* accepts "sm_90a" and "sm90a"; 0 on success */
@@ -79,7 +82,8 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
  * be tuned or built in: 0 for the forward; 128 for the backward, whose key blocks of 128 spill
  * 8-88 B and run 1.3-1.5x the spill-free blocks of 64 (H100, templates/bwd.lua). */
 int fg_variant_spill_limit(const fg_variant *v);
-/* The built-in rule's backward variant (templates/bwd.lua): K/V blocks of 64 (32 above d = 128
- * on sm_86/89), query blocks of 64 (32 above d = 128), 4 warps up to d = 64, else 8. */
+/* The built-in rule's backward variant (templates/bwd.lua): kv_outer with K/V blocks of 128 up
+ * to d = 128 (64 above; less on sm_86/89's 99 KB), query blocks of 64 (32 above d = 192), 8 warps;
+ * on sm_90a at d = 64 and 128 the wgmma kernel (kv_wgmma, Bc 128, 8 warps). */
 fg_variant fg_builtin_backward_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
 #endif

@@ -32,9 +32,10 @@ fg_arch fg_arch_for_cc(int major, int minor) {
   return FG_ARCH_SM80;
 }
 
-static const char *const loop_tokens[FG_LOOP_COUNT] = {"qouter", "kvouter", "qwgmma", "qwgmmaov"};
+static const char *const loop_tokens[FG_LOOP_COUNT] = {"qouter", "kvouter", "qwgmma", "qwgmmaov",
+                                                       "kvwgmma"};
 static const char *const loop_names[FG_LOOP_COUNT] = {"q_outer", "kv_outer", "q_wgmma",
-                                                      "q_wgmma_ov"};
+                                                      "q_wgmma_ov", "kv_wgmma"};
 
 const char *fg_loop_token(fg_loop_order l) {
   return ((int)l >= 0 && l < FG_LOOP_COUNT) ? loop_tokens[l] : "?";
@@ -95,7 +96,7 @@ int fg_variant_parse(const char *name, fg_variant *out, char *err, size_t errlen
       "pass (expected fwd or bwd)",      "head dim (expected d<N>, e.g. d128)",
       "Br (expected br<N>)",         "Bc (expected bc<N>)",
       "dtype (expected f16 or bf16)", "masking (expected causal or noncausal)",
-      "loop order (expected qouter, kvouter, qwgmma or qwgmmaov)", "warps (expected w<N>)",
+      "loop order (expected qouter, kvouter, qwgmma, qwgmmaov or kvwgmma)", "warps (expected w<N>)",
       "stages (expected s<N>)",      "arch (expected sm80, sm86, sm89, sm90 or sm90a)"};
   char tmp[FG_VARIANT_NAME_MAX * 2];
   if (!name || strlen(name) >= sizeof tmp) {
@@ -267,6 +268,15 @@ fg_variant fg_builtin_backward_variant(int d, fg_dtype dtype, int causal, fg_arc
     v.stages = 1;
     if (d > 64) v.bc = 64;
     if (d > 128) v.bc = 32, v.br = 32, v.warps = 4;
+  }
+  /* Hopper (sm_90a), d = 64 and 128: the wgmma kernel (bwd_wgmma.cu), two warpgroups of 64 keys;
+   * query blocks of 64 at d = 128 (dQ split by columns), 128 at d = 64 (one block each). */
+  if (arch == FG_ARCH_SM90A && (d == 64 || d == 128)) {
+    v.loop = FG_LOOP_KV_WGMMA;
+    v.br = d == 128 ? 64 : 128;
+    v.bc = 128;
+    v.warps = 8;
+    v.stages = 2;
   }
   return v;
 }

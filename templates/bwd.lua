@@ -19,6 +19,7 @@ local function round_up(x, m) return (x + m - 1) // m * m end
 -- warp. The head dimension is padded (with zeros, in shared memory) to 16 columns per warp
 -- along it: d_pad = d rounded up to 16 * max(WN, WD).
 function M.layout(v)
+  if v.loop == "kv_wgmma" then return {} end
   local wm = math.min(v.warps, math.max(1, v.bc // 32))
   if v.br % (16 * (v.warps // wm)) ~= 0 then wm = math.min(v.warps, v.bc // 16) end
   local wq = math.min(v.warps, math.max(1, v.br // 32))
@@ -41,7 +42,48 @@ local function regs_estimate(v, L)
   return dkv + math.max(sdp, dq) + 56
 end
 
+-- kv_wgmma (bwd_wgmma.cu, sm_90a): one warpgroup (4 warps) per 64 of the Bc keys. K, V, the
+-- Q/dO stages and dS^T are stored unpadded in 64-column blocks, 128-byte swizzled, from a
+-- 1024-byte aligned base (1 KB more for the alignment); then LSE and D per stage. Registers per
+-- thread: dK and dV (d / 2 each), S^T and dP^T (Br / 2 each), P^T packed (Br / 4), the dQ tile
+-- (a warpgroup's 64 x dqn, dqn / 2: after S^T and dP^T die), less 8 that ptxas overlaps. Fitted
+-- to ptxas (NVRTC 13.0): d = 128 Br 64 Bc 128 uses 247 (estimated 232), d = 64 Br 128 Bc 128 254
+-- (248), d = 64 Br 64 Bc 64 180 (168); d = 128 Br 64 Bc 64 (264: dQ 64 x 128 per warpgroup)
+-- spilled 112 B.
+local function wgmma_loop(v) return v.loop == "kv_wgmma" end
+
+local function wgmma_resources(v)
+  local dqn = (v.br // 64 == v.bc // 64) and v.d or v.d // (v.bc // 64)
+  return { threads = 32 * v.warps,
+           smem = 1024 + (2 * v.bc * v.d + v.stages * 2 * v.br * v.d + v.bc * v.br) * 2 +
+                  v.stages * 2 * v.br * 4,
+           regs = v.d + v.br + v.br // 4 + dqn // 2 - 8 }
+end
+
+local function wgmma_check(v)
+  if v.arch ~= "sm_90a" then
+    return "kv_wgmma needs sm_90a: wgmma is an instruction of Hopper (compute capability 9.0) only"
+  end
+  if v.d ~= 64 and v.d ~= 128 then
+    return "kv_wgmma takes d = 64 or 128 (tiles of 64-column blocks; dK and dV of d = 256 " ..
+           "would not fit in registers)"
+  end
+  if (v.bc ~= 64 and v.bc ~= 128) or v.warps ~= v.bc // 16 then
+    return "kv_wgmma gives each warpgroup (4 warps) 64 keys: Bc must be 64 or 128 and warps Bc / 16"
+  end
+  if v.stages ~= 2 then return "kv_wgmma takes 2 stages (Q and dO double-buffered)" end
+  if v.br ~= 64 and v.br ~= 128 then return "kv_wgmma takes Br = 64 or 128" end
+  -- dQ's tiles: a 64-row block per warpgroup, or one block split by columns (d = 128).
+  local mb, nwg = v.br // 64, v.bc // 64
+  if not (mb == nwg or (mb == 1 and nwg == 2 and v.d == 128)) then
+    return "kv_wgmma splits dQ (Br x d) into one 64-row block per warpgroup, or one block into " ..
+           "64-column halves at d = 128: Br must be 64 x (Bc / 64), or Br = 64 with Bc = 128 at d = 128"
+  end
+  return nil
+end
+
 function M.resources(v)
+  if wgmma_loop(v) then return wgmma_resources(v) end
   local L = M.layout(v)
   local tile = v.bc * L.row * 2
   local stage = 2 * v.br * L.row * 2 + 2 * v.br * 4
@@ -52,8 +94,10 @@ end
 
 -- Rules the template adds to the shared structural ones (core/variant.c).
 function M.check(v)
+  if wgmma_loop(v) then return wgmma_check(v) end
   if v.loop ~= "kv_outer" then
-    return "the backward pass has one loop order, kv_outer (K/V blocks outer, seed 003)"
+    return "the backward pass takes the loop orders kv_outer (K/V blocks outer, seed 003; " ..
+           "mma.sync) and kv_wgmma (the same on Hopper's wgmma)"
   end
   if v.stages ~= 1 and v.stages ~= 2 then
     return "backward takes 1 or 2 stages (Q/dO single- or double-buffered)"
@@ -83,7 +127,7 @@ function M.entry(v) return "fg_" .. v.name end
 -- B * Hkv), so br here is the variant's Bc. The _pre and _post kernels are fixed by the plan.
 function M.launch(v)
   local r = M.resources(v)
-  return { template = "bwd.cu", entry = M.entry(v), threads = r.threads, smem = r.smem,
+  return { template = wgmma_loop(v) and "bwd_wgmma.cu" or "bwd.cu", entry = M.entry(v), threads = r.threads, smem = r.smem,
            grid = "kv_tiles", br = v.bc, workspace = v.d + 1 }
 end
 
