@@ -66,7 +66,8 @@ typedef struct fg_compile_item {
 int fg_compile_pool(fg_generator *g, fg_compile_item *items, int n, int threads,
                     void (*done)(void *ud, int i, int ndone), void *ud);
 
-/* ==== Tuning (problems.c: the problem set; tune.c: the run on the live GPU) ==== */
+/* ==== Tuning (problems.c: the problem set; tune.c and its stages tune_*.c: the run on the live
+ * GPU, tune_report.c: the report) ==== */
 
 /* One tuning problem: attention forward (pass FG_PASS_FWD, the zero value) or backward, every
  * tensor contiguous (B, H, N, d), heads_q = heads_kv = heads, seqlen_q = seqlen_k = n. */
