@@ -16,6 +16,11 @@
 
 #include "tune_internal.h"
 
+/* Whether two problems share their candidates: the same op, d, dtype and mask. */
+static int same_triple(const fg_problem *a, const fg_problem *b) {
+  return a->pass == b->pass && a->d == b->d && a->dtype == b->dtype && a->causal == b->causal;
+}
+
 static int sort_problem_cmp(const fg_tune_problem *a, const fg_tune_problem *b) {
   if (a->pass != b->pass) return a->pass < b->pass ? -1 : 1;
   if (a->dtype != b->dtype) return a->dtype < b->dtype ? -1 : 1;
@@ -76,8 +81,7 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
   rep->seed = opt->seed ? opt->seed : ((uint64_t)time(NULL) * 1000003u) ^ (uint64_t)getpid();
   for (int i = 0; i < n; i++) {
     rep->rows[i].problem = problems[i];
-    const fg_problem key = fg_problem_make(problems[i].pass, problems[i].d, problems[i].dtype,
-                                           problems[i].causal, problems[i].n);
+    const fg_problem key = fg_tune_problem_key(&problems[i]);
     fg_problem_format(&key, rep->rows[i].key, sizeof rep->rows[i].key);
     snprintf(rep->rows[i].note, sizeof rep->rows[i].note, "not reached");
   }
@@ -145,20 +149,18 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
     P->dup_of = -1;
     for (int oj = 0; oj < oi && P->dup_of < 0; oj++)
       if (strcmp(rep->rows[order[oj]].key, row->key) == 0) P->dup_of = order[oj];
+    fg_problem key = fg_tune_problem_key(pb);
+    key.nq = key.nk = 0; /* a triple serves every bucket */
     int t = 0;
-    while (t < R.ntri && !(R.tri[t].pass == pb->pass && R.tri[t].d == pb->d &&
-                           R.tri[t].dtype == pb->dtype && R.tri[t].causal == pb->causal))
-      t++;
+    while (t < R.ntri && !same_triple(&R.tri[t].key, &key)) t++;
     if (t == R.ntri) {
       ttriple *T = &R.tri[R.ntri++];
-      T->pass = pb->pass;
-      T->d = pb->d;
-      T->dtype = pb->dtype;
-      T->causal = pb->causal;
-      T->n = fg_candidates_pass(g, pb->pass, pb->d, pb->dtype, pb->causal, arch, &lim, T->cands,
-                                MAX_CANDS, &T->pruned);
-      T->seed_v = fg_baseline_variant(g, pb->pass, pb->d, pb->dtype, pb->causal, arch, &lim);
-      T->fwd_v = fg_builtin_variant(pb->d, pb->dtype, pb->causal, arch);
+      T->key = key;
+      T->n = fg_candidates(g, &key, arch, &lim, T->cands, MAX_CANDS, &T->pruned);
+      T->seed_v = fg_baseline_variant(g, &key, arch, &lim);
+      fg_problem fwd = key;
+      fwd.pass = FG_PASS_FWD;
+      T->fwd_v = fg_problem_builtin(&fwd, arch);
       T->seed = -1;
       T->last_winner = -1;
       for (int c = 0; c < T->n; c++) {
@@ -220,8 +222,8 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
     tprob *P = &R.pr[pi];
     if (P->dup_of >= 0 || P->n_measure == 0) continue;
     ttriple *T = &R.tri[P->tri];
-    if (T->pass == FG_PASS_FWD) { /* the forward's check runs the reference kernels */
-      need_ref[T->dtype] = 1;
+    if (T->key.pass == FG_PASS_FWD) { /* the forward's check runs the reference kernels */
+      need_ref[T->key.dtype] = 1;
     } else { /* the backward's check and timing take O and LSE from the built-in forward */
       tjob j;
       memset(&j, 0, sizeof j);
@@ -256,9 +258,9 @@ fg_status fg_tune_run(fg_context *ctx, const fg_tune_problem *problems, int n,
     fg_tune_note(&R,
                  "%s d=%d %s %s on %s: %d candidates fit; pruned %d by shared memory, %d by "
                  "registers, %d by threads, %d by rules",
-                 fg_pass_name(T->pass), T->d, fg_dtype_name(T->dtype),
-                 T->causal ? "causal" : "noncausal", L->name, T->n, T->pruned.smem, T->pruned.regs,
-                 T->pruned.threads, T->pruned.rules);
+                 fg_pass_name(T->key.pass), T->key.d, fg_dtype_name(T->key.dtype),
+                 T->key.causal ? "causal" : "noncausal", L->name, T->n, T->pruned.smem,
+                 T->pruned.regs, T->pruned.threads, T->pruned.rules);
   }
   if (!R.cache)
     fg_tune_note(&R, "warning: no kernel cache: the tuning results will not be remembered");

@@ -48,9 +48,7 @@ typedef struct tjob {
 
 /* The candidates of one (pass, d, dtype, causal). */
 typedef struct ttriple {
-  fg_pass pass;
-  int d, causal;
-  fg_dtype dtype;
+  fg_problem key;               /* the op, d, dtype and mask; nq = nk = 0: every bucket */
   fg_variant fwd_v;             /* backward: the forward variant that makes O and LSE */
   fg_variant cands[MAX_CANDS];
   int job[MAX_CANDS];           /* index into the job list, -1 when not compiled */
