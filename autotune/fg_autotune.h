@@ -199,6 +199,17 @@ typedef struct fg_bwd_host_problem {
  * rows that see no key. Returns 0, or -1 (heads_q not a multiple of heads_kv, out of memory). */
 int fg_reference_backward(const fg_bwd_host_problem *p, int exact, double *dq, double *dk,
                           double *dv, double *lse, int threads);
+/* fg_reference_backward of a long problem (batch = heads_q = heads_kv = 1) of n query rows
+ * whose Q and dO repeat with a period of p->seqlen_q rows (row i holds row i % p->seqlen_q of
+ * p->q and p->d_o), at the cost of a period: `flashgen check`'s case past 2^31 elements. Without a
+ * mask a row's dQ depends on its own Q and dO rows only, and dK, dV sum the rows' contributions:
+ * dq gets p->seqlen_q rows (dQ of row i is row i % p->seqlen_q), dk and dv the whole sums
+ * (count times a period's plus the remaining rows'; with exact = 0 each part is rounded to dtype
+ * before the sum). Causal (bottom-right aligned): only the last r = min(n, seqlen_k) rows see a
+ * key; dq gets those r rows (row n - r + t is row t), every other row's dQ is 0. Returns 0, or -1
+ * (not batch = heads = 1, out of memory). */
+int fg_reference_backward_periodic(const fg_bwd_host_problem *p, int64_t n, int exact,
+                                   double *dq, double *dk, double *dv, int threads);
 
 /* ==== The correctness gate (gate.c): `flashgen tune` and `flashgen check`, every op ==== */
 
