@@ -7,11 +7,12 @@
 
 static int round_down(int x, int m) { return x / m * m; }
 
-fg_variant fg_seed_rule_variant(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
+fg_variant fg_seed_rule_variant(fg_generator *g, const fg_problem *p, fg_arch arch,
                                 const fg_device_limits *lim) {
+  const int d = p->d;
   const int M = lim->smem_optin_per_block / 2; /* elements of 2 bytes */
   const int b = (M + 4 * d - 1) / (4 * d);     /* ceil(M / 4d) */
-  fg_variant v = {FG_PASS_FWD, d, 0, 0, dtype, causal, FG_LOOP_Q_OUTER, 4, 2, arch};
+  fg_variant v = {FG_PASS_FWD, d, 0, 0, p->dtype, p->causal, FG_LOOP_Q_OUTER, 4, 2, arch};
   v.bc = round_down(b, 16);
   v.br = round_down(b < d ? b : d, 64);
   if (v.bc > 256) v.bc = 256;
@@ -37,10 +38,10 @@ static void count_pruned(fg_prune_counts *pc, const char *why) {
   else pc->rules++;
 }
 
-fg_variant fg_baseline_variant(fg_generator *g, fg_pass pass, int d, fg_dtype dtype, int causal,
-                               fg_arch arch, const fg_device_limits *lim) {
-  if (pass == FG_PASS_BWD) return fg_builtin_backward_variant(d, dtype, causal, arch);
-  return fg_seed_rule_variant(g, d, dtype, causal, arch, lim);
+fg_variant fg_baseline_variant(fg_generator *g, const fg_problem *p, fg_arch arch,
+                               const fg_device_limits *lim) {
+  if (p->pass == FG_PASS_BWD) return fg_problem_builtin(p, arch);
+  return fg_seed_rule_variant(g, p, arch, lim);
 }
 
 /* The forward grid: Br, Bc, warps, stages, every loop order. */
@@ -130,12 +131,14 @@ static int bwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg
   return n;
 }
 
-int fg_candidates_pass(fg_generator *g, fg_pass pass, int d, fg_dtype dtype, int causal,
-                       fg_arch arch, const fg_device_limits *lim, fg_variant *out, int cap,
-                       fg_prune_counts *pruned) {
+int fg_candidates(fg_generator *g, const fg_problem *p, fg_arch arch, const fg_device_limits *lim,
+                  fg_variant *out, int cap, fg_prune_counts *pruned) {
+  const fg_pass pass = p->pass;
+  const int d = p->d, causal = p->causal;
+  const fg_dtype dtype = p->dtype;
   fg_prune_counts pc = {0, 0, 0, 0};
   int n = 0;
-  const fg_variant seed = fg_baseline_variant(g, pass, d, dtype, causal, arch, lim);
+  const fg_variant seed = fg_baseline_variant(g, p, arch, lim);
   char why[256];
   if (fg_variant_fits(g, &seed, lim, why, sizeof why) == 1) {
     if (n < cap) out[n++] = seed;
@@ -148,9 +151,4 @@ int fg_candidates_pass(fg_generator *g, fg_pass pass, int d, fg_dtype dtype, int
     n = fwd_candidates(g, d, dtype, causal, arch, lim, &seed, out, n, cap, &pc);
   if (pruned) *pruned = pc;
   return n;
-}
-
-int fg_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
-                  const fg_device_limits *lim, fg_variant *out, int cap, fg_prune_counts *pruned) {
-  return fg_candidates_pass(g, FG_PASS_FWD, d, dtype, causal, arch, lim, out, cap, pruned);
 }

@@ -9,37 +9,39 @@
 #include <stdint.h>
 
 #include "fg_gen.h"
+#include "fg_problem.h"
 
 /* Why candidates were pruned, counted by cause. */
 typedef struct fg_prune_counts {
   int smem, regs, threads, rules;
 } fg_prune_counts;
 
-/* The seed's rule (seed 002, FlashAttention-1): Bc = ceil(M / 4d), Br = min(ceil(M / 4d), d), with
- * M the opt-in shared memory in elements, rounded down to what the templates accept (multiples of
- * 16, Br a multiple of 16*warps), q_outer, 4 warps, 2 stages, shrunk until it fits. */
-fg_variant fg_seed_rule_variant(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
+/* The candidates of a problem depend on its op, head dim, dtype and mask only (p->pass, d,
+ * dtype, causal); its length buckets (nq, nk) do not change them. */
+
+/* The seed's rule (seed 002, FlashAttention-1), the forward's whatever p->pass says: Bc =
+ * ceil(M / 4d), Br = min(ceil(M / 4d), d), with M the opt-in shared memory in elements, rounded
+ * down to what the templates accept (multiples of 16, Br a multiple of 16*warps), q_outer, 4
+ * warps, 2 stages, shrunk until it fits. */
+fg_variant fg_seed_rule_variant(fg_generator *g, const fg_problem *p, fg_arch arch,
                                 const fg_device_limits *lim);
 
 /* The baseline a pass's tuned winner is compared with ("SEED" in the report), always the first
  * candidate when it fits: the forward's seed rule (fg_seed_rule_variant); the backward's
- * built-in rule (fg_builtin_backward_variant, what runs without a tuning record). */
-fg_variant fg_baseline_variant(fg_generator *g, fg_pass pass, int d, fg_dtype dtype, int causal,
-                               fg_arch arch, const fg_device_limits *lim);
+ * built-in rule (fg_problem_builtin, what runs without a tuning record). */
+fg_variant fg_baseline_variant(fg_generator *g, const fg_problem *p, fg_arch arch,
+                               const fg_device_limits *lim);
 
-/* Enumerates the candidates of a pass for (d, dtype, causal) on a device, keeping those that fit
- * lim (fg_variant_fits: the template's check and resources through the generator); the baseline
- * (fg_baseline_variant) comes first when it fits. Forward: Br in {64, 128}, Bc in {16..128}
- * (32 and up but for kv_outer), 4 or 8 warps, every loop order with its stages. Backward
- * (templates/bwd.lua): kv_outer, Br and Bc in {32, 64, 128}, 4 or 8 warps, 1 or 2 stages (36
- * points before pruning). Returns the count written (at most cap); pruned (may be NULL) counts
- * what was rejected and why. */
-int fg_candidates_pass(fg_generator *g, fg_pass pass, int d, fg_dtype dtype, int causal,
-                       fg_arch arch, const fg_device_limits *lim, fg_variant *out, int cap,
-                       fg_prune_counts *pruned);
-/* fg_candidates_pass for the forward. */
-int fg_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
-                  const fg_device_limits *lim, fg_variant *out, int cap, fg_prune_counts *pruned);
+/* Enumerates the candidates of problem p's op (p->pass) for its (d, dtype, causal) on a device,
+ * keeping those that fit lim (fg_variant_fits: the template's check and resources through the
+ * generator); the baseline (fg_baseline_variant) comes first when it fits. Forward: Br in
+ * {64, 128}, Bc in {16..128} (32 and up but for kv_outer), 4 or 8 warps, every loop order with
+ * its stages. Backward (templates/bwd.lua): kv_outer, Br and Bc in {32, 64, 128}, 4 or 8 warps,
+ * 1 or 2 stages (36 points before pruning). Returns the count written (at most cap); pruned (may
+ * be NULL) counts what was rejected and why. */
+int fg_candidates(fg_generator *g, const fg_problem *p, fg_arch arch, const fg_device_limits *lim,
+                  fg_variant *out, int cap, fg_prune_counts *pruned);
+
 /* ==== The compile pool (pool.c): tune, check, export, build-default ==== */
 
 /* Most threads a pool starts. */
@@ -66,7 +68,8 @@ typedef struct fg_compile_item {
 int fg_compile_pool(fg_generator *g, fg_compile_item *items, int n, int threads,
                     void (*done)(void *ud, int i, int ndone), void *ud);
 
-/* ==== Tuning (problems.c: the problem set; tune.c: the run on the live GPU) ==== */
+/* ==== Tuning (problems.c: the problem set; tune.c and its stages tune_*.c: the run on the live
+ * GPU, tune_report.c: the report) ==== */
 
 /* One tuning problem: attention forward (pass FG_PASS_FWD, the zero value) or backward, every
  * tensor contiguous (B, H, N, d), heads_q = heads_kv = heads, seqlen_q = seqlen_k = n. */
@@ -93,6 +96,9 @@ int fg_tune_problem_parse(const char *s, fg_tune_problem *out, char *err, size_t
 /* Writes the problem in the syntax above (every key; ",pass=bwd" last for a backward problem,
  * nothing for a forward one). Returns the length. */
 int fg_tune_problem_format(const fg_tune_problem *p, char *buf, size_t len);
+/* The problem key of p (fg_problem_make: its op, d, dtype, mask and the bucket of its n): what
+ * names its tuning record and what its candidates are for. */
+fg_problem fg_tune_problem_key(const fg_tune_problem *p);
 /* The embedded default set. Forward: d in {64, 128} x {f16, bf16} x causal {0, 1} x n in {512,
  * 1k, 2k, 4k, 8k, 16k} (48 problems). Backward: the same (d, dtype, causal) x n in {1k, 4k}
  * (16; the other buckets take the nearest tuned one: a backward run costs about 5 forward ones,
@@ -193,6 +199,17 @@ typedef struct fg_bwd_host_problem {
  * rows that see no key. Returns 0, or -1 (heads_q not a multiple of heads_kv, out of memory). */
 int fg_reference_backward(const fg_bwd_host_problem *p, int exact, double *dq, double *dk,
                           double *dv, double *lse, int threads);
+/* fg_reference_backward of a long problem (batch = heads_q = heads_kv = 1) of n query rows
+ * whose Q and dO repeat with a period of p->seqlen_q rows (row i holds row i % p->seqlen_q of
+ * p->q and p->d_o), at the cost of a period: `flashgen check`'s case past 2^31 elements. Without a
+ * mask a row's dQ depends on its own Q and dO rows only, and dK, dV sum the rows' contributions:
+ * dq gets p->seqlen_q rows (dQ of row i is row i % p->seqlen_q), dk and dv the whole sums
+ * (count times a period's plus the remaining rows'; with exact = 0 each part is rounded to dtype
+ * before the sum). Causal (bottom-right aligned): only the last r = min(n, seqlen_k) rows see a
+ * key; dq gets those r rows (row n - r + t is row t), every other row's dQ is 0. Returns 0, or -1
+ * (not batch = heads = 1, out of memory). */
+int fg_reference_backward_periodic(const fg_bwd_host_problem *p, int64_t n, int exact,
+                                   double *dq, double *dk, double *dv, int threads);
 
 /* ==== The correctness gate (gate.c): `flashgen tune` and `flashgen check`, every op ==== */
 

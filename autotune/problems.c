@@ -167,6 +167,10 @@ int fg_tune_problem_format(const fg_tune_problem *p, char *buf, size_t len) {
                   p->pass == FG_PASS_BWD ? ",pass=bwd" : "");
 }
 
+fg_problem fg_tune_problem_key(const fg_tune_problem *p) {
+  return fg_problem_make(p->pass, p->d, p->dtype, p->causal, p->n);
+}
+
 int fg_tune_default_problems(int quick, fg_tune_problem *out, int cap) {
   static const int ds[] = {64, 128};
   /* The backward's buckets are a subset: one run costs 2.5 times the forward's FLOPs at about

@@ -137,3 +137,46 @@ int fg_reference_backward(const fg_bwd_host_problem *p, int exact, double *dq, d
   pthread_mutex_destroy(&j.mu);
   return rc;
 }
+
+int fg_reference_backward_periodic(const fg_bwd_host_problem *p, int64_t n, int exact,
+                                   double *dq, double *dk, double *dv, int threads) {
+  const int64_t P = p->seqlen_q, Nk = p->seqlen_k, d = p->head_dim;
+  if (p->batch != 1 || p->heads_q != 1 || p->heads_kv != 1 || P <= 0 || n < 0 || Nk < 0)
+    return -1;
+  const size_t nk_el = (size_t)(Nk * d);
+  if (p->causal) {
+    /* Bottom-right aligned: row i sees keys j <= i + Nk - n, so only the last min(n, Nk) rows see
+     * one; they are a problem of their own with the same alignment. */
+    const int64_t rows = n < Nk ? n : Nk, first = n - rows;
+    uint16_t *q = malloc((size_t)(rows * d) * 2 + 1), *d_o = malloc((size_t)(rows * d) * 2 + 1);
+    int rc = q && d_o ? 0 : -1;
+    for (int64_t t = 0; rc == 0 && t < rows; t++) {
+      memcpy(q + t * d, p->q + ((first + t) % P) * d, (size_t)d * 2);
+      memcpy(d_o + t * d, p->d_o + ((first + t) % P) * d, (size_t)d * 2);
+    }
+    fg_bwd_host_problem s = *p;
+    s.seqlen_q = rows;
+    s.q = q;
+    s.d_o = d_o;
+    if (rc == 0) rc = fg_reference_backward(&s, exact, dq, dk, dv, NULL, threads);
+    free(q);
+    free(d_o);
+    return rc;
+  }
+  /* Without a mask: row i's dQ is row i % P's, and dK, dV sum the rows' contributions: count
+   * times the sum over one period, plus the sum over the first n % P rows once more. */
+  const int64_t count = n / P, rest = n % P;
+  if (fg_reference_backward(p, exact, dq, dk, dv, NULL, threads) != 0) return -1;
+  for (size_t x = 0; x < nk_el; x++) dk[x] *= (double)count, dv[x] *= (double)count;
+  if (rest == 0) return 0;
+  fg_bwd_host_problem s = *p;
+  s.seqlen_q = rest;
+  double *tq = malloc((size_t)(rest * d) * sizeof *tq + 1);
+  double *tk = malloc(nk_el * sizeof *tk + 1), *tv = malloc(nk_el * sizeof *tv + 1);
+  int rc = tq && tk && tv ? fg_reference_backward(&s, exact, tq, tk, tv, NULL, threads) : -1;
+  for (size_t x = 0; rc == 0 && x < nk_el; x++) dk[x] += tk[x], dv[x] += tv[x];
+  free(tq);
+  free(tk);
+  free(tv);
+  return rc;
+}

@@ -5,7 +5,7 @@
  * compared with the host's fp64 reference: max|x - ref| <= 2 * max|naive - ref| + eps(dtype) *
  * max|ref| + 1e-6 per tensor, where naive is the same-dtype computation
  * (fg_reference_backward). Also the bad-input cases that need a GPU: the call fails and the
- * gradients stay untouched. */
+ * gradients stay untouched. The case past 2^31 elements (bwd/big/...) runs in check_bwd_big.c. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -19,35 +19,32 @@
 #include "fg_check.h"
 #include "fg_runtime_internal.h"
 
-enum { B_RUN = 0, B_DET, B_BAD_NULL_DO, B_BAD_NULL_LSE, B_BAD_DQ_ALIASES_Q, B_BAD_DK_ALIASES_DV,
-       B_BAD_MISALIGNED_DQ, B_BAD_DO_STRIDE, B_BAD_HOST_DK };
-
-typedef struct bwd_case {
-  char name[128];
-  int kind, quick, bnhd;
-  fg_dtype dt;
-  int causal, d;
-  int64_t b, hq, hkv, nq, nk;
-} bwd_case;
+/* B_RUN: checked against the host's reference; B_DET: and the same bits twice; B_BIG: past 2^31
+ * elements (check_bwd_big.c); B_BAD_*: bad input. */
+enum { B_RUN = 0, B_DET, B_BIG, B_BAD_NULL_DO, B_BAD_NULL_LSE, B_BAD_DQ_ALIASES_Q,
+       B_BAD_DK_ALIASES_DV, B_BAD_MISALIGNED_DQ, B_BAD_DO_STRIDE, B_BAD_HOST_DK };
 
 typedef struct bwd_list {
-  bwd_case *c;
+  fg_check_bwd_case *c;
   int n, cap;
 } bwd_list;
 
-static bwd_case *add(bwd_list *l, int kind, fg_dtype dt, int causal, int d, int64_t b, int64_t hq,
-                     int64_t hkv, int64_t nq, int64_t nk, int quick, const char *fmt, ...)
-    FG_PRINTF(12, 13);
-static bwd_case *add(bwd_list *l, int kind, fg_dtype dt, int causal, int d, int64_t b, int64_t hq,
-                     int64_t hkv, int64_t nq, int64_t nk, int quick, const char *fmt, ...) {
+/* Appends a case: its kind, dtype, mask, head dim, (batch, query heads, KV heads, query and key
+ * lengths), whether --quick runs it, and its name. One row of the table that build() spells. */
+static fg_check_bwd_case *add(bwd_list *l, int kind, fg_dtype dt, int causal, int d, int64_t b,
+                              int64_t hq, int64_t hkv, int64_t nq, int64_t nk, int quick,
+                              const char *fmt, ...) FG_PRINTF(12, 13);
+static fg_check_bwd_case *add(bwd_list *l, int kind, fg_dtype dt, int causal, int d, int64_t b,
+                              int64_t hq, int64_t hkv, int64_t nq, int64_t nk, int quick,
+                              const char *fmt, ...) {
   if (l->n == l->cap) {
     int cap = l->cap ? 2 * l->cap : 256;
-    bwd_case *c = realloc(l->c, (size_t)cap * sizeof *c);
+    fg_check_bwd_case *c = realloc(l->c, (size_t)cap * sizeof *c);
     if (!c) return NULL;
     l->c = c;
     l->cap = cap;
   }
-  bwd_case *c = &l->c[l->n++];
+  fg_check_bwd_case *c = &l->c[l->n++];
   memset(c, 0, sizeof *c);
   c->kind = kind;
   c->dt = dt;
@@ -60,6 +57,10 @@ static bwd_case *add(bwd_list *l, int kind, fg_dtype dt, int causal, int d, int6
   vsnprintf(c->name, sizeof c->name, fmt, ap);
   va_end(ap);
   return c;
+}
+
+fg_problem fg_check_bwd_problem(const fg_check_bwd_case *c) {
+  return fg_problem_make(FG_PASS_BWD, c->d, c->dt, c->causal, c->nk);
 }
 
 static const char *dtn(fg_dtype t) { return fg_dtype_name(t); }
@@ -82,12 +83,14 @@ static void build(bwd_list *l) {
       for (int c = 0; c < 2; c++)
         add(l, B_RUN, FG_DTYPE_BF16, c, d, 1, 2, 2, nn[i][0], nn[i][1], i == 7 && c,
             "bwd/seqlen/d%d_nq%" PRId64 "_nk%" PRId64 "_%s", d, nn[i][0], nn[i][1], cw(c));
-  add(l, B_RUN, FG_DTYPE_BF16, 1, 64, 1, 1, 1, 4097, 4097, 0, "bwd/seqlen/d64_nq4097_nk4097_causal");
+  add(l, B_RUN, FG_DTYPE_BF16, 1, 64, 1, 1, 1, 4097, 4097, 0,
+      "bwd/seqlen/d64_nq4097_nk4097_causal");
   /* GQA and MQA: dK, dV sum over the query heads of a KV head. */
   add(l, B_RUN, FG_DTYPE_BF16, 0, 128, 2, 8, 2, 257, 257, 1, "bwd/gqa/hq8_hkv2_d128");
   add(l, B_RUN, FG_DTYPE_F16, 1, 64, 2, 8, 1, 200, 300, 0, "bwd/gqa/mqa_hq8_d64_causal");
   /* (B, N, H, d) strides for every tensor. */
-  bwd_case *c = add(l, B_RUN, FG_DTYPE_BF16, 1, 64, 2, 4, 2, 200, 200, 1, "bwd/layout/bnhd_d64");
+  fg_check_bwd_case *c =
+      add(l, B_RUN, FG_DTYPE_BF16, 1, 64, 2, 4, 2, 200, 200, 1, "bwd/layout/bnhd_d64");
   if (c) c->bnhd = 1;
   c = add(l, B_RUN, FG_DTYPE_F16, 0, 128, 1, 3, 3, 129, 65, 0, "bwd/layout/bnhd_d128_nq129_nk65");
   if (c) c->bnhd = 1;
@@ -98,10 +101,22 @@ static void build(bwd_list *l) {
   /* Deterministic mode: correct, and the same bits on a second run (many key blocks per dQ
    * tile, GQA, causal and not). */
   for (int m = 0; m < 2; m++) {
-    add(l, B_DET, FG_DTYPE_BF16, m, 128, 2, 8, 2, 1000, 1000, m, "bwd/deterministic/d128_%s", cw(m));
+    add(l, B_DET, FG_DTYPE_BF16, m, 128, 2, 8, 2, 1000, 1000, m, "bwd/deterministic/d128_%s",
+        cw(m));
     add(l, B_DET, FG_DTYPE_F16, m, 64, 1, 4, 4, 777, 2049, 0, "bwd/deterministic/d64_nk2049_%s",
         cw(m));
   }
+  /* 64-bit offsets in the three kernels: Q, O, dO and dQ of more than 2^31 elements (2^31 +
+   * 4097 * 128), dQ's fp32 accumulator of more than 2^32 bytes, K and V of 64 rows. Device memory:
+   * Q, O, dO, dQ 4.0 GiB each, the workspace (fp32 dQ and D: (d + 1) floats a row) 8.1 GiB, LSE
+   * 64 MiB: about 24.2 GiB. Time: about 1-5 s on the GPU per case (the one key block's kernel runs
+   * its 16.8M query rows on one SM) and 10-30 s on the host (uploading the periodic Q and dO,
+   * comparing all 2^31 elements of dQ). Causal is cheap: all but the last 64 rows see no key
+   * (dQ exactly 0), and the pre and post kernels still cross 2^31 elements. */
+  const int64_t big_nq = (INT64_C(1) << 31) / 128 + 4097;
+  for (int m = 0; m < 2; m++)
+    add(l, B_BIG, FG_DTYPE_BF16, m, 128, 1, 1, 1, big_nq, 64, 0,
+        "bwd/big/q_over_2^31_elements_d128_bf16_nq%" PRId64 "_nk64_%s", big_nq, cw(m));
   /* Bad input: an error, and the gradients untouched. */
   static const struct {
     int kind;
@@ -173,15 +188,8 @@ static fg_status tensor_download(fg_context *ctx, const dtensor *t, uint16_t *h)
   return st;
 }
 
-typedef struct bwd_result {
-  int pass;
-  double err[3], tol[3];
-  char variant[FG_VARIANT_NAME_MAX];
-  char reason[1024];
-} bwd_result;
-
-static void bfail(bwd_result *r, const char *fmt, ...) FG_PRINTF(2, 3);
-static void bfail(bwd_result *r, const char *fmt, ...) {
+static void bfail(fg_check_bwd_result *r, const char *fmt, ...) FG_PRINTF(2, 3);
+static void bfail(fg_check_bwd_result *r, const char *fmt, ...) {
   if (!r->pass && r->reason[0]) return;
   r->pass = 0;
   va_list ap;
@@ -190,17 +198,11 @@ static void bfail(bwd_result *r, const char *fmt, ...) {
   va_end(ap);
 }
 
-typedef struct bwd_env {
-  fg_context *ctx;
-  CUstream stream;
-  uint64_t seed;
-  int threads;
-} bwd_env;
-
-static void run_case(bwd_env *env, const bwd_case *c, bwd_result *r) {
+static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check_bwd_result *r) {
   fg_context *ctx = env->ctx;
   r->pass = 1;
-  const fg_variant v = fg_builtin_backward_variant(c->d, c->dt, c->causal, fg_context_arch(ctx));
+  const fg_problem p = fg_check_bwd_problem(c);
+  const fg_variant v = fg_problem_builtin(&p, fg_context_arch(ctx));
   fg_variant_name(&v, r->variant, sizeof r->variant);
   dtensor q, k, vv, o, dout, dq, dk, dv;
   tensor_init(&q, c->b, c->hq, c->nq, c->d, c->bnhd);
@@ -367,8 +369,9 @@ static void preload(fg_context *ctx, const bwd_list *l, const char *sel, int job
   int n = 0;
   for (int i = 0; i < l->n; i++) {
     if (!sel[i]) continue;
-    const bwd_case *c = &l->c[i];
-    fg_variant x = fg_builtin_backward_variant(c->d, c->dt, c->causal, fg_context_arch(ctx));
+    const fg_check_bwd_case *c = &l->c[i];
+    const fg_problem p = fg_check_bwd_problem(c);
+    fg_variant x = fg_problem_builtin(&p, fg_context_arch(ctx));
     int dup = 0;
     for (int k = 0; k < n && !dup; k++) dup = !memcmp(&v[k], &x, sizeof x);
     if (!dup) v[n++] = x;
@@ -395,16 +398,17 @@ int fg_check_backward(const fg_check_options *o, int *passed, int *failed) {
     return nsel;
   }
   preload(o->ctx, &l, sel, o->jobs);
-  bwd_env env = {o->ctx, o->stream, o->seed, o->jobs > 0 ? o->jobs : 1};
+  fg_check_bwd_env env = {o->ctx, o->stream, o->seed, o->jobs > 0 ? o->jobs : 1};
   for (int i = 0; i < l.n; i++) {
     if (!sel[i]) continue;
-    const bwd_case *c = &l.c[i];
-    bwd_result r;
+    const fg_check_bwd_case *c = &l.c[i];
+    fg_check_bwd_result r;
     memset(&r, 0, sizeof r);
     const double t0 = now_ms();
-    run_case(&env, c, &r);
+    if (c->kind == B_BIG) fg_check_bwd_big(&env, c, &r);
+    else run_case(&env, c, &r);
     const double ms = now_ms() - t0;
-    if (c->kind == B_RUN || c->kind == B_DET)
+    if (c->kind == B_RUN || c->kind == B_DET || c->kind == B_BIG)
       printf("%-64s err dQ %.2e/%.2e dK %.2e/%.2e dV %.2e/%.2e %7.1f ms  %s\n", c->name, r.err[0],
              r.tol[0], r.err[1], r.tol[1], r.err[2], r.tol[2], ms, r.pass ? "PASS" : "FAIL");
     else

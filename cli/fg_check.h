@@ -21,6 +21,42 @@ typedef struct fg_check_options {
  * and adding to *passed / *failed. Returns the number of cases selected. */
 int fg_check_backward(const fg_check_options *o, int *passed, int *failed);
 
+/* ---- The backward cases (check_bwd.c: the table and the ordinary run; check_bwd_big.c: past
+ * 2^31 elements) ----------------------------------------------------------------------------- */
+
+typedef struct fg_check_bwd_case {
+  char name[128];
+  int kind, quick, bnhd;
+  fg_dtype dt;
+  int causal, d;
+  int64_t b, hq, hkv, nq, nk;
+} fg_check_bwd_case;
+
+typedef struct fg_check_bwd_result {
+  int pass;
+  double err[3], tol[3]; /* dQ, dK, dV: max |x - ref| and the gate's tolerance */
+  char variant[FG_VARIANT_NAME_MAX];
+  char reason[1024];
+} fg_check_bwd_result;
+
+typedef struct fg_check_bwd_env {
+  fg_context *ctx;
+  CUstream stream;
+  uint64_t seed;
+  int threads;
+} fg_check_bwd_env;
+
+/* The problem key of a backward case (fg_problem_from_backward of its call). */
+fg_problem fg_check_bwd_problem(const fg_check_bwd_case *c);
+
+/* Runs a backward case whose Q, O, dO and dQ hold more than 2^31 elements (batch = heads = 1):
+ * Q and dO repeat a random pattern of FG_CHECK_BWD_BIG_PERIOD rows, so that the fp64 reference
+ * of every row of dQ and of the whole dK and dV costs the host one period (check_bwd_big.c says
+ * why that is a full check). Zeroes nothing: r->pass = 1 first, as fg_check_bwd's cases do. */
+#define FG_CHECK_BWD_BIG_PERIOD 8191
+void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
+                      fg_check_bwd_result *r);
+
 /* ---- The forward cases ---------------------------------------------------------------------- */
 
 enum {

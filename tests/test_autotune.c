@@ -144,7 +144,11 @@ Test(problems, backward_key) {
                "a forward record is no backward bucket");
   /* What a tuning run names the records of a backward problem. */
   fg_tune_problem p = parse_ok("d=128,n=3000,causal=1,pass=bwd");
-  pr = fg_problem_make(p.pass, p.d, p.dtype, p.causal, p.n);
+  pr = fg_tune_problem_key(&p);
+  cr_assert_eq(pr.pass, FG_PASS_BWD);
+  cr_assert_eq(pr.d, 128);
+  cr_assert_eq(pr.causal, 1);
+  cr_assert_eq(pr.nk, 4096, "n = 3000 falls in the 4096 bucket");
   fg_problem_format(&pr, k, sizeof k);
   cr_assert_str_eq(k, "bwd_d128_bf16_causal_nk4096");
 }
@@ -335,11 +339,12 @@ static int check_device(fg_generator *g, const fg_device_limits *lim, fg_arch ar
                         fg_dtype dt, int causal, fg_prune_counts *pc_out) {
   fg_variant v[256];
   fg_prune_counts pc = {-1, -1, -1, -1};
-  int n = fg_candidates(g, d, dt, causal, arch, lim, v, 256, &pc);
+  const fg_problem p = {FG_PASS_FWD, d, dt, causal, 0, 0};
+  int n = fg_candidates(g, &p, arch, lim, v, 256, &pc);
   cr_assert_gt(n, 0, "%s d=%d: no candidates", lim->name, d);
   cr_assert_lt(n, 256, "the cap was reached: counts would be inconsistent");
   cr_assert(pc.smem >= 0 && pc.regs >= 0 && pc.threads >= 0 && pc.rules >= 0);
-  fg_variant seed = fg_seed_rule_variant(g, d, dt, causal, arch, lim);
+  fg_variant seed = fg_seed_rule_variant(g, &p, arch, lim);
   cr_assert_eq(memcmp(&v[0], &seed, sizeof seed), 0, "%s d=%d: the seed-rule candidate is first",
                lim->name, d);
   char why[256];
@@ -359,7 +364,7 @@ static int check_device(fg_generator *g, const fg_device_limits *lim, fg_arch ar
   /* Fewer candidates with a smaller cap tells nothing about pruning: the count is the cap. */
   fg_variant few[2];
   fg_prune_counts pc2;
-  cr_assert_eq(fg_candidates(g, d, dt, causal, arch, lim, few, 2, &pc2), 2);
+  cr_assert_eq(fg_candidates(g, &p, arch, lim, few, 2, &pc2), 2);
   *pc_out = pc;
   return n;
 }
@@ -415,7 +420,8 @@ Test(candidates, h100_a100_4090, .timeout = 120) {
   /* d = 128 on the 4090's 99 KB must lose something to shared memory. */
   fg_variant v[256];
   fg_prune_counts pc;
-  fg_candidates(g, 128, FG_DTYPE_F16, 0, FG_ARCH_SM89, &fg_limits_rtx4090, v, 256, &pc);
+  fg_candidates(g, &(fg_problem){FG_PASS_FWD, 128, FG_DTYPE_F16, 0, 0, 0}, FG_ARCH_SM89,
+                &fg_limits_rtx4090, v, 256, &pc);
   cr_assert_gt(pc.smem, 0, "RTX 4090 d=128: nothing pruned by shared memory");
   fg_generator_destroy(g);
 }
@@ -426,14 +432,15 @@ static int check_bwd_device(fg_generator *g, const fg_device_limits *lim, fg_arc
                             fg_dtype dt, int causal) {
   fg_variant v[64];
   fg_prune_counts pc = {-1, -1, -1, -1};
-  const int n = fg_candidates_pass(g, FG_PASS_BWD, d, dt, causal, arch, lim, v, 64, &pc);
+  const fg_problem p = {FG_PASS_BWD, d, dt, causal, 0, 0};
+  const int n = fg_candidates(g, &p, arch, lim, v, 64, &pc);
   cr_assert_gt(n, 0, "%s d=%d: no backward candidates", lim->name, d);
   cr_assert(pc.smem >= 0 && pc.regs >= 0 && pc.threads >= 0 && pc.rules >= 0);
   cr_assert_eq(n + total_pruned(&pc), 72,
                "%s d=%d: 2 loops x 3 Br x 3 Bc x 2 warps x 2 stages = %d + %d",
                lim->name, d, n, total_pruned(&pc));
   const fg_variant builtin = fg_builtin_backward_variant(d, dt, causal, arch);
-  fg_variant base = fg_baseline_variant(g, FG_PASS_BWD, d, dt, causal, arch, lim);
+  fg_variant base = fg_baseline_variant(g, &p, arch, lim);
   cr_assert_eq(memcmp(&base, &builtin, sizeof base), 0, "the backward's baseline is the built-in");
   char why[256];
   if (fg_variant_fits(g, &builtin, lim, why, sizeof why) == 1)
@@ -491,13 +498,34 @@ Test(candidates, backward_h100_a100_4090, .timeout = 120) {
   cr_assert_gt(check_bwd_device(g, &fg_limits_rtx4090, FG_ARCH_SM89, 256, FG_DTYPE_BF16, 0), 0);
   fg_variant v[64];
   fg_prune_counts pc;
-  fg_candidates_pass(g, FG_PASS_BWD, 128, FG_DTYPE_BF16, 0, FG_ARCH_SM89, &fg_limits_rtx4090, v,
-                     64, &pc);
+  fg_candidates(g, &(fg_problem){FG_PASS_BWD, 128, FG_DTYPE_BF16, 0, 0, 0}, FG_ARCH_SM89,
+                &fg_limits_rtx4090, v, 64, &pc);
   cr_assert_gt(pc.smem, 0, "RTX 4090 d=128: nothing pruned by shared memory");
-  /* The forward wrapper still gives forward candidates. */
-  int n = fg_candidates(g, 64, FG_DTYPE_BF16, 0, FG_ARCH_SM90A, &fg_limits_h100, v, 64, NULL);
+  /* A forward problem gives forward candidates. */
+  int n = fg_candidates(g, &(fg_problem){FG_PASS_FWD, 64, FG_DTYPE_BF16, 0, 0, 0}, FG_ARCH_SM90A,
+                        &fg_limits_h100, v, 64, NULL);
   cr_assert_gt(n, 0);
   for (int i = 0; i < n; i++) cr_assert_eq(v[i].pass, FG_PASS_FWD);
+  fg_generator_destroy(g);
+}
+
+/* The candidates are those of the op, d, dtype and mask: a problem's length buckets do not change
+ * them (tune keeps one list per (op, d, dtype, causal) for every bucket). */
+Test(candidates, same_for_every_bucket, .timeout = 60) {
+  fg_generator *g = gen();
+  for (int pass = FG_PASS_FWD; pass <= FG_PASS_BWD; pass++) {
+    fg_problem a = fg_problem_make((fg_pass)pass, 64, FG_DTYPE_BF16, 1, 512);
+    fg_problem b = fg_problem_make((fg_pass)pass, 64, FG_DTYPE_BF16, 1, 16384);
+    b.nq = 4096;
+    fg_variant va[256], vb[256];
+    const int na = fg_candidates(g, &a, FG_ARCH_SM90A, &fg_limits_h100, va, 256, NULL);
+    const int nb = fg_candidates(g, &b, FG_ARCH_SM90A, &fg_limits_h100, vb, 256, NULL);
+    cr_assert_gt(na, 0);
+    cr_assert_eq(na, nb, "%s: %d candidates at nk 512, %d at nk 16384", fg_pass_name(a.pass), na,
+                 nb);
+    cr_assert_eq(memcmp(va, vb, (size_t)na * sizeof va[0]), 0);
+    for (int i = 0; i < na; i++) cr_assert_eq(va[i].pass, a.pass);
+  }
   fg_generator_destroy(g);
 }
 

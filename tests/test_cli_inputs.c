@@ -190,3 +190,31 @@ Test(cli_inputs, list_includes_the_backward) {
   cr_assert_null(strstr(fg_test_out, "bwd_"), "%s", fg_test_out);
   cr_assert_null(strstr(fg_test_out, "_w16_"), "16 warps are a backward-only size: %s", fg_test_out);
 }
+
+/* `flashgen check` has the backward's case past 2^31 elements (cli/check_bwd.c, run by
+ * check_bwd_big.c): listed without a GPU, non-causal and causal, Q/dQ of more than 2^31
+ * elements at d = 128 in bf16 over 64 keys, and left out of --quick (it needs about 24 GiB). */
+Test(cli_inputs, check_lists_the_backward_past_2_31_elements) {
+  int rc = fg_test_run_cli(NULL, NULL, "check --list --filter bwd/big/");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
+  const char *want[2] = {"noncausal", "causal"};
+  const char *p = fg_test_out;
+  for (int i = 0; i < 2; i++) {
+    long long nq = 0;
+    int d = 0, nk = 0, used = 0;
+    char mask[16] = "";
+    cr_assert_eq(sscanf(p, "bwd/big/q_over_2^31_elements_d%d_bf16_nq%lld_nk%d_%15[a-z]\n%n", &d,
+                        &nq, &nk, mask, &used),
+                 4, "line %d of:\n%s", i, fg_test_out);
+    cr_assert_eq(d, 128);
+    cr_assert_eq(nk, 64);
+    cr_assert_str_eq(mask, want[i]);
+    cr_assert_eq(nq, (1LL << 31) / 128 + 4097);
+    cr_assert_gt(nq * d, 1LL << 31, "Q and dQ hold more than 2^31 elements");
+    p += used;
+  }
+  cr_assert_str_eq(p, "", "only these two cases: %s", fg_test_out);
+  rc = fg_test_run_cli(NULL, NULL, "check --list --quick --filter bwd/big/");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
+  cr_assert_str_eq(fg_test_out, "", "--quick leaves them out: %s", fg_test_out);
+}

@@ -106,7 +106,8 @@ static void candidate_set(fg_arch arch, const fg_device_limits *lim) {
   fg_variant v[256];
   int n = 0;
   for (int causal = 0; causal <= 1; causal++)
-    n += fg_candidates(g, 128, FG_DTYPE_BF16, causal, arch, lim, v + n, 256 - n, NULL);
+    n += fg_candidates(g, &(fg_problem){FG_PASS_FWD, 128, FG_DTYPE_BF16, causal, 0, 0}, arch, lim,
+                       v + n, 256 - n, NULL);
   fg_generator_destroy(g);
   cr_assert_gt(n, 20);
   compile_all(v, n, lim->name);
@@ -124,8 +125,8 @@ Test(compile, wgmma_candidates_d64_d256_h100, .timeout = 1800) {
   static const int ds[] = {64, 256};
   for (int i = 0; i < 2; i++)
     for (int causal = 0; causal <= 1; causal++)
-      n += fg_candidates(g, ds[i], FG_DTYPE_BF16, causal, FG_ARCH_SM90A, &fg_limits_h100, all + n,
-                         512 - n, NULL);
+      n += fg_candidates(g, &(fg_problem){FG_PASS_FWD, ds[i], FG_DTYPE_BF16, causal, 0, 0},
+                         FG_ARCH_SM90A, &fg_limits_h100, all + n, 512 - n, NULL);
   fg_generator_destroy(g);
   for (int i = 0; i < n; i++)
     if (all[i].loop == FG_LOOP_Q_WGMMA || all[i].loop == FG_LOOP_Q_WGMMA_OV) v[m++] = all[i];

@@ -143,14 +143,17 @@ Test(seed_rule, follows_the_paper_within_the_limits) {
   char why[256];
   /* H100: M = 232448 / 2 = 116224 elements; ceil(M / 4d) at d = 64 is 454: Bc capped at 256, Br =
    * min(454, 64) = 64. The result must fit. */
-  fg_variant v = fg_seed_rule_variant(g, 64, FG_DTYPE_BF16, 0, FG_ARCH_SM90A, &fg_limits_h100);
+  const fg_problem p64 = {FG_PASS_FWD, 64, FG_DTYPE_BF16, 0, 0, 0};
+  fg_variant v = fg_seed_rule_variant(g, &p64, FG_ARCH_SM90A, &fg_limits_h100);
   cr_assert_eq(v.br, 64);
   cr_assert_eq(fg_variant_fits(g, &v, &fg_limits_h100, why, sizeof why), 1, "%s", why);
-  v = fg_seed_rule_variant(g, 128, FG_DTYPE_BF16, 0, FG_ARCH_SM80, &fg_limits_a100);
+  v = fg_seed_rule_variant(g, &(fg_problem){FG_PASS_FWD, 128, FG_DTYPE_BF16, 0, 0, 0}, FG_ARCH_SM80,
+                           &fg_limits_a100);
   cr_assert_eq(fg_variant_fits(g, &v, &fg_limits_a100, why, sizeof why), 1, "%s", why);
   fg_variant cands[128];
   fg_prune_counts pc;
-  int n = fg_candidates(g, 128, FG_DTYPE_BF16, 1, FG_ARCH_SM90A, &fg_limits_h100, cands, 128, &pc);
+  const fg_problem p = {FG_PASS_FWD, 128, FG_DTYPE_BF16, 1, 0, 0};
+  int n = fg_candidates(g, &p, FG_ARCH_SM90A, &fg_limits_h100, cands, 128, &pc);
   cr_assert_gt(n, 10);
   cr_assert_eq(memcmp(&cands[0], &(fg_variant){0}, sizeof cands[0]) != 0, 1);
   cr_assert_gt(pc.smem, 0, "the H100 must prune some d=128 candidates by shared memory");

@@ -364,3 +364,61 @@ Test(reference_bwd, heads_kv_must_divide_heads_q) {
   p.heads_kv = 0;
   cr_assert_eq(fg_reference_backward(&p, 1, out, out, out, NULL, 1), -1);
 }
+
+/* fg_reference_backward_periodic (the reference of `flashgen check`'s case past 2^31 elements)
+ * against fg_reference_backward of the same problem written out row by row: Q and dO repeat a
+ * pattern of P rows over n = 3P + 5 rows (a partial period at the end), without a mask (every
+ * row's dQ is its pattern row's; dK, dV the full sums) and causal (only the last Nk rows see a
+ * key), and a problem shorter than a period. */
+static void periodic_vs_direct(int causal, int64_t P, int64_t n, int64_t Nk) {
+  const int64_t d = 16;
+  prob pat = make(FG_DTYPE_BF16, causal, 1, 1, 1, P, Nk, d, 77 + (uint64_t)n);
+  uint16_t *q = xcalloc((size_t)(n * d), 2), *d_o = xcalloc((size_t)(n * d), 2);
+  for (int64_t i = 0; i < n; i++) {
+    memcpy(q + i * d, pat.q16 + (i % P) * d, (size_t)d * 2);
+    memcpy(d_o + i * d, pat.do16 + (i % P) * d, (size_t)d * 2);
+  }
+  fg_bwd_host_problem full = pat.p;
+  full.seqlen_q = n;
+  full.q = q;
+  full.d_o = d_o;
+  double *fq = xcalloc((size_t)(n * d), 8), *fk = xcalloc((size_t)(Nk * d), 8),
+         *fv = xcalloc((size_t)(Nk * d), 8);
+  cr_assert_eq(fg_reference_backward(&full, 1, fq, fk, fv, NULL, 1), 0);
+  const int64_t rows = causal ? (n < Nk ? n : Nk) : P;
+  double *pq = xcalloc((size_t)(rows * d), 8), *pk = xcalloc((size_t)(Nk * d), 8),
+         *pv = xcalloc((size_t)(Nk * d), 8);
+  cr_assert_eq(fg_reference_backward_periodic(&pat.p, n, 1, pq, pk, pv, 2), 0);
+  double mag = 0;
+  for (int64_t x = 0; x < Nk * d; x++) mag = fmax(mag, fmax(fabs(fk[x]), fabs(fv[x])));
+  cr_assert_gt(mag, 0.1, "the sums are not trivially small");
+  for (int64_t x = 0; x < Nk * d; x++) {
+    cr_assert_float_eq(pk[x], fk[x], 1e-12 * mag, "dK[%lld]: %g, written out %g", (long long)x,
+                       pk[x], fk[x]);
+    cr_assert_float_eq(pv[x], fv[x], 1e-12 * mag, "dV[%lld]", (long long)x);
+  }
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t x = 0; x < d; x++) {
+      double want = fq[i * d + x], got;
+      if (causal) got = i >= n - rows ? pq[(i - (n - rows)) * d + x] : 0.0;
+      else got = pq[(i % P) * d + x];
+      cr_assert_float_eq(got, want, 1e-12, "dQ row %lld col %lld (causal %d)", (long long)i,
+                         (long long)x, causal);
+    }
+  free(q), free(d_o), free(fq), free(fk), free(fv), free(pq), free(pk), free(pv);
+  release(&pat);
+}
+
+Test(reference_bwd, periodic_equals_written_out) {
+  for (int causal = 0; causal <= 1; causal++) {
+    periodic_vs_direct(causal, 7, 3 * 7 + 5, 5);
+    periodic_vs_direct(causal, 7, 4 * 7, 9); /* whole periods, more keys than a period's rows */
+    periodic_vs_direct(causal, 7, 4, 5);     /* shorter than a period; causal: fewer rows than
+                                                keys */
+  }
+  prob pat = make(FG_DTYPE_BF16, 0, 1, 2, 1, 7, 5, 16, 1);
+  double x[512];
+  cr_assert_eq(fg_reference_backward_periodic(&pat.p, 20, 1, x, x, x, 1), -1,
+               "more than one head is refused");
+  release(&pat);
+}
