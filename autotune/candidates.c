@@ -90,8 +90,8 @@ static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg
  *   - single-buffered (1 stage) only where double-buffered does not fit: at ptxas's register
  *     counts (up to 255 at 8 warps) registers, not shared memory, bound the blocks per SM, so
  *     the double-buffered variant has the same occupancy and prefetches.
- * The rules count under "rules". On an A100: 7 candidates at d = 64, 5 at d = 128; an H100 adds
- * kv_wgmma's (d = 64: Br 128 Bc 128; d = 128: Br 64 Bc 128). */
+ * The rules count under "rules". On an A100: 4 candidates at d = 64, 2 at d = 128; on an H100 5
+ * and 3, the built-in kv_wgmma variant first (d = 64: Br 128 Bc 128; d = 128: Br 64 Bc 128). */
 static int bwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
                           const fg_device_limits *lim, const fg_variant *seed, fg_variant *out,
                           int n, int cap, fg_prune_counts *pc) {
