@@ -40,7 +40,11 @@ constexpr unsigned K_OFF = 0, V_OFF = TILE_BYTES, Q_OFF = 2 * TILE_BYTES;
 constexpr unsigned DO_IN = QTILE_BYTES, L_IN = 2 * QTILE_BYTES, DD_IN = L_IN + BR * 4;
 constexpr unsigned STAGE_BYTES = 2 * QTILE_BYTES + 2 * BR * 4;
 constexpr unsigned P_OFF = Q_OFF + STAGES * STAGE_BYTES, DS_OFF = P_OFF + BC * PROW * 2;
-constexpr int PRE_ROWS = 64, PRE_THREADS = 128;  // rows per block of the _pre and _post kernels
+// From the plan (bwd.lua, launch(v).constants): query rows and threads per block of the _pre
+// and _post kernels, and query rows per semaphore of deterministic mode.
+constexpr int PRE_ROWS = {{ pre_rows }}, PRE_THREADS = {{ pre_threads }}, SEM_ROWS = {{ sem_rows }};
+static_assert(BR % SEM_ROWS == 0 && PRE_ROWS % SEM_ROWS == 0 && PRE_ROWS / SEM_ROWS <= PRE_THREADS,
+              "a semaphore covers whole query blocks, and _pre zeroes its rows' semaphores");
 constexpr float LOG2E = 1.4426950408889634f;
 
 FG_DEV void ld_global_v4(const void *g, u32 &a, u32 &b, u32 &c, u32 &d) {
@@ -91,9 +95,9 @@ FG_DEV float warp_sum(float x) {
 // The fp32 workspace: the dQ accumulator, then D.
 FG_DEV float *dq_acc(const fg_bwd_params &p) { return (float *)p.workspace; }
 FG_DEV float *d_sum(const fg_bwd_params &p) { return (float *)p.dsum; }
-// Deterministic mode: one semaphore per 16 query rows of each (batch, query head); the one of the
+// Deterministic mode: one semaphore per SEM_ROWS query rows of each (batch, query head); the one of the
 // tile's first row counts the key blocks that have added their part of that dQ tile.
-FG_DEV i64 sems_per_head(const fg_bwd_params &p) { return (p.seqlen_q + 15) / 16; }
+FG_DEV i64 sems_per_head(const fg_bwd_params &p) { return (p.seqlen_q + SEM_ROWS - 1) / SEM_ROWS; }
 FG_DEV u32 ld_acquire(const u32 *a) {
   u32 v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
@@ -127,8 +131,8 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_pre(const 
     float *acc_row = dq_acc(p) + row * D;
     for (int c = lane; c < D / 4; c += 32) st_global_v4(acc_row + c * 4, 0u, 0u, 0u, 0u);
   }
-  if (p.deterministic && threadIdx.x < PRE_ROWS / 16) {  // this block's rows' semaphores
-    const i64 s = (i64)blockIdx.x * (PRE_ROWS / 16) + threadIdx.x;
+  if (p.deterministic && threadIdx.x < PRE_ROWS / SEM_ROWS) {  // this block's rows' semaphores
+    const i64 s = (i64)blockIdx.x * (PRE_ROWS / SEM_ROWS) + threadIdx.x;
     if (s < sems_per_head(p)) ((u32 *)p.sem)[(i64)bh * sems_per_head(p) + s] = 0u;
   }
 }
@@ -358,7 +362,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     // Deterministic: wait until the key blocks before this one have added their part of this
     // dQ tile (every one of them does: they walk the same tiles in the same order, and a block
     // earlier in x sees at least the tiles of a later one), add, then pass the tile on.
-    u32 *sem = (u32 *)p.sem + ((i64)b * p.heads_q + h) * sems_per_head(p) + q0 / 16;
+    u32 *sem = (u32 *)p.sem + ((i64)b * p.heads_q + h) * sems_per_head(p) + q0 / SEM_ROWS;
     if (p.deterministic) {
       if (tid == 0)
         while (ld_acquire(sem) != blockIdx.x) {
