@@ -89,14 +89,16 @@ local AUX_ROWS, AUX_THREADS, SEM_ROWS = 64, 128, 16
 -- Workspaces, per (batch, query head), one after the other: the fp32 dQ accumulator (d floats per
 -- query row, at p.workspace), D (1 float per row, p.dsum) and in deterministic mode a 4-byte
 -- semaphore per 16 query rows (p.sem).
-function M.launch(v)
-  local r = M.resources(v)
+--
+-- The plan of a backward template whose main kernel takes `threads` and `smem` (another
+-- backward template returns its own through this, with its own main kernel).
+local function plan(v, template, threads, smem)
   local e = M.entry(v)
   return {
-    template = "bwd.cu", main = 2,
+    template = template, main = 2,
     steps = {
       { entry = e .. "_pre", grid = "q_tiles", br = AUX_ROWS, threads = AUX_THREADS, smem = 0 },
-      { entry = e, grid = "kv_tiles", br = v.bc, threads = r.threads, smem = r.smem },
+      { entry = e, grid = "kv_tiles", br = v.bc, threads = threads, smem = smem },
       { entry = e .. "_post", grid = "q_tiles", br = AUX_ROWS, threads = AUX_THREADS, smem = 0 },
     },
     workspaces = {
@@ -106,6 +108,11 @@ function M.launch(v)
     },
     constants = { pre_rows = AUX_ROWS, pre_threads = AUX_THREADS, sem_rows = SEM_ROWS },
   }
+end
+
+function M.launch(v)
+  local r = M.resources(v)
+  return plan(v, "bwd.cu", r.threads, r.smem)
 end
 
 function M.q_in_regs(v) return false end

@@ -645,8 +645,8 @@ Test(render, backward_plan_comes_from_the_manifest) {
 /* A manifest whose plan is malformed is refused with a message that names the manifest. */
 Test(render, malformed_plan_is_refused) {
   char dir[64];
-  int l = line_of("bwd.lua", "template = \"bwd.cu\", main = 2,");
-  make_template_dir(dir, "bwd.lua", l, "    template = \"bwd.cu\", main = 5,");
+  int l = line_of("bwd.lua", "template = template, main = 2,");
+  make_template_dir(dir, "bwd.lua", l, "    template = template, main = 5,");
   fg_generator *g = NULL;
   char err[4096];
   setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
