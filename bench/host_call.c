@@ -112,13 +112,13 @@ int main(int argc, char **argv) {
   fg_ctx_push(ctx);
   {
     uint64_t g[3];
-    fg_launch_grid(&kern->meta, &prm, g);
+    fg_launch_grid(fg_kernel_main(&kern->meta), &prm, g);
     void *kp[] = {&prm};
     for (int i = 0; i < calls; i++) {
       double s = now_us();
-      fg_cu.cuLaunchKernel(kern->fn, (unsigned)g[0], (unsigned)g[1], (unsigned)g[2],
-                           (unsigned)kern->meta.threads, 1, 1, (unsigned)kern->meta.smem_bytes, NULL,
-                           kp, NULL);
+      fg_cu.cuLaunchKernel(kern->fn[kern->meta.main_step], (unsigned)g[0], (unsigned)g[1],
+                           (unsigned)g[2], (unsigned)fg_kernel_main(&kern->meta)->threads, 1, 1,
+                           (unsigned)fg_kernel_main(&kern->meta)->smem_bytes, NULL, kp, NULL);
       u[i] = now_us() - s;
       if (i % 256 == 255) fg_cu.cuCtxSynchronize();
     }

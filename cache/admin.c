@@ -172,15 +172,15 @@ static const char *check_row(sqlite3_stmt *st, sqlite3_int64 id, int *gone, char
   fg_kernel_meta m;
   const char *why = fg_cache_read_meta(st, 5, &m);
   if (!why &&
-      (sqlite3_column_type(st, 17) != SQLITE_BLOB || sqlite3_column_type(st, 18) != SQLITE_BLOB))
+      (sqlite3_column_type(st, 12) != SQLITE_BLOB || sqlite3_column_type(st, 13) != SQLITE_BLOB))
     why = "cubin or PTX missing";
   if (!why)
     why = fg_cache_check_entry(
         text_or(st, 0, "?"), text_or(st, 1, "?"), sqlite3_column_int(st, 2),
         fg_cache_i64_to_u64(sqlite3_column_int64(st, 3)), text_or(st, 4, ""), &m,
-        sqlite3_column_blob(st, 17), (size_t)sqlite3_column_bytes(st, 17),
-        sqlite3_column_blob(st, 18), (size_t)sqlite3_column_bytes(st, 18),
-        sqlite3_column_int64(st, 15), fg_cache_i64_to_u64(sqlite3_column_int64(st, 16)));
+        sqlite3_column_blob(st, 12), (size_t)sqlite3_column_bytes(st, 12),
+        sqlite3_column_blob(st, 13), (size_t)sqlite3_column_bytes(st, 13),
+        sqlite3_column_int64(st, 10), fg_cache_i64_to_u64(sqlite3_column_int64(st, 11)));
   return why;
 }
 

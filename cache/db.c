@@ -15,20 +15,23 @@
 
 #include "fg_cache_internal.h"
 
-/* Version 1. Blobs sit last in their rows so listing entries never reads them. Integers that
+/* Version 2 (version 1 kept a one-kernel launch contract, entry ... workspace_floats_per_row, in
+ * place of the plan). Blobs sit last in their rows so listing entries never reads them. Integers that
  * SQLite cannot hold unsigned (template_hash, checksum) are stored as their signed bit pattern. */
-static const char schema_v1[] =
-    "CREATE TABLE kernels("
-    " id INTEGER PRIMARY KEY,"
-    " variant TEXT NOT NULL, arch TEXT NOT NULL, nvrtc_version INTEGER NOT NULL,"
-    " template_hash INTEGER NOT NULL, flashgen_version TEXT NOT NULL,"
-    " entry TEXT NOT NULL, threads INTEGER NOT NULL, smem_bytes INTEGER NOT NULL,"
-    " grid INTEGER NOT NULL, br INTEGER NOT NULL, workspace_floats_per_row INTEGER NOT NULL,"
-    " regs INTEGER NOT NULL, spill_store_bytes INTEGER NOT NULL, spill_load_bytes INTEGER NOT NULL,"
-    " stack_bytes INTEGER NOT NULL,"
-    " size INTEGER NOT NULL, checksum INTEGER NOT NULL, created INTEGER NOT NULL,"
-    " cubin BLOB, ptx BLOB,"
+#define FG_KERNELS_TABLE_SQL \
+    "CREATE TABLE kernels(" \
+    " id INTEGER PRIMARY KEY," \
+    " variant TEXT NOT NULL, arch TEXT NOT NULL, nvrtc_version INTEGER NOT NULL," \
+    " template_hash INTEGER NOT NULL, flashgen_version TEXT NOT NULL," \
+    " plan TEXT NOT NULL," \
+    " regs INTEGER NOT NULL, spill_store_bytes INTEGER NOT NULL, spill_load_bytes INTEGER NOT NULL," \
+    " stack_bytes INTEGER NOT NULL," \
+    " size INTEGER NOT NULL, checksum INTEGER NOT NULL, created INTEGER NOT NULL," \
+    " cubin BLOB, ptx BLOB," \
     " UNIQUE(variant, arch, nvrtc_version, template_hash, flashgen_version));"
+
+static const char schema_v2[] =
+    FG_KERNELS_TABLE_SQL
     "CREATE TABLE devices("
     " id INTEGER PRIMARY KEY, name TEXT NOT NULL, cc_major INTEGER NOT NULL,"
     " cc_minor INTEGER NOT NULL, sm_count INTEGER NOT NULL, driver_version INTEGER NOT NULL,"
@@ -45,7 +48,11 @@ static const char schema_v1[] =
 /* migrations[v]: SQL that upgrades a version-v database to v+1 in place, or NULL when there is
  * no such path and the tables are dropped and rebuilt instead. Version 0 is an empty database
  * (or one from before versioning), so it is always rebuilt. */
-static const char *const migrations[FG_CACHE_SCHEMA_VERSION] = {NULL};
+static const char *const migrations[FG_CACHE_SCHEMA_VERSION] = {
+    NULL,
+    /* 1 -> 2: kernels now carry their plan. Version-1 rows cannot be read as plans: they are
+     * dropped (a miss, so they are compiled again); the tuning results are kept. */
+    "DROP TABLE kernels;" FG_KERNELS_TABLE_SQL};
 
 int fg_cache_is_busy(int rc) {
   rc &= 0xff;
@@ -380,7 +387,7 @@ static int upgrade_txn(fg_cache *c, void *ud) {
   }
   if (v != FG_CACHE_SCHEMA_VERSION) {
     rc = drop_all_tables(c->db);
-    if (rc == SQLITE_OK) rc = sqlite3_exec(c->db, schema_v1, NULL, NULL, NULL);
+    if (rc == SQLITE_OK) rc = sqlite3_exec(c->db, schema_v2, NULL, NULL, NULL);
     if (rc != SQLITE_OK) return rc;
   }
   char sql[64];

@@ -16,7 +16,7 @@
 
 /* Bump when the schema changes, and add the migration from the previous version to db.c (or let
  * it rebuild: every table is a cache of something that can be measured again). */
-#define FG_CACHE_SCHEMA_VERSION 1
+#define FG_CACHE_SCHEMA_VERSION 2
 #define FG_CACHE_DB_NAME "flashgen.sqlite3"
 #define FG_CACHE_LOCK_NAME FG_CACHE_DB_NAME ".lock"
 /* The longest one wait for a lock held by another process may last. A handle gives up after the
@@ -95,10 +95,11 @@ uint64_t fg_cache_kernel_checksum(const char *variant, const char *arch, int nvr
                                   const fg_kernel_meta *m, const void *cubin, size_t cubin_size,
                                   const void *ptx, size_t ptx_size);
 
-/* The launch-meta columns of a kernel row, in the order fg_cache_read_meta reads them. */
-#define FG_CACHE_META_COLS                                                                   \
-  "entry, threads, smem_bytes, grid, br, workspace_floats_per_row, regs, spill_store_bytes," \
-  " spill_load_bytes, stack_bytes"
+/* The launch-meta columns of a kernel row, in the order fg_cache_read_meta reads them: the plan
+ * (fg_kernel_plan_format's text) and ptxas's resource usage. */
+#define FG_CACHE_META_COLS "plan, regs, spill_store_bytes, spill_load_bytes, stack_bytes"
+/* Room for a plan's text (FG_PLAN_MAX_STEPS steps and FG_PLAN_MAX_WORKSPACES workspaces). */
+#define FG_CACHE_PLAN_MAX 1024
 
 /* Reads the FG_CACHE_META_COLS of the row st is on, from column col on, into *m. Returns NULL,
  * or what is wrong with them. */

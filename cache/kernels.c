@@ -38,21 +38,15 @@ uint64_t fg_cache_kernel_checksum(const char *variant, const char *arch, int nvr
                                   const fg_kernel_meta *m, const void *cubin, size_t cubin_size,
                                   const void *ptx, size_t ptx_size) {
   hbuf h = {.n = 0};
-  put_u64(&h, 0x316b67662d6766ULL); /* "fg-fgk1": names this layout of the header */
+  put_u64(&h, 0x326b67662d6766ULL); /* "fg-fgk2": names this layout of the header */
   put_str(&h, variant);
   put_str(&h, arch);
   put_int(&h, nvrtc_version);
   put_u64(&h, template_hash);
   put_str(&h, flashgen_version);
-  char entry[sizeof m->entry + 1];
-  memcpy(entry, m->entry, sizeof m->entry);
-  entry[sizeof m->entry] = '\0';
-  put_str(&h, entry);
-  put_int(&h, m->threads);
-  put_int(&h, m->smem_bytes);
-  put_int(&h, m->grid);
-  put_int(&h, m->br);
-  put_int(&h, m->workspace_floats_per_row);
+  char plan[FG_CACHE_PLAN_MAX];
+  fg_kernel_plan_format(m, plan, sizeof plan);
+  put_str(&h, plan);
   put_int(&h, m->regs);
   put_int(&h, m->spill_store_bytes);
   put_int(&h, m->spill_load_bytes);
@@ -82,19 +76,14 @@ static void bind_key(sqlite3_stmt *st, int first, const fg_cache_key *key) {
 
 const char *fg_cache_read_meta(sqlite3_stmt *st, int col, fg_kernel_meta *m) {
   memset(m, 0, sizeof *m);
-  const char *entry = (const char *)sqlite3_column_text(st, col);
-  if (!entry) return "entry name missing";
-  if (strlen(entry) >= sizeof m->entry) return "entry name too long";
-  memcpy(m->entry, entry, strlen(entry));
-  m->threads = sqlite3_column_int(st, col + 1);
-  m->smem_bytes = sqlite3_column_int(st, col + 2);
-  m->grid = (fg_grid_kind)sqlite3_column_int(st, col + 3);
-  m->br = sqlite3_column_int(st, col + 4);
-  m->workspace_floats_per_row = sqlite3_column_int(st, col + 5);
-  m->regs = sqlite3_column_int(st, col + 6);
-  m->spill_store_bytes = sqlite3_column_int(st, col + 7);
-  m->spill_load_bytes = sqlite3_column_int(st, col + 8);
-  m->stack_bytes = sqlite3_column_int(st, col + 9);
+  const char *plan = (const char *)sqlite3_column_text(st, col);
+  if (!plan) return "plan missing";
+  const char *why = fg_kernel_plan_parse(plan, m);
+  if (why) return why;
+  m->regs = sqlite3_column_int(st, col + 1);
+  m->spill_store_bytes = sqlite3_column_int(st, col + 2);
+  m->spill_load_bytes = sqlite3_column_int(st, col + 3);
+  m->stack_bytes = sqlite3_column_int(st, col + 4);
   return NULL;
 }
 
@@ -111,16 +100,17 @@ static int is_kernel_name(const char *name) {
 }
 
 /* The reasons below name the entry point; one buffer per thread, read before the next check. */
-static _Thread_local char g_why[FG_VARIANT_NAME_MAX + sizeof ((fg_kernel_meta *)0)->entry + 96];
+static _Thread_local char g_why[FG_VARIANT_NAME_MAX + sizeof ((fg_plan_step *)0)->entry + 96];
 
 /* The templates name a kernel's entry point "fg_" + its variant (templates/fwd.lua, M.entry):
  * an entry point named after another kernel means the row holds that kernel (a mix-up, or a
  * planted row whose checksum was recomputed), and its launch contract is that kernel's too.
  * Entry points not named after any kernel (a template of one's own) are not judged. */
 static const char *entry_of_another_kernel(const char *variant, const fg_kernel_meta *m) {
-  char entry[sizeof m->entry + 1];
-  memcpy(entry, m->entry, sizeof m->entry);
-  entry[sizeof m->entry] = '\0';
+  const fg_plan_step *s = fg_kernel_main(m);
+  char entry[sizeof s->entry + 1];
+  memcpy(entry, s->entry, sizeof s->entry);
+  entry[sizeof s->entry] = '\0';
   if (strncmp(entry, "fg_", 3) != 0 || strcmp(entry + 3, variant) == 0) return NULL;
   if (!is_kernel_name(entry + 3)) return NULL;
   snprintf(g_why, sizeof g_why, "its entry point %s is another kernel's", entry);
@@ -187,25 +177,25 @@ static int text_is(sqlite3_stmt *st, int col, const char *want) {
   return s && strcmp(s, want) == 0;
 }
 
-/* The key recorded in the row (columns 14..18 of select_sql) against the key it was found by.
+/* The key recorded in the row (columns 9..13 of select_sql) against the key it was found by.
  * The WHERE clause makes them equal in a database flashgen wrote; a table rebuilt with another
  * collation, say, would match rows of other keys (and the checksum, computed over the key
  * looked up, would not notice). Returns NULL, or what differs. */
 static const char *recorded_key_differs(sqlite3_stmt *st, const fg_cache_key *key) {
-  if (!text_is(st, 14, key->variant)) {
-    const char *rec = (const char *)sqlite3_column_text(st, 14);
+  if (!text_is(st, 9, key->variant)) {
+    const char *rec = (const char *)sqlite3_column_text(st, 9);
     snprintf(g_why, sizeof g_why, "its recorded variant %.*s differs from the key's",
              FG_VARIANT_NAME_MAX, rec ? rec : "(none)");
     return g_why;
   }
-  if (!text_is(st, 15, fg_arch_name(key->arch))) return "its recorded arch differs from the key's";
-  if (sqlite3_column_type(st, 16) != SQLITE_INTEGER ||
-      sqlite3_column_int64(st, 16) != key->nvrtc_version)
+  if (!text_is(st, 10, fg_arch_name(key->arch))) return "its recorded arch differs from the key's";
+  if (sqlite3_column_type(st, 11) != SQLITE_INTEGER ||
+      sqlite3_column_int64(st, 11) != key->nvrtc_version)
     return "its recorded NVRTC version differs from the key's";
-  if (sqlite3_column_type(st, 17) != SQLITE_INTEGER ||
-      fg_cache_i64_to_u64(sqlite3_column_int64(st, 17)) != key->template_hash)
+  if (sqlite3_column_type(st, 12) != SQLITE_INTEGER ||
+      fg_cache_i64_to_u64(sqlite3_column_int64(st, 12)) != key->template_hash)
     return "its recorded template hash differs from the key's";
-  if (!text_is(st, 18, key->flashgen_version))
+  if (!text_is(st, 13, key->flashgen_version))
     return "its recorded flashgen version differs from the key's";
   return NULL;
 }
@@ -234,14 +224,14 @@ static int lookup(fg_cache *c, const fg_cache_key *key, fg_kernel_image *img, in
     fg_kernel_meta m;
     const char *why = recorded_key_differs(st, key);
     if (!why) why = fg_cache_read_meta(st, 1, &m);
-    if (!why && !sqlite3_column_int(st, 13)) why = "cubin or PTX missing";
+    if (!why && !sqlite3_column_int(st, 8)) why = "cubin or PTX missing";
     if (!why) rc = read_blob(c->db, "cubin", id, &cubin, &cubin_size);
     if (!why && rc == SQLITE_OK) rc = read_blob(c->db, "ptx", id, &ptx, &ptx_size);
     if (!why && rc == SQLITE_OK)
       why = fg_cache_check_entry(key->variant, fg_arch_name(key->arch), key->nvrtc_version,
                                  key->template_hash, key->flashgen_version, &m, cubin, cubin_size,
-                                 ptx, ptx_size, sqlite3_column_int64(st, 11),
-                                 fg_cache_i64_to_u64(sqlite3_column_int64(st, 12)));
+                                 ptx, ptx_size, sqlite3_column_int64(st, 6),
+                                 fg_cache_i64_to_u64(sqlite3_column_int64(st, 7)));
     if (rc == SQLITE_OK && why) {
       *state = LOOKUP_BAD;
       *bad_id = id;
@@ -318,7 +308,7 @@ int fg_cache_get_kernel(fg_cache *c, const fg_cache_key *key, fg_kernel_image *i
 typedef struct put_args {
   const fg_cache_key *key;
   const fg_kernel_image *img;
-  const fg_kernel_meta *meta; /* img->meta with entry NUL-terminated */
+  const fg_kernel_meta *meta;
   uint64_t sum;
 } put_args;
 
@@ -329,33 +319,29 @@ static int put_txn(fg_cache *c, void *ud) {
   int rc = sqlite3_prepare_v2(
       c->db,
       "INSERT OR REPLACE INTO kernels(variant, arch, nvrtc_version, template_hash,"
-      " flashgen_version, entry, threads, smem_bytes, grid, br, workspace_floats_per_row, regs,"
-      " spill_store_bytes, spill_load_bytes, stack_bytes, size, checksum, created, cubin, ptx)"
-      " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,"
-      " ?19, ?20)",
+      " flashgen_version, plan, regs, spill_store_bytes, spill_load_bytes, stack_bytes, size,"
+      " checksum, created, cubin, ptx)"
+      " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
       -1, &st, NULL);
   if (rc != SQLITE_OK) {
     sqlite3_finalize(st);
     return rc;
   }
   bind_key(st, 1, a->key);
-  sqlite3_bind_text(st, 6, m->entry, -1, SQLITE_STATIC);
-  sqlite3_bind_int(st, 7, m->threads);
-  sqlite3_bind_int(st, 8, m->smem_bytes);
-  sqlite3_bind_int(st, 9, (int)m->grid);
-  sqlite3_bind_int(st, 10, m->br);
-  sqlite3_bind_int(st, 11, m->workspace_floats_per_row);
-  sqlite3_bind_int(st, 12, m->regs);
-  sqlite3_bind_int(st, 13, m->spill_store_bytes);
-  sqlite3_bind_int(st, 14, m->spill_load_bytes);
-  sqlite3_bind_int(st, 15, m->stack_bytes);
-  sqlite3_bind_int64(st, 16, (sqlite3_int64)(a->img->cubin_size + a->img->ptx_size));
-  sqlite3_bind_int64(st, 17, fg_cache_u64_to_i64(a->sum));
-  sqlite3_bind_int64(st, 18, (sqlite3_int64)time(NULL));
+  char plan[FG_CACHE_PLAN_MAX];
+  fg_kernel_plan_format(m, plan, sizeof plan);
+  sqlite3_bind_text(st, 6, plan, -1, SQLITE_TRANSIENT);
+  sqlite3_bind_int(st, 7, m->regs);
+  sqlite3_bind_int(st, 8, m->spill_store_bytes);
+  sqlite3_bind_int(st, 9, m->spill_load_bytes);
+  sqlite3_bind_int(st, 10, m->stack_bytes);
+  sqlite3_bind_int64(st, 11, (sqlite3_int64)(a->img->cubin_size + a->img->ptx_size));
+  sqlite3_bind_int64(st, 12, fg_cache_u64_to_i64(a->sum));
+  sqlite3_bind_int64(st, 13, (sqlite3_int64)time(NULL));
   /* An empty cubin or PTX is stored as a zero-length blob, never as NULL. */
-  sqlite3_bind_blob64(st, 19, a->img->cubin ? (const void *)a->img->cubin : "", a->img->cubin_size,
+  sqlite3_bind_blob64(st, 14, a->img->cubin ? (const void *)a->img->cubin : "", a->img->cubin_size,
                       SQLITE_STATIC);
-  sqlite3_bind_blob64(st, 20, a->img->ptx ? (const void *)a->img->ptx : "", a->img->ptx_size,
+  sqlite3_bind_blob64(st, 15, a->img->ptx ? (const void *)a->img->ptx : "", a->img->ptx_size,
                       SQLITE_STATIC);
   rc = sqlite3_step(st);
   if (rc == SQLITE_DONE) rc = SQLITE_OK;
@@ -375,7 +361,6 @@ int fg_cache_put_kernel(fg_cache *c, const fg_cache_key *key, const fg_kernel_im
     return -1;
   }
   fg_kernel_meta meta = img->meta;
-  meta.entry[sizeof meta.entry - 1] = '\0';
   put_args a = {key, img, &meta, 0};
   a.sum = fg_cache_kernel_checksum(key->variant, fg_arch_name(key->arch), key->nvrtc_version,
                                    key->template_hash, key->flashgen_version, &meta, img->cubin,

@@ -564,34 +564,46 @@ static int ptx_has_entry(const char *ptx, const char *name) {
   return 0;
 }
 
-/* Checks a compiled kernel's contract before it is written: a grid kind the layout names, and
- * for the backward plan, the module holding its three entries. NULL, or what is wrong. */
+/* Checks a compiled kernel's plan before it is written: well formed, grid kinds the layout
+ * names, the main kernel's grid the pass's (the backward's K/V tiles), and every step's entry in
+ * the module. NULL, or what is wrong. */
 static const char *check_contract(const export_kernel *k, char *why, size_t whylen) {
   const fg_kernel_meta *m = &k->img.meta;
-  if (!grid_name(m->grid)) {
-    snprintf(why, whylen, "has grid kind %d, which include/flashgen_export.h does not name",
-             (int)m->grid);
+  const char *bad = fg_kernel_meta_invalid(m);
+  if (bad) {
+    snprintf(why, whylen, "has a malformed plan: %s", bad);
     return why;
   }
-  const int bwd = k->v.pass == FG_PASS_BWD;
-  if (bwd != (m->grid == FG_GRID_KV_TILES)) {
-    snprintf(why, whylen, "is a %s variant but its template declared grid kind %d",
-             bwd ? "backward" : "forward", (int)m->grid);
-    return why;
-  }
-  if (bwd && k->img.ptx) {
-    static const char *const suffix[3] = {"_pre", "", "_post"};
-    for (int i = 0; i < 3; i++) {
-      char e[sizeof m->entry + 8];
-      snprintf(e, sizeof e, "%s%s", m->entry, suffix[i]);
-      if (!ptx_has_entry(k->img.ptx, e)) {
-        snprintf(why, whylen, "compiled to a module without the entry %s (its plan needs %s_pre, "
-                              "%s and %s_post)", e, m->entry, m->entry, m->entry);
-        return why;
-      }
+  for (int i = 0; i < m->n_steps; i++)
+    if (!grid_name(m->steps[i].grid)) {
+      snprintf(why, whylen, "has grid kind %d, which include/flashgen_export.h does not name",
+               (int)m->steps[i].grid);
+      return why;
     }
+  const int bwd = k->v.pass == FG_PASS_BWD;
+  const fg_plan_step *mk = fg_kernel_main(m);
+  if (bwd != (mk->grid == FG_GRID_KV_TILES)) {
+    snprintf(why, whylen, "is a %s variant but its template declared grid kind %d",
+             bwd ? "backward" : "forward", (int)mk->grid);
+    return why;
   }
+  for (int i = 0; k->img.ptx && i < m->n_steps; i++)
+    if (!ptx_has_entry(k->img.ptx, m->steps[i].entry)) {
+      snprintf(why, whylen, "compiled to a module without the entry %s (step %d of its plan)",
+               m->steps[i].entry, i + 1);
+      return why;
+    }
   return NULL;
+}
+
+/* fp32 floats per query row of a plan's workspaces, for runtimes from before plans (the
+ * legacy workspace_floats_per_row: the forward's kv_outer reads it). */
+static int legacy_floats_per_row(const fg_kernel_meta *m) {
+  int n = 0;
+  for (int i = 0; i < m->n_workspaces; i++)
+    if (m->workspaces[i].rows == 1 && !m->workspaces[i].deterministic_only)
+      n += m->workspaces[i].bytes / 4;
+  return n;
 }
 
 static int write_source(FILE *f, const char *file, const char *hfile, const export_info *in,
@@ -601,13 +613,34 @@ static int write_source(FILE *f, const char *file, const char *hfile, const expo
   fprintf(f, "#include \"%s\"\n\n", hfile);
   for (int i = 0; i < s->n; i++) {
     const export_kernel *k = &s->k[i];
+    const fg_kernel_meta *m = &k->img.meta;
     fprintf(f, "/* %s (%s): %d threads, %d B dynamic shared memory, %d registers */\n", k->name,
-            fg_arch_name(k->img.arch), k->img.meta.threads, k->img.meta.smem_bytes,
-            k->img.meta.regs);
-    if (k->img.meta.grid == FG_GRID_KV_TILES)
-      fprintf(f, "/* The backward plan, one module with three entries:\n *   %s_pre,\n *   %s,\n"
-                 " *   %s_post. */\n",
-              k->img.meta.entry, k->img.meta.entry, k->img.meta.entry);
+            fg_arch_name(k->img.arch), fg_kernel_main(m)->threads, fg_kernel_main(m)->smem_bytes,
+            m->regs);
+    /* Its plan: the entries of its module in launch order, and its workspaces. */
+    fprintf(f, "static const fg_export_step %s_%s_steps[%d] = {\n", P, k->name, m->n_steps);
+    for (int j = 0; j < m->n_steps; j++) {
+      const fg_plan_step *sp = &m->steps[j];
+      fprintf(f, "    {.entry = ");
+      write_cstr(f, sp->entry);
+      fprintf(f, ", .grid = %s, .br = %d, .threads = %d, .smem_bytes = %d},\n",
+              grid_name(sp->grid), sp->br, sp->threads, sp->smem_bytes);
+    }
+    fprintf(f, "};\n");
+    if (m->n_workspaces) {
+      fprintf(f, "static const fg_export_workspace %s_%s_workspaces[%d] = {\n", P, k->name,
+              m->n_workspaces);
+      for (int j = 0; j < m->n_workspaces; j++) {
+        const fg_plan_workspace *w = &m->workspaces[j];
+        fprintf(f, "    {.name = ");
+        write_cstr(f, w->name);
+        fprintf(f, ", .param = ");
+        write_cstr(f, w->param);
+        fprintf(f, ", .bytes = %d, .rows = %d, .deterministic_only = %d},\n", w->bytes, w->rows,
+                w->deterministic_only);
+      }
+      fprintf(f, "};\n");
+    }
     fprintf(f, "static const unsigned char %s_%s_cubin[%zu] = {\n", P, k->name, k->img.cubin_size);
     write_bytes(f, k->img.cubin, k->img.cubin_size, 0);
     fprintf(f, "};\n");
@@ -630,14 +663,22 @@ static int write_source(FILE *f, const char *file, const char *hfile, const expo
               k->name, P, k->name);
     else
       fprintf(f, "     .ptx = 0,\n     .ptx_size = 0,\n");
+    const fg_plan_step *mk = fg_kernel_main(m);
     fprintf(f, "     .entry = ");
-    write_cstr(f, m->entry);
+    write_cstr(f, mk->entry);
     fprintf(f,
             ",\n     .threads = %d,\n     .smem_bytes = %d,\n     .grid = %s,\n     .br = %d,\n"
             "     .workspace_floats_per_row = %d,\n     .regs = %d,\n     .spill_store_bytes = %d,\n"
-            "     .spill_load_bytes = %d,\n     .stack_bytes = %d},\n",
-            m->threads, m->smem_bytes, grid_name(m->grid), m->br, m->workspace_floats_per_row,
+            "     .spill_load_bytes = %d,\n     .stack_bytes = %d,\n",
+            mk->threads, mk->smem_bytes, grid_name(mk->grid), mk->br, legacy_floats_per_row(m),
             m->regs, m->spill_store_bytes, m->spill_load_bytes, m->stack_bytes);
+    fprintf(f, "     .steps = %s_%s_steps,\n     .n_steps = %d,\n     .main_step = %d,\n", P,
+            k->name, m->n_steps, m->main_step);
+    if (m->n_workspaces)
+      fprintf(f, "     .workspaces = %s_%s_workspaces,\n     .n_workspaces = %d},\n", P, k->name,
+              m->n_workspaces);
+    else
+      fprintf(f, "     .workspaces = 0,\n     .n_workspaces = 0},\n");
   }
   fprintf(f, "};\n\n");
   if (s->nc) {
@@ -663,9 +704,11 @@ static int write_source(FILE *f, const char *file, const char *hfile, const expo
   write_cstr(f, in->tuned_on[0] ? in->tuned_on : "none: built-in rule");
   fprintf(f, ",\n    .kernels = %s_kernels,\n    .n_kernels = %d,\n", P, s->n);
   if (s->nc)
-    fprintf(f, "    .choices = %s_choices,\n    .n_choices = %d};\n\n", P, s->nc);
+    fprintf(f, "    .choices = %s_choices,\n    .n_choices = %d,\n", P, s->nc);
   else
-    fprintf(f, "    .choices = 0,\n    .n_choices = 0};\n\n");
+    fprintf(f, "    .choices = 0,\n    .n_choices = 0,\n");
+  fprintf(f, "    .step_size = sizeof(fg_export_step),\n"
+             "    .workspace_desc_size = sizeof(fg_export_workspace)};\n\n");
   fprintf(f, "const fg_export *%s_flashgen_export(void) { return &%s_export; }\n", P, P);
   return ferror(f) ? -1 : 0;
 }

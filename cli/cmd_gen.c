@@ -277,7 +277,7 @@ int fg_cmd_compile(int argc, char **argv) {
   }
   printf("%-56s %-7s %8s %5s %9s %6s %6s\n", "variant", "arch", "ms", "regs", "smem(B)", "spill", "stack");
   printf("%-56s %-7s %8.1f %5d %9d %6d %6d\n", canon, fg_arch_name(v.arch), img.compile_ms,
-         img.meta.regs, img.meta.smem_bytes, img.meta.spill_store_bytes + img.meta.spill_load_bytes,
+         img.meta.regs, fg_kernel_main(&img.meta)->smem_bytes, img.meta.spill_store_bytes + img.meta.spill_load_bytes,
          img.meta.stack_bytes);
   printf("wrote %s (%zu bytes)\n", outpath, img.cubin_size);
   fg_kernel_image_free(&img);
@@ -378,7 +378,7 @@ int fg_cmd_build_default(int argc, char **argv) {
       } else {
         fg_kernel_meta *m = &it[i].img.meta;
         printf("%-56s %-7s %8.0f %5d %9d %6d\n", name, fg_arch_name(arch), it[i].img.compile_ms, m->regs,
-               m->smem_bytes, m->spill_store_bytes + m->spill_load_bytes);
+               fg_kernel_main(m)->smem_bytes, m->spill_store_bytes + m->spill_load_bytes);
         if (m->spill_store_bytes + m->spill_load_bytes > 0) failed++;
         ms[ok++] = it[i].img.compile_ms;
       }

@@ -3,28 +3,94 @@
 #ifndef FG_KERNEL_H
 #define FG_KERNEL_H
 #include <stddef.h>
+#include <stdint.h>
 #include "fg_variant.h"
 
 /* How the grid is formed from the problem. */
 typedef enum fg_grid_kind {
-  FG_GRID_Q_TILES = 1, /* (ceil(seqlen_q / br), batch * heads_q): one block per Q block (q_outer) */
+  FG_GRID_Q_TILES = 1, /* (ceil(seqlen_q / br), batch * heads_q): one block per br query rows
+                          (q_outer; the backward's _pre and _post kernels, br = 64 rows) */
   FG_GRID_HEADS = 2,   /* (batch * heads_q): one block per head, Algorithm 1 (kv_outer) */
   FG_GRID_ROWS = 3,    /* (seqlen_q, batch * heads_q): one block per query row (reference) */
   FG_GRID_KV_TILES = 4 /* (ceil(seqlen_k / br), batch * heads_kv): one block per K/V block
                           (the backward's main kernel; br holds its Bc) */
 } fg_grid_kind;
 
-/* The launch contract a template declares for a variant. */
-typedef struct fg_kernel_meta {
+/* The manifest's launch(v) (templates/fwd.lua, bwd.lua) returns a plan: kernels of one module
+ * run in order on the caller's stream, each with the same parameter block, and the workspaces
+ * they share. At most this many of each. */
+#define FG_PLAN_MAX_STEPS 4
+#define FG_PLAN_MAX_WORKSPACES 4
+
+/* One kernel of a plan. */
+typedef struct fg_plan_step {
   char entry[64];        /* kernel symbol (extern "C") */
+  fg_grid_kind grid;
+  int br;                /* rows per block along x (FG_GRID_Q_TILES, FG_GRID_KV_TILES) */
   int threads;           /* threads per block */
   int smem_bytes;        /* dynamic shared memory per block */
-  fg_grid_kind grid;
-  int br;                /* rows per Q block (grid FG_GRID_Q_TILES) */
-  int workspace_floats_per_row; /* fp32 workspace per (batch, head, query row); 0 = none */
+} fg_plan_step;
+
+/* One workspace of a plan: `bytes` per `rows` query rows (rounded up) of each (batch, query
+ * head), laid out batch-major, one workspace after the other in the order of the plan, with no
+ * padding between them (so its size is a function of batch, heads_q, seqlen_q only). The
+ * parameter-block field `param` points at it. */
+typedef struct fg_plan_workspace {
+  char name[24];         /* what it holds, for messages ("dq_accum") */
+  char param[16];        /* the parameter-block field it is passed in ("workspace", "dsum") */
+  int bytes;             /* per unit */
+  int rows;              /* query rows per unit (>= 1) */
+  int deterministic_only; /* only in deterministic mode (the backward's semaphores) */
+} fg_plan_workspace;
+
+/* The launch contract a template declares for a variant: its plan. */
+typedef struct fg_kernel_meta {
+  int n_steps;           /* 1 .. FG_PLAN_MAX_STEPS */
+  int main_step;         /* the step named after the variant, which tuning measures */
+  fg_plan_step steps[FG_PLAN_MAX_STEPS];
+  int n_workspaces;      /* 0 .. FG_PLAN_MAX_WORKSPACES */
+  fg_plan_workspace workspaces[FG_PLAN_MAX_WORKSPACES];
   /* Resource usage reported by ptxas when it was compiled (-1 when unknown). */
   int regs, spill_store_bytes, spill_load_bytes, stack_bytes;
 } fg_kernel_meta;
+
+/* The step named after the variant (steps[main_step]). */
+static inline const fg_plan_step *fg_kernel_main(const fg_kernel_meta *m) {
+  return &m->steps[m->main_step];
+}
+static inline fg_plan_step *fg_kernel_main_mut(fg_kernel_meta *m) { return &m->steps[m->main_step]; }
+
+/* A one-step plan without workspace (forward kernels, references, tests). */
+void fg_kernel_meta_single(fg_kernel_meta *m, const char *entry, fg_grid_kind grid, int br,
+                           int threads, int smem_bytes);
+
+/* NULL when m is a well-formed plan (counts in range, entries set and NUL-terminated, grid kinds
+ * known, br > 0 where the grid uses it, threads > 0, shared memory >= 0, workspaces with a name,
+ * a param, bytes > 0 and rows >= 1), else what is wrong (a static string). */
+const char *fg_kernel_meta_invalid(const fg_kernel_meta *m);
+
+/* The grid kind's name in manifests and plans ("q_tiles", "heads", "rows", "kv_tiles"), and
+ * back (0 when unknown). */
+const char *fg_grid_kind_name(fg_grid_kind g);
+fg_grid_kind fg_grid_kind_parse(const char *s);
+
+/* Units of workspace w per (batch, query head): ceil(seqlen_q / rows), 0 when it is not used
+ * (deterministic_only and not deterministic). */
+uint64_t fg_plan_workspace_units(const fg_plan_workspace *w, int64_t seqlen_q, int deterministic);
+
+/* Bytes of all m's workspaces for (batch, heads_q, seqlen_q), and where workspace i starts
+ * (offsets[i], when offsets is not NULL; unused ones start where the next would). -1 on 64-bit
+ * overflow. */
+int fg_plan_workspace_bytes(const fg_kernel_meta *m, int64_t batch, int64_t heads_q,
+                            int64_t seqlen_q, int deterministic, uint64_t *bytes,
+                            uint64_t offsets[FG_PLAN_MAX_WORKSPACES]);
+
+/* The plan as text, one line per item ("main 1", "step <entry> <grid> <br> <threads> <smem>",
+ * "workspace <name> <param> <bytes> <rows> <deterministic_only>"): what the cache stores.
+ * Returns the length (snprintf's), the text truncated at len. */
+int fg_kernel_plan_format(const fg_kernel_meta *m, char *buf, size_t len);
+/* Reads such text into m's plan (the other fields untouched). NULL, or what is wrong. */
+const char *fg_kernel_plan_parse(const char *text, fg_kernel_meta *m);
 
 /* A compiled kernel: cubin for one arch, with its PTX so a newer GPU can JIT it. */
 typedef struct fg_kernel_image {

@@ -1,6 +1,9 @@
-/* kernel.c: freeing kernel images (core/fg_kernel.h), shared by the generator that fills them,
- * the cache that reads them back and the runtime that loads them. */
+/* kernel.c: kernel images and their plans (core/fg_kernel.h): freeing images, checking a plan,
+ * sizing its workspaces from the problem, and the plan's text form, shared by the generator that
+ * fills them, the cache that stores them and the runtime that launches them. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "fg_kernel.h"
 
@@ -12,4 +15,146 @@ void fg_kernel_image_free(fg_kernel_image *img) {
   img->cubin_size = 0;
   img->ptx = NULL;
   img->ptx_size = 0;
+}
+
+void fg_kernel_meta_single(fg_kernel_meta *m, const char *entry, fg_grid_kind grid, int br,
+                           int threads, int smem_bytes) {
+  memset(m, 0, sizeof *m);
+  m->n_steps = 1;
+  snprintf(m->steps[0].entry, sizeof m->steps[0].entry, "%s", entry);
+  m->steps[0].grid = grid;
+  m->steps[0].br = br;
+  m->steps[0].threads = threads;
+  m->steps[0].smem_bytes = smem_bytes;
+  m->regs = m->spill_store_bytes = m->spill_load_bytes = m->stack_bytes = -1;
+}
+
+static const char *const grid_names[] = {NULL, "q_tiles", "heads", "rows", "kv_tiles"};
+
+const char *fg_grid_kind_name(fg_grid_kind g) {
+  return g >= FG_GRID_Q_TILES && g <= FG_GRID_KV_TILES ? grid_names[g] : "?";
+}
+
+fg_grid_kind fg_grid_kind_parse(const char *s) {
+  for (int g = FG_GRID_Q_TILES; s && g <= FG_GRID_KV_TILES; g++)
+    if (strcmp(s, grid_names[g]) == 0) return (fg_grid_kind)g;
+  return (fg_grid_kind)0;
+}
+
+const char *fg_kernel_meta_invalid(const fg_kernel_meta *m) {
+  if (m->n_steps < 1 || m->n_steps > FG_PLAN_MAX_STEPS) return "its plan has no steps, or too many";
+  if (m->main_step < 0 || m->main_step >= m->n_steps) return "its plan's main step is not a step";
+  for (int i = 0; i < m->n_steps; i++) {
+    const fg_plan_step *s = &m->steps[i];
+    if (!s->entry[0] || !memchr(s->entry, 0, sizeof s->entry))
+      return "a step of its plan has no entry point (or one too long)";
+    if (s->grid < FG_GRID_Q_TILES || s->grid > FG_GRID_KV_TILES)
+      return "a step of its plan has an unknown grid kind";
+    if ((s->grid == FG_GRID_Q_TILES || s->grid == FG_GRID_KV_TILES) && s->br <= 0)
+      return "a step of its plan has no rows per block (br)";
+    if (s->threads <= 0 || s->smem_bytes < 0)
+      return "a step of its plan has malformed threads or shared memory";
+  }
+  if (m->n_workspaces < 0 || m->n_workspaces > FG_PLAN_MAX_WORKSPACES)
+    return "its plan has too many workspaces";
+  for (int i = 0; i < m->n_workspaces; i++) {
+    const fg_plan_workspace *w = &m->workspaces[i];
+    if (!w->name[0] || !memchr(w->name, 0, sizeof w->name) || !w->param[0] ||
+        !memchr(w->param, 0, sizeof w->param) || w->bytes <= 0 || w->rows < 1)
+      return "a workspace of its plan is malformed (name, param, bytes or rows)";
+  }
+  return NULL;
+}
+
+uint64_t fg_plan_workspace_units(const fg_plan_workspace *w, int64_t seqlen_q, int deterministic) {
+  if (w->deterministic_only && !deterministic) return 0;
+  return ((uint64_t)seqlen_q + (uint64_t)w->rows - 1) / (uint64_t)w->rows;
+}
+
+int fg_plan_workspace_bytes(const fg_kernel_meta *m, int64_t batch, int64_t heads_q,
+                            int64_t seqlen_q, int deterministic, uint64_t *bytes,
+                            uint64_t offsets[FG_PLAN_MAX_WORKSPACES]) {
+  uint64_t total = 0, bh;
+  if (__builtin_mul_overflow((uint64_t)batch, (uint64_t)heads_q, &bh)) return -1;
+  for (int i = 0; i < m->n_workspaces && i < FG_PLAN_MAX_WORKSPACES; i++) {
+    const fg_plan_workspace *w = &m->workspaces[i];
+    uint64_t n;
+    if (offsets) offsets[i] = total;
+    if (__builtin_mul_overflow(bh, fg_plan_workspace_units(w, seqlen_q, deterministic), &n) ||
+        __builtin_mul_overflow(n, (uint64_t)w->bytes, &n) ||
+        __builtin_add_overflow(total, n, &total))
+      return -1;
+  }
+  *bytes = total;
+  return 0;
+}
+
+int fg_kernel_plan_format(const fg_kernel_meta *m, char *buf, size_t len) {
+  size_t n = 0;
+  int r = snprintf(buf, len, "main %d\n", m->main_step);
+#define FG_ADVANCE()                                      \
+  do {                                                    \
+    if (r < 0) return r;                                  \
+    n += (size_t)r;                                       \
+  } while (0)
+  FG_ADVANCE();
+  for (int i = 0; i < m->n_steps && i < FG_PLAN_MAX_STEPS; i++) {
+    const fg_plan_step *s = &m->steps[i];
+    r = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, "step %.*s %s %d %d %d\n",
+                 (int)sizeof s->entry, s->entry, fg_grid_kind_name(s->grid), s->br, s->threads,
+                 s->smem_bytes);
+    FG_ADVANCE();
+  }
+  for (int i = 0; i < m->n_workspaces && i < FG_PLAN_MAX_WORKSPACES; i++) {
+    const fg_plan_workspace *w = &m->workspaces[i];
+    r = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, "workspace %.*s %.*s %d %d %d\n",
+                 (int)sizeof w->name, w->name, (int)sizeof w->param, w->param, w->bytes, w->rows,
+                 w->deterministic_only);
+    FG_ADVANCE();
+  }
+#undef FG_ADVANCE
+  return (int)n;
+}
+
+const char *fg_kernel_plan_parse(const char *text, fg_kernel_meta *m) {
+  m->n_steps = m->n_workspaces = 0;
+  m->main_step = -1;
+  for (const char *p = text; p && *p;) {
+    const char *nl = strchr(p, '\n');
+    size_t n = nl ? (size_t)(nl - p) : strlen(p);
+    char line[256], a[64], b[64];
+    if (n >= sizeof line) return "a line of its plan is too long";
+    memcpy(line, p, n);
+    line[n] = 0;
+    p = nl ? nl + 1 : p + n;
+    int x, y, z, end = 0;
+    if (sscanf(line, "main %d%n", &x, &end) == 1 && !line[end]) {
+      m->main_step = x;
+    } else if (sscanf(line, "step %63s %63s %d %d %d%n", a, b, &x, &y, &z, &end) == 5 &&
+               !line[end]) {
+      if (m->n_steps == FG_PLAN_MAX_STEPS) return "its plan has too many steps";
+      fg_plan_step *s = &m->steps[m->n_steps++];
+      memset(s, 0, sizeof *s);
+      snprintf(s->entry, sizeof s->entry, "%s", a);
+      s->grid = fg_grid_kind_parse(b);
+      s->br = x;
+      s->threads = y;
+      s->smem_bytes = z;
+    } else if (sscanf(line, "workspace %63s %63s %d %d %d%n", a, b, &x, &y, &z, &end) == 5 &&
+               !line[end]) {
+      if (m->n_workspaces == FG_PLAN_MAX_WORKSPACES) return "its plan has too many workspaces";
+      fg_plan_workspace *w = &m->workspaces[m->n_workspaces++];
+      memset(w, 0, sizeof *w);
+      if (strlen(a) >= sizeof w->name || strlen(b) >= sizeof w->param)
+        return "a workspace of its plan has a name too long";
+      memcpy(w->name, a, strlen(a));
+      memcpy(w->param, b, strlen(b));
+      w->bytes = x;
+      w->rows = y;
+      w->deterministic_only = z;
+    } else {
+      return "its plan has a line that is not main, step or workspace";
+    }
+  }
+  return fg_kernel_meta_invalid(m);
 }

@@ -572,24 +572,82 @@ static int manifest_check(fg_generator *g, const fg_variant *v, char *err, size_
   return rc;
 }
 
-/* Fills meta from a launch table at the top of the stack. */
-static void read_launch(lua_State *L, fg_kernel_meta *meta) {
+/* Copies string field k of the table at idx into out; 0, or -1 when it is missing or too long. */
+static int get_str_field(lua_State *L, int idx, const char *k, char *out, size_t n) {
+  lua_getfield(L, idx, k);
+  const char *v = lua_tostring(L, -1);
+  int ok = v && *v && strlen(v) < n;
+  if (ok) snprintf(out, n, "%s", v);
+  lua_pop(L, 1);
+  return ok ? 0 : -1;
+}
+
+/* Fills meta from the plan (a launch table: main, steps, workspaces) at the top of the stack;
+ * what names the manifest function for messages. 0, or -1 with the reason. */
+static int read_launch(lua_State *L, fg_kernel_meta *meta, const char *what, char *err,
+                       size_t errlen) {
   memset(meta, 0, sizeof *meta);
-  lua_getfield(L, -1, "entry");
-  snprintf(meta->entry, sizeof meta->entry, "%s", lua_tostring(L, -1));
-  lua_pop(L, 1);
-  meta->threads = get_int_field(L, -1, "threads");
-  meta->smem_bytes = get_int_field(L, -1, "smem");
-  meta->br = get_int_field(L, -1, "br");
-  meta->workspace_floats_per_row = get_int_field(L, -1, "workspace");
-  lua_getfield(L, -1, "grid");
-  const char *gk = lua_tostring(L, -1);
-  meta->grid = strcmp(gk, "q_tiles") == 0    ? FG_GRID_Q_TILES
-               : strcmp(gk, "heads") == 0    ? FG_GRID_HEADS
-               : strcmp(gk, "kv_tiles") == 0 ? FG_GRID_KV_TILES
-                                             : FG_GRID_ROWS;
-  lua_pop(L, 1);
   meta->regs = meta->spill_store_bytes = meta->spill_load_bytes = meta->stack_bytes = -1;
+  const char *bad = NULL;
+  meta->main_step = get_int_field(L, -1, "main") - 1; /* Lua counts from 1 */
+  lua_getfield(L, -1, "steps");
+  if (!lua_istable(L, -1)) bad = "returns no steps list";
+  int n = bad ? 0 : (int)luaL_len(L, -1);
+  if (!bad && (n < 1 || n > FG_PLAN_MAX_STEPS)) bad = "returns no steps, or more than the runtime takes";
+  for (int i = 0; !bad && i < n; i++) {
+    fg_plan_step *s = &meta->steps[meta->n_steps++];
+    lua_rawgeti(L, -1, i + 1);
+    char grid[16] = "";
+    if (!lua_istable(L, -1) || get_str_field(L, -1, "entry", s->entry, sizeof s->entry) ||
+        get_str_field(L, -1, "grid", grid, sizeof grid) || !(s->grid = fg_grid_kind_parse(grid)))
+      bad = "returns a step without an entry (of up to 63 characters) or a known grid kind";
+    else {
+      s->br = get_int_field(L, -1, "br");
+      s->threads = get_int_field(L, -1, "threads");
+      s->smem_bytes = get_int_field(L, -1, "smem");
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  lua_getfield(L, -1, "workspaces");
+  n = lua_istable(L, -1) ? (int)luaL_len(L, -1) : 0;
+  if (!bad && n > FG_PLAN_MAX_WORKSPACES) bad = "returns more workspaces than the runtime takes";
+  for (int i = 0; !bad && i < n; i++) {
+    fg_plan_workspace *w = &meta->workspaces[meta->n_workspaces++];
+    lua_rawgeti(L, -1, i + 1);
+    if (!lua_istable(L, -1) || get_str_field(L, -1, "name", w->name, sizeof w->name) ||
+        get_str_field(L, -1, "param", w->param, sizeof w->param))
+      bad = "returns a workspace without a name (up to 23 characters) or param (up to 15)";
+    else {
+      w->bytes = get_int_field(L, -1, "bytes");
+      w->rows = get_int_field(L, -1, "rows");
+      lua_getfield(L, -1, "deterministic");
+      w->deterministic_only = lua_toboolean(L, -1);
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  if (!bad) bad = fg_kernel_meta_invalid(meta);
+  if (!bad) return 0;
+  snprintf(err, errlen, "the manifest's %s %s: fix its plan (see templates/README.md)", what, bad);
+  return -1;
+}
+
+/* Adds the plan's template constants (launch(v).constants, e.g. the backward's PRE_ROWS) to the
+ * params table at index params, so a template and its manifest share one copy. The launch table
+ * is at the top of the stack. */
+static void add_constants(lua_State *L, int params) {
+  lua_getfield(L, -1, "constants");
+  if (lua_istable(L, -1)) {
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+      lua_pushvalue(L, -2);
+      lua_insert(L, -2);
+      lua_settable(L, params);
+    }
+  }
+  lua_pop(L, 1);
 }
 
 /* Renders template `tpl` with the params table at the top of the stack (popped). Lock held. */
@@ -633,8 +691,9 @@ int fg_generator_render(fg_generator *g, const fg_variant *v, char **src, fg_ker
     push_variant(L, v);
     rc = call_manifest(g, v->pass, "launch", 1, err, errlen);
   }
+  if (rc == 0) rc = read_launch(L, meta, "launch(v)", err, errlen);
   if (rc == 0) {
-    read_launch(L, meta);
+    int launch = lua_gettop(L);
     lua_getfield(L, -1, "template");
     char tpl[64];
     snprintf(tpl, sizeof tpl, "%s", lua_tostring(L, -1));
@@ -654,8 +713,11 @@ int fg_generator_render(fg_generator *g, const fg_variant *v, char **src, fg_ker
       lua_pushvalue(L, params);
       if ((rc = call_manifest(g, v->pass, "q_in_regs", 1, err, errlen)) == 0) {
         lua_setfield(L, params, "q_in_regs");
-        lua_pushstring(L, meta->entry);
+        lua_pushstring(L, fg_kernel_main(meta)->entry);
         lua_setfield(L, params, "entry");
+        lua_pushvalue(L, launch);
+        add_constants(L, params);
+        lua_pop(L, 1);
         lua_pushvalue(L, params);
         rc = render_with(g, tpl, src, err, errlen);
       }
@@ -676,14 +738,14 @@ int fg_generator_render_reference(fg_generator *g, fg_dtype dtype, int exact, ch
   lua_pushstring(L, fg_dtype_name(dtype));
   lua_pushboolean(L, exact);
   int rc = call_manifest(g, FG_PASS_FWD, "reference", 2, err, errlen);
+  if (rc == 0) rc = read_launch(L, meta, "reference(dtype, exact)", err, errlen);
   if (rc == 0) {
-    read_launch(L, meta);
     lua_createtable(L, 0, 4);
     lua_pushstring(L, fg_dtype_name(dtype));
     lua_setfield(L, -2, "dtype");
     lua_pushboolean(L, exact);
     lua_setfield(L, -2, "exact");
-    lua_pushstring(L, meta->entry);
+    lua_pushstring(L, fg_kernel_main(meta)->entry);
     lua_setfield(L, -2, "entry");
     lua_getfield(L, -2, "name");
     lua_setfield(L, -2, "name");

@@ -184,8 +184,8 @@ FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_args *
  * get dQ = 0 and add nothing to dK, dV.
  *
  * Workspace: the backward needs fp32 scratch of (head_dim + 1) * 4 bytes per (batch, query head,
- * query row), plus the semaphores of deterministic mode: fg_attention_backward_workspace_size
- * says how much. With workspace = NULL flashgen takes it, stream-ordered, from a memory pool of
+ * query row), plus the semaphores of deterministic mode (the kernel's plan declares them,
+ * templates/bwd.lua): fg_attention_backward_workspace_size says how much. With workspace = NULL flashgen takes it, stream-ordered, from a memory pool of
  * the context that keeps its memory between calls (the pool is destroyed with the context;
  * without driver memory pools, cuMemAlloc and a synchronisation of the stream); or pass a device
  * buffer of at least that many bytes (16-byte aligned) that nothing else uses until the call's
@@ -220,8 +220,10 @@ FG_API fg_status fg_attention_backward(fg_context *ctx, const fg_attention_backw
                                        CUstream stream);
 
 /* The workspace in bytes a backward call with these arguments needs (the pointers may be NULL;
- * only the sizes matter). Returns FG_OK, or FG_ERROR_INVALID_ARGUMENT with the reason in the
- * context's last error. */
+ * only the sizes matter), from the plan of the kernel that serves the problem: like the call, it
+ * chooses that kernel and loads it (the first time for a new kernel it may compile it). Returns
+ * FG_OK; FG_ERROR_INVALID_ARGUMENT with the reason in the context's last error; or the error
+ * choosing the kernel failed with (FG_ERROR_KERNEL_MISSING ...), as the call would. */
 FG_API fg_status fg_attention_backward_workspace_size(fg_context *ctx,
                                                       const fg_attention_backward_args *args,
                                                       size_t *bytes);

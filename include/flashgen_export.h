@@ -35,16 +35,39 @@ extern "C" {
  * runtime older than it refuses a table holding a backward kernel, naming the kernel; export
  * with --no-backward for such a runtime, or link the runtime of the flashgen that exported). */
 #define FG_EXPORT_ABI_VERSION 1
+/* Plans (steps and workspaces, appended to the kernels) came later in version 1: a runtime that
+ * reads them refuses a table written before them (its step_size is 0), saying to export again. */
 
 /* How a kernel's grid is formed from the problem (the values of the runtime's fg_grid_kind). */
 #define FG_EXPORT_GRID_Q_TILES 1 /* (ceil(seqlen_q / br), batch * heads_q): one block per Q block */
 #define FG_EXPORT_GRID_HEADS 2   /* (batch * heads_q): one block per head (Algorithm 1) */
 #define FG_EXPORT_GRID_ROWS 3    /* (seqlen_q, batch * heads_q): one block per query row */
-/* The backward pass (a bwd_ variant): (ceil(seqlen_k / br), batch * heads_kv), one block per K/V
- * block, br holding the variant's Bc. Its binary is one module with three entries, run in this
- * order: `<entry>_pre` (D = rowsum(dO * O), the dQ accumulator zeroed), `<entry>` (dK, dV and
- * the dQ accumulator) and `<entry>_post` (dQ converted); the runtime resolves all three. */
+/* (ceil(seqlen_k / br), batch * heads_kv), one block per K/V block: the backward pass's main
+ * kernel (a bwd_ variant), br holding the variant's Bc. */
 #define FG_EXPORT_GRID_KV_TILES 4
+
+/* One kernel of a kernel's plan: a module holds every entry of its plan, run in order on the
+ * caller's stream with the same parameter block (the backward: `<entry>_pre` D = rowsum(dO * O)
+ * and the dQ accumulator zeroed, `<entry>` dK, dV and the dQ accumulator, `<entry>_post` dQ
+ * converted; templates/bwd.lua). Laid out as written; fg_export.step_size records its size. */
+typedef struct fg_export_step {
+  const char *entry;            /* kernel symbol (extern "C") in the module */
+  int grid;                     /* FG_EXPORT_GRID_* */
+  int br;                       /* rows per block along x (Q_TILES, KV_TILES) */
+  int threads;                  /* threads per block */
+  int smem_bytes;               /* dynamic shared memory per block */
+} fg_export_step;
+
+/* One workspace of a kernel's plan: `bytes` per `rows` query rows (rounded up) of each (batch,
+ * query head), batch-major, the workspaces one after the other with no padding; the parameter
+ * block's field `param` points at it. fg_export.workspace_desc_size records its size. */
+typedef struct fg_export_workspace {
+  const char *name;             /* what it holds, e.g. "dq_accum" */
+  const char *param;            /* the parameter-block field, e.g. "workspace", "dsum", "sem" */
+  int bytes;                    /* per unit */
+  int rows;                     /* query rows per unit (>= 1) */
+  int deterministic_only;       /* only in deterministic mode */
+} fg_export_workspace;
 
 /* One compiled kernel: the binary for one arch and its launch contract. */
 typedef struct fg_export_kernel {
@@ -57,18 +80,24 @@ typedef struct fg_export_kernel {
   size_t cubin_size;
   const char *ptx;              /* NUL-terminated PTX, so a newer GPU can JIT it; may be NULL */
   size_t ptx_size;              /* bytes without the NUL */
-  /* The launch contract. */
-  const char *entry;            /* kernel symbol (extern "C"); for FG_EXPORT_GRID_KV_TILES the
-                                   main kernel, with <entry>_pre and <entry>_post beside it */
+  /* The main kernel's launch contract, kept for runtimes from before plans (which run a backward
+   * kernel as <entry>_pre, <entry>, <entry>_post); this runtime reads the plan below. */
+  const char *entry;            /* the main step's kernel symbol */
   int threads;                  /* threads per block */
   int smem_bytes;               /* dynamic shared memory per block */
   int grid;                     /* FG_EXPORT_GRID_* */
   int br;                       /* rows per Q block (FG_EXPORT_GRID_Q_TILES), rows per K/V
                                    block (FG_EXPORT_GRID_KV_TILES) */
-  int workspace_floats_per_row; /* fp32 workspace per (batch, head, query row); 0 = none
-                                   (the backward: head_dim + 1) */
+  int workspace_floats_per_row; /* fp32 workspace per (batch, head, query row); 0 = none */
   /* Resource usage ptxas reported at export time (-1 when unknown); informational. */
   int regs, spill_store_bytes, spill_load_bytes, stack_bytes;
+  /* The plan (templates/fwd.lua, bwd.lua: launch): its kernels in order, which of them the
+   * variant names, and its workspaces. A table without plans (step_size 0) is refused. */
+  const fg_export_step *steps;
+  int n_steps;                  /* 1 .. 4 */
+  int main_step;                /* index into steps */
+  const fg_export_workspace *workspaces;
+  int n_workspaces;             /* 0 .. 4 */
 } fg_export_kernel;
 
 /* A tuned choice: for problems of this key, run this variant. The key is the runtime's problem
@@ -101,6 +130,9 @@ struct fg_export {
   size_t n_kernels;
   const fg_export_choice *choices; /* sorted by bucket, then variant */
   size_t n_choices;
+  uint32_t step_size;            /* sizeof(fg_export_step) as written; 0 in tables written before
+                                    plans, which this runtime refuses (export them again) */
+  uint32_t workspace_desc_size;  /* sizeof(fg_export_workspace) as written */
 };
 
 #ifdef __cplusplus

@@ -313,18 +313,18 @@ FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char
     fg_fwd_params p;
     fg_params_from_args(&a, &p);
     uint64_t grid[3];
-    fg_launch_grid(&meta, &p, grid);
+    const fg_plan_step *sp = fg_kernel_main(&meta);
+    fg_launch_grid(sp, &p, grid);
     fg_text_add(&t,
                 "launch: grid (%" PRIu64 ", %" PRIu64 ", %" PRIu64
                 ") x %d threads, %d B dynamic "
                 "shared memory",
-                grid[0], grid[1], grid[2], meta.threads, meta.smem_bytes);
-    if (meta.workspace_floats_per_row > 0)
-      fg_text_add(&t, ", %.1f MiB fp32 workspace",
-                  (double)a.batch * (double)a.heads_q * (double)a.seqlen_q *
-                      meta.workspace_floats_per_row * 4.0 / (1024.0 * 1024.0));
+                grid[0], grid[1], grid[2], sp->threads, sp->smem_bytes);
+    uint64_t ws = 0;
+    if (fg_plan_workspace_bytes(&meta, a.batch, a.heads_q, a.seqlen_q, 0, &ws, NULL) == 0 && ws)
+      fg_text_add(&t, ", %.1f MiB fp32 workspace", (double)ws / (1024.0 * 1024.0));
     if (meta.regs >= 0) fg_text_add(&t, ", %d registers per thread", meta.regs);
-    uint64_t limit = meta.grid == FG_GRID_HEADS ? 2147483647u : (uint64_t)ctx->limits.max_grid_y;
+    uint64_t limit = sp->grid == FG_GRID_HEADS ? 2147483647u : (uint64_t)ctx->limits.max_grid_y;
     uint64_t bh = (uint64_t)a.batch * (uint64_t)a.heads_q;
     if (bh > limit) {
       uint64_t per = limit / (uint64_t)a.heads_q;
@@ -367,47 +367,47 @@ FG_API fg_status fg_explain_backward(fg_context *ctx, const fg_attention_backwar
   int known = 0;
   st = fg_explain_choice(ctx, &t, FG_PASS_BWD, &a, &d, &src, &meta, &known);
   if (!d) return st;
-  /* The plan: three kernels on the caller's stream, split along the batch like the call. */
+  /* The plan (templates/bwd.lua, launch): its kernels in order on the caller's stream, split
+   * along the batch like the call. */
   const uint64_t grid_y = (uint64_t)ctx->limits.max_grid_y;
   const uint64_t per = grid_y / (uint64_t)a.heads_q; /* batches per launch (heads_q <= grid_y) */
-  const uint64_t nb = per && (uint64_t)a.batch > per ? per : (uint64_t)a.batch;
-  const uint64_t rows = ((uint64_t)a.seqlen_q + FG_BWD_ROWS_PER_BLOCK - 1) / FG_BWD_ROWS_PER_BLOCK;
-  fg_text_add(&t, "plan: 3 kernels in order on the stream\n");
-  fg_text_add(&t,
-              "  1. %s_pre: D = rowsum(dO * O), dQ accumulator := 0; grid (%" PRIu64 ", %" PRIu64
-              ") x %d threads\n",
-              d->variant_name, rows, nb * (uint64_t)a.heads_q, FG_BWD_AUX_THREADS);
-  if (known && meta.br > 0) {
-    const uint64_t kv = ((uint64_t)a.seqlen_k + (uint64_t)meta.br - 1) / (uint64_t)meta.br;
-    fg_text_add(&t,
-                "  2. %s: K/V blocks of %d outer, dK and dV on chip, dQ added in fp32; grid (%" PRIu64
-                ", %" PRIu64 ") x %d threads, %d B dynamic shared memory",
-                d->variant_name, meta.br, kv, nb * (uint64_t)a.heads_kv, meta.threads,
-                meta.smem_bytes);
-    if (meta.regs >= 0) fg_text_add(&t, ", %d registers per thread", meta.regs);
-    fg_text_add(&t, "\n");
-  } else {
-    fg_text_add(&t, "  2. %s: K/V blocks of %d outer, dK and dV on chip, dQ added in fp32; grid "
-                    "(ceil(seqlen_k / %d), batch * heads_kv)\n",
+  const int64_t nb = per && (uint64_t)a.batch > per ? (int64_t)per : a.batch;
+  if (!known) {
+    fg_text_add(&t, "plan: the kernels of %s (templates/bwd.lua, launch), known once its binary "
+                    "is; its main kernel: K/V blocks of %d outer, grid (ceil(seqlen_k / %d), "
+                    "batch * heads_kv)\n",
                 d->variant_name, d->variant.bc, d->variant.bc);
+    return st;
   }
-  fg_text_add(&t, "  3. %s_post: dQ = scale * accumulator, converted to %s; grid (%" PRIu64
-                  ", %" PRIu64 ") x %d threads\n",
-              d->variant_name, fg_dtype_name(a.dtype), rows, nb * (uint64_t)a.heads_q,
-              FG_BWD_AUX_THREADS);
+  fg_text_add(&t, "plan: %d kernel%s in order on the stream\n", meta.n_steps,
+              meta.n_steps == 1 ? "" : "s");
+  for (int i = 0; i < meta.n_steps; i++) {
+    const fg_plan_step *sp = &meta.steps[i];
+    uint64_t g[3];
+    fg_plan_grid(sp, nb, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k, g);
+    fg_text_add(&t, "  %d. %s: grid %s (%" PRIu64 ", %" PRIu64 ") x %d threads", i + 1, sp->entry,
+                fg_grid_kind_name(sp->grid), g[0], g[1], sp->threads);
+    if (sp->smem_bytes > 0) fg_text_add(&t, ", %d B dynamic shared memory", sp->smem_bytes);
+    if (i == meta.main_step && meta.regs >= 0)
+      fg_text_add(&t, ", %d registers per thread", meta.regs);
+    fg_text_add(&t, "\n");
+  }
   if (per && (uint64_t)a.batch > per)
     fg_text_add(&t, "  (batch * heads_q past the grid's %" PRIu64 ": each kernel split into %" PRIu64
                     " launches of at most %" PRIu64 " batches)\n",
                 grid_y, ((uint64_t)a.batch + per - 1) / per, per);
-  const double ws_mib = (double)a.batch * (double)a.heads_q * (double)a.seqlen_q *
-                        (double)(a.head_dim + 1) * 4.0 / (1024.0 * 1024.0);
-  if (b.workspace)
-    fg_text_add(&t, "workspace: %.1f MiB fp32 (dQ accumulator and D), the caller's buffer of %zu "
-                    "bytes\n",
-                ws_mib, b.workspace_size);
-  else
-    fg_text_add(&t, "workspace: %.1f MiB fp32 (dQ accumulator and D), allocated on the stream "
-                    "for the call (or pass args->workspace)\n",
-                ws_mib);
+  uint64_t ws = 0;
+  if (fg_plan_workspace_bytes(&meta, a.batch, a.heads_q, a.seqlen_q, b.deterministic != 0, &ws,
+                              NULL) == 0 &&
+      ws > 0) {
+    fg_text_add(&t, "workspace: %.1f MiB (", (double)ws / (1024.0 * 1024.0));
+    for (int i = 0, n = 0; i < meta.n_workspaces; i++)
+      if (fg_plan_workspace_units(&meta.workspaces[i], a.seqlen_q, b.deterministic != 0))
+        fg_text_add(&t, "%s%s", n++ ? ", " : "", meta.workspaces[i].name);
+    if (b.workspace)
+      fg_text_add(&t, "), the caller's buffer of %zu bytes\n", b.workspace_size);
+    else
+      fg_text_add(&t, "), allocated on the stream for the call (or pass args->workspace)\n");
+  }
   return st;
 }

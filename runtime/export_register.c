@@ -1,7 +1,8 @@
 /* export_register.c: fg_register_export, the public way in for exported tables. Reads a table in
  * the stable layout of flashgen_export.h (by the sizes it records, so older and newer tables
- * both read), checks it (a kernel's launch contract against its variant name: backward
- * variants, and only they, with the K/V-tile grid), turns it into the registry's
+ * both read, but a table from before kernel plans is refused: export it again), checks it (a
+ * kernel's plan against its variant name: backward variants, and only they, with the K/V-tile
+ * grid for their main kernel), turns it into the registry's
  * fg_exported_table and hands that to fg_register_exported. The converted tables live as long as
  * the process, like the tables. */
 #include <pthread.h>
@@ -47,8 +48,9 @@ static fg_status fg_export_fail(char *err, size_t errlen, const char *desc, cons
 }
 
 /* Fills img from the producer's kernel k; returns NULL or what is wrong with it. */
-static const char *fg_export_convert_kernel(const fg_export_kernel *k, fg_kernel_image *img,
-                                            char *why, size_t whylen) {
+static const char *fg_export_convert_kernel(const fg_export_kernel *k, size_t step_size,
+                                            size_t ws_size, fg_kernel_image *img, char *why,
+                                            size_t whylen) {
   memset(img, 0, sizeof *img);
   fg_variant v;
   char perr[256];
@@ -70,36 +72,72 @@ static const char *fg_export_convert_kernel(const fg_export_kernel *k, fg_kernel
   if ((!k->cubin || !k->cubin_size) && (!k->ptx || !k->ptx_size)) return "has neither cubin nor PTX";
   if (k->ptx && k->ptx_size && k->ptx[k->ptx_size] != '\0')
     return "has PTX that is not NUL-terminated at ptx_size";
-  if (!k->entry || !k->entry[0]) return "has no entry point in its launch contract";
-  if (strlen(k->entry) >= sizeof img->meta.entry) return "has an entry point name too long";
-  if (k->grid < FG_EXPORT_GRID_Q_TILES || k->grid > FG_EXPORT_GRID_KV_TILES) {
-    snprintf(why, whylen,
-             "has grid kind %d, which this runtime (flashgen %s) does not know (it knows 1 to %d: "
-             "Q_TILES, HEADS, ROWS, KV_TILES): the table is damaged or from a newer flashgen; "
-             "export it again with flashgen %s",
-             k->grid, fg_version(), FG_EXPORT_GRID_KV_TILES, fg_version());
+  if (!k->steps || k->n_steps < 1 || k->n_steps > FG_PLAN_MAX_STEPS || k->main_step < 0 ||
+      k->main_step >= k->n_steps || k->n_workspaces < 0 ||
+      k->n_workspaces > FG_PLAN_MAX_WORKSPACES || (k->n_workspaces && !k->workspaces))
+    return "has no plan, or a malformed one (steps, main_step or workspaces): the table is "
+           "damaged or from another flashgen; export it again";
+  fg_kernel_meta *m = &img->meta;
+  m->n_steps = k->n_steps;
+  m->main_step = k->main_step;
+  for (int i = 0; i < k->n_steps; i++) {
+    fg_export_step s;
+    fg_read_sized(&s, sizeof s, (const char *)k->steps + (size_t)i * step_size, step_size);
+    if (!s.entry || !s.entry[0] || strlen(s.entry) >= sizeof m->steps[i].entry) {
+      snprintf(why, whylen, "has no entry point in step %d of its plan (or one too long)",
+               i + 1);
+      return why;
+    }
+    if (s.grid < FG_EXPORT_GRID_Q_TILES || s.grid > FG_EXPORT_GRID_KV_TILES) {
+      snprintf(why, whylen,
+               "has grid kind %d, which this runtime (flashgen %s) does not know (it knows 1 to "
+               "%d: Q_TILES, HEADS, ROWS, KV_TILES): the table is damaged or from a newer "
+               "flashgen; export it again with flashgen %s",
+               s.grid, fg_version(), FG_EXPORT_GRID_KV_TILES, fg_version());
+      return why;
+    }
+    snprintf(m->steps[i].entry, sizeof m->steps[i].entry, "%s", s.entry);
+    m->steps[i].grid = (fg_grid_kind)s.grid;
+    m->steps[i].br = s.br;
+    m->steps[i].threads = s.threads;
+    m->steps[i].smem_bytes = s.smem_bytes;
+  }
+  m->n_workspaces = k->n_workspaces;
+  for (int i = 0; i < k->n_workspaces; i++) {
+    fg_export_workspace w;
+    fg_read_sized(&w, sizeof w, (const char *)k->workspaces + (size_t)i * ws_size, ws_size);
+    fg_plan_workspace *o = &m->workspaces[i];
+    if (!w.name || !w.param || strlen(w.name) >= sizeof o->name || strlen(w.param) >= sizeof o->param)
+      return "has a workspace without a name or param (or one too long): the table is damaged, "
+             "export it again";
+    snprintf(o->name, sizeof o->name, "%s", w.name);
+    snprintf(o->param, sizeof o->param, "%s", w.param);
+    o->bytes = w.bytes;
+    o->rows = w.rows;
+    o->deterministic_only = w.deterministic_only != 0;
+  }
+  const char *bad = fg_kernel_meta_invalid(m);
+  if (bad) {
+    snprintf(why, whylen, "has a malformed launch contract: %s; export it again", bad);
     return why;
   }
-  if (k->threads <= 0 || ((k->grid == FG_EXPORT_GRID_Q_TILES || k->grid == FG_EXPORT_GRID_KV_TILES) &&
-                          k->br <= 0) ||
-      k->smem_bytes < 0 || k->workspace_floats_per_row < 0)
-    return "has a malformed launch contract (threads, br, shared memory or workspace)";
-  /* The backward plan and only it has the K/V-tile grid (runtime/backward.c launches it with
-   * <entry>_pre and <entry>_post from the same module; the forward would launch it wrongly). */
-  const int bwd = v.pass == FG_PASS_BWD, kv_tiles = k->grid == FG_EXPORT_GRID_KV_TILES;
+  /* The backward plan and only it has the K/V-tile grid for its main kernel (runtime/backward.c
+   * launches it; the forward would launch it wrongly). */
+  const fg_plan_step *mk = fg_kernel_main(m);
+  const int bwd = v.pass == FG_PASS_BWD, kv_tiles = mk->grid == FG_GRID_KV_TILES;
   if (bwd != kv_tiles) {
     snprintf(why, whylen,
-             "is a %s variant with grid kind %d; a %s variant needs %s: the table is damaged, "
-             "export it again",
-             bwd ? "backward" : "forward", k->grid, bwd ? "backward" : "forward",
+             "is a %s variant whose main kernel has grid kind %d; a %s variant needs %s: the "
+             "table is damaged, export it again",
+             bwd ? "backward" : "forward", (int)mk->grid, bwd ? "backward" : "forward",
              bwd ? "FG_EXPORT_GRID_KV_TILES (4)" : "a forward grid kind (1 to 3)");
     return why;
   }
-  if (kv_tiles && k->br != v.bc) {
+  if (kv_tiles && mk->br != v.bc) {
     snprintf(why, whylen,
              "has br = %d in its launch contract, but its K/V blocks are %d rows (bc in its name): "
              "the table is damaged, export it again",
-             k->br, v.bc);
+             mk->br, v.bc);
     return why;
   }
   snprintf(img->variant, sizeof img->variant, "%s", k->variant);
@@ -108,12 +146,6 @@ static const char *fg_export_convert_kernel(const fg_export_kernel *k, fg_kernel
   img->cubin_size = img->cubin ? k->cubin_size : 0;
   img->ptx = k->ptx && k->ptx_size ? (char *)(uintptr_t)k->ptx : NULL;
   img->ptx_size = img->ptx ? k->ptx_size : 0;
-  snprintf(img->meta.entry, sizeof img->meta.entry, "%s", k->entry);
-  img->meta.threads = k->threads;
-  img->meta.smem_bytes = k->smem_bytes;
-  img->meta.grid = (fg_grid_kind)k->grid;
-  img->meta.br = k->br;
-  img->meta.workspace_floats_per_row = k->workspace_floats_per_row;
   img->meta.regs = k->regs;
   img->meta.spill_store_bytes = k->spill_store_bytes;
   img->meta.spill_load_bytes = k->spill_load_bytes;
@@ -152,6 +184,15 @@ FG_API fg_status fg_register_export(const fg_export *table, char *err, size_t er
   if ((e.n_kernels && (!e.kernels || !e.kernel_size)) || (e.n_choices && (!e.choices || !e.choice_size)))
     return fg_export_fail(err, errlen, desc,
                           "a count is set but its array or its element size is missing");
+  /* Tables written before plans (the kernels' steps and workspaces) have no step size; their
+   * backward kernels' auxiliary launches were implicit. */
+  if (e.n_kernels && (!e.step_size || !e.workspace_desc_size))
+    return fg_export_fail(err, errlen, desc,
+                          "it was written by a flashgen from before kernel plans (its kernels "
+                          "carry no steps and workspaces), which this runtime (flashgen %s) "
+                          "needs: export it again with this flashgen (flashgen export ...) and "
+                          "rebuild",
+                          fg_version());
 
   fg_export_reg *reg = calloc(1, sizeof *reg);
   fg_kernel_image *imgs = e.n_kernels ? calloc(e.n_kernels, sizeof *imgs) : NULL;
@@ -166,7 +207,8 @@ FG_API fg_status fg_register_export(const fg_export *table, char *err, size_t er
     fg_export_kernel k;
     fg_read_sized(&k, sizeof k, (const char *)e.kernels + i * e.kernel_size, e.kernel_size);
     char why[512];
-    const char *bad = fg_export_convert_kernel(&k, &imgs[i], why, sizeof why);
+    const char *bad =
+        fg_export_convert_kernel(&k, e.step_size, e.workspace_desc_size, &imgs[i], why, sizeof why);
     if (bad)
       st = fg_export_fail(err, errlen, desc, "kernel %zu ('%s') %s", i,
                           k.variant ? k.variant : "(null)", bad);

@@ -149,17 +149,16 @@ typedef struct fg_loaded_kernel {
   char name[FG_VARIANT_NAME_MAX]; /* variant or reference name */
   fg_arch arch;                    /* arch of the image */
   CUmodule module;
-  CUfunction fn;
-  CUfunction fn_pre, fn_post;      /* the backward plan's first and last kernels (else NULL) */
+  CUfunction fn[FG_PLAN_MAX_STEPS]; /* the plan's steps (meta.steps), resolved in module */
   fg_kernel_meta meta;
   int from_ptx;                    /* the driver JIT-compiled the PTX (no cubin for this GPU) */
   char source[256];                /* where the binary came from, for fg_explain */
 } fg_loaded_kernel;
 
 /* Loads img into ctx's CUDA context: the cubin, or the PTX when the cubin does not run on this
- * GPU; resolves meta.entry; opts into meta.smem_bytes of dynamic shared memory when above 48 KB.
- * Fails with FG_ERROR_UNSUPPORTED when the launch contract exceeds the device (threads, shared
- * memory). out->source is left empty for the caller. */
+ * GPU; resolves the entry of every step of its plan; opts each into its dynamic shared memory
+ * when above 48 KB. Fails with FG_ERROR_UNSUPPORTED when a step exceeds the device (threads,
+ * shared memory). out->source is left empty for the caller. */
 fg_status fg_kernel_load(fg_context *ctx, const fg_kernel_image *img, fg_loaded_kernel *out);
 void fg_kernel_unload(fg_context *ctx, fg_loaded_kernel *k);
 
@@ -171,8 +170,11 @@ typedef struct fg_launch_elems {
 #define FG_ELEMS_FORWARD ((fg_launch_elems){2, 2, 4})
 #define FG_ELEMS_REFERENCE ((fg_launch_elems){2, 8, 8})
 
-/* The grid of a kernel for a problem (before splitting along y). */
-void fg_launch_grid(const fg_kernel_meta *m, const fg_fwd_params *p, uint64_t grid[3]);
+/* The grid of a plan's step for a problem (before splitting along y). */
+void fg_plan_grid(const fg_plan_step *s, int64_t batch, int64_t heads_q, int64_t heads_kv,
+                  int64_t seqlen_q, int64_t seqlen_k, uint64_t grid[3]);
+/* fg_plan_grid for a forward parameter block. */
+void fg_launch_grid(const fg_plan_step *s, const fg_fwd_params *p, uint64_t grid[3]);
 
 /* Launches k on stream s with p (which it copies). Splits the launch along the batch when
  * batch * heads_q exceeds the device's grid.y limit (adjusting the base addresses of every
@@ -338,10 +340,6 @@ void fg_workspace_free(fg_context *ctx, fg_workspace *w, CUstream s);
 void fg_workspace_pool_destroy(fg_context *ctx);
 
 /* ---- backward (backward.c) ---- */
-/* The backward plan's _pre and _post kernels (templates/bwd.cu: PRE_ROWS, PRE_THREADS): query
- * rows per block and threads per block; backward.c launches them, fg_explain_backward shows them. */
-#define FG_BWD_ROWS_PER_BLOCK 64
-#define FG_BWD_AUX_THREADS 128
 /* Normalised backward arguments: default strides filled in, scale resolved. The checks that
  * need no driver (validate.c). */
 fg_status fg_validate_backward_args(const fg_attention_backward_args *in, fg_validate_mode mode,

@@ -9,24 +9,29 @@
 
 #define FG_GRID_X_LIMIT 2147483647ull
 
-void fg_launch_grid(const fg_kernel_meta *m, const fg_fwd_params *p, uint64_t grid[3]) {
-  const uint64_t bh = (uint64_t)p->batch * (uint64_t)p->heads_q;
+void fg_plan_grid(const fg_plan_step *s, int64_t batch, int64_t heads_q, int64_t heads_kv,
+                  int64_t seqlen_q, int64_t seqlen_k, uint64_t grid[3]) {
+  const uint64_t bh = (uint64_t)batch * (uint64_t)heads_q, br = s->br > 0 ? (uint64_t)s->br : 0;
   grid[0] = grid[1] = grid[2] = 1;
-  switch (m->grid) {
+  switch (s->grid) {
     case FG_GRID_Q_TILES:
-      grid[0] = m->br > 0 ? ((uint64_t)p->seqlen_q + (uint64_t)m->br - 1) / (uint64_t)m->br : 0;
+      grid[0] = br ? ((uint64_t)seqlen_q + br - 1) / br : 0;
       grid[1] = bh;
       break;
     case FG_GRID_HEADS: grid[0] = bh; break;
     case FG_GRID_ROWS:
-      grid[0] = (uint64_t)p->seqlen_q;
+      grid[0] = (uint64_t)seqlen_q;
       grid[1] = bh;
       break;
     case FG_GRID_KV_TILES:
-      grid[0] = m->br > 0 ? ((uint64_t)p->seqlen_k + (uint64_t)m->br - 1) / (uint64_t)m->br : 0;
-      grid[1] = (uint64_t)p->batch * (uint64_t)p->heads_kv;
+      grid[0] = br ? ((uint64_t)seqlen_k + br - 1) / br : 0;
+      grid[1] = (uint64_t)batch * (uint64_t)heads_kv;
       break;
   }
+}
+
+void fg_launch_grid(const fg_plan_step *s, const fg_fwd_params *p, uint64_t grid[3]) {
+  fg_plan_grid(s, p->batch, p->heads_q, p->heads_kv, p->seqlen_q, p->seqlen_k, grid);
 }
 
 /* Launches with the context already current. */
@@ -34,8 +39,15 @@ static fg_status fg_launch_current(fg_context *ctx, const fg_loaded_kernel *k,
                                    const fg_fwd_params *p, fg_launch_elems el, CUstream s) {
   const fg_kernel_meta *m = &k->meta;
   if (p->batch <= 0 || p->heads_q <= 0 || p->seqlen_q <= 0) return FG_OK;
+  /* A forward plan is one kernel; its workspaces (kv_outer: O, m and l in fp32) are passed in
+   * p->workspace, one after the other (templates/fwd.lua). */
+  if (m->n_steps != 1)
+    return fg_fail(ctx, FG_ERROR_INTERNAL,
+                   "kernel %s has a plan of %d steps; a forward plan has one (rebuild it)",
+                   k->name, m->n_steps);
+  const fg_plan_step *sp = &m->steps[0];
   const uint64_t bh_limit =
-      m->grid == FG_GRID_HEADS ? FG_GRID_X_LIMIT : (uint64_t)ctx->limits.max_grid_y;
+      sp->grid == FG_GRID_HEADS ? FG_GRID_X_LIMIT : (uint64_t)ctx->limits.max_grid_y;
   if ((uint64_t)p->heads_q > bh_limit)
     return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
                    "heads_q = %lld is more than the grid allows (%" PRIu64 ") for kernel %s",
@@ -43,7 +55,7 @@ static fg_status fg_launch_current(fg_context *ctx, const fg_loaded_kernel *k,
   const int64_t chunk = (int64_t)(bh_limit / (uint64_t)p->heads_q); /* batches per launch */
   {
     uint64_t g[3];
-    fg_launch_grid(m, p, g);
+    fg_launch_grid(sp, p, g);
     if (g[0] > FG_GRID_X_LIMIT)
       return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
                      "seqlen_q = %lld needs %" PRIu64 " blocks along x for kernel %s; the grid "
@@ -51,18 +63,24 @@ static fg_status fg_launch_current(fg_context *ctx, const fg_loaded_kernel *k,
                      p->seqlen_q, g[0], k->name, FG_GRID_X_LIMIT);
   }
 
-  /* Workspace: fp32 per (batch, head, query row), stream-ordered. */
+  /* Workspace: what the plan declares per (batch, head, query row), stream-ordered. A forward
+   * workspace is one block per batch: batch b's part starts at b * bytes / batch. */
   fg_workspace own = {0, 0};
-  const int64_t rows = p->batch * p->heads_q * p->seqlen_q; /* < 2^63 / 8: checked by validation */
-  if (m->workspace_floats_per_row > 0 && p->workspace == 0) {
-    int64_t bytes;
-    if (__builtin_mul_overflow(rows, (int64_t)m->workspace_floats_per_row * 4, &bytes))
-      return fg_fail(ctx, FG_ERROR_UNSUPPORTED, "the workspace of kernel %s would exceed 2^63 B",
-                     k->name);
+  uint64_t ws_bytes = 0;
+  if (fg_plan_workspace_bytes(m, p->batch, p->heads_q, p->seqlen_q, 0, &ws_bytes, NULL) ||
+      ws_bytes > (uint64_t)INT64_MAX)
+    return fg_fail(ctx, FG_ERROR_UNSUPPORTED, "the workspace of kernel %s would exceed 2^63 B",
+                   k->name);
+  if (m->n_workspaces > 1)
+    return fg_fail(ctx, FG_ERROR_INTERNAL,
+                   "kernel %s declares %d workspaces; a forward kernel takes one (rebuild it)",
+                   k->name, m->n_workspaces);
+  const uint64_t ws_per_batch = ws_bytes / (uint64_t)p->batch;
+  if (ws_bytes > 0 && p->workspace == 0) {
     char what[FG_VARIANT_NAME_MAX + 64];
-    snprintf(what, sizeof what, "kernel %s (%d floats per query row)", k->name,
-             m->workspace_floats_per_row);
-    fg_status st = fg_workspace_alloc(ctx, (size_t)bytes, s, what, &own);
+    snprintf(what, sizeof what, "kernel %s (%s, %d B per query row)", k->name,
+             m->workspaces[0].name, m->workspaces[0].bytes);
+    fg_status st = fg_workspace_alloc(ctx, (size_t)ws_bytes, s, what, &own);
     if (st != FG_OK) return st;
   }
   const CUdeviceptr ws = own.ptr;
@@ -81,13 +99,12 @@ static fg_status fg_launch_current(fg_context *ctx, const fg_loaded_kernel *k,
     }
     if (ws) c.workspace = ws;
     if (c.workspace && b0 > 0)
-      c.workspace += (unsigned long long)(b0 * p->heads_q * p->seqlen_q *
-                                          (int64_t)m->workspace_floats_per_row * 4);
+      c.workspace += (unsigned long long)((uint64_t)b0 * ws_per_batch);
     uint64_t g[3];
-    fg_launch_grid(m, &c, g);
+    fg_launch_grid(sp, &c, g);
     void *params[] = {&c};
-    CUresult r = fg_cu.cuLaunchKernel(k->fn, (unsigned)g[0], (unsigned)g[1], (unsigned)g[2],
-                                      (unsigned)m->threads, 1, 1, (unsigned)m->smem_bytes, s,
+    CUresult r = fg_cu.cuLaunchKernel(k->fn[0], (unsigned)g[0], (unsigned)g[1], (unsigned)g[2],
+                                      (unsigned)sp->threads, 1, 1, (unsigned)sp->smem_bytes, s,
                                       params, NULL);
     if (r != FG_CUDA_SUCCESS) {
       char d[512];
@@ -95,7 +112,7 @@ static fg_status fg_launch_current(fg_context *ctx, const fg_loaded_kernel *k,
       st = fg_fail(ctx, fg_cuda_status(r),
                    "launching kernel %s (grid %" PRIu64 " x %" PRIu64 " x %" PRIu64
                    ", %d threads, %d B dynamic shared memory): %s",
-                   k->name, g[0], g[1], g[2], m->threads, m->smem_bytes, d);
+                   k->name, g[0], g[1], g[2], sp->threads, sp->smem_bytes, d);
       break;
     }
   }

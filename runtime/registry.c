@@ -65,9 +65,10 @@ fg_status fg_register_exported(const fg_exported_table *t, char *err, size_t err
     else if (fg_variant_parse(k->variant, &v, perr, sizeof perr) != 0) why = perr;
     else if ((!k->cubin || !k->cubin_size) && (!k->ptx || !k->ptx_size))
       why = "has neither cubin nor PTX";
-    else if (!k->meta.entry[0]) why = "has no entry point in its launch contract";
-    else if (k->meta.threads <= 0 || k->meta.grid < FG_GRID_Q_TILES || k->meta.grid > FG_GRID_KV_TILES)
-      why = "has a malformed launch contract (threads or grid)";
+    else if ((why = fg_kernel_meta_invalid(&k->meta)) != NULL) {
+      snprintf(perr, sizeof perr, "has a malformed launch contract: %s", why);
+      why = perr;
+    }
     if (why) {
       if (err) snprintf(err, errlen, "exported table '%s': kernel %zu ('%s') %s",
                         t->description ? t->description : "", i, k->variant, why);
@@ -251,6 +252,61 @@ void fg_exported_summary(const fg_context *ctx, char *buf, size_t len) {
 
 /* ------------------------------------------------------------------------------------------ */
 /* Loading an image into the driver. */
+/* Resolves step i of img's plan in mod into out->fn[i]: opts it into its dynamic shared memory,
+ * checks what the compiled function needs (static shared memory, registers against its
+ * threads), and records the main step's registers when ptxas's are unknown. ctx is current. */
+static fg_status fg_step_load(fg_context *ctx, const fg_kernel_image *img, CUmodule mod, int i,
+                              fg_loaded_kernel *out) {
+  const fg_plan_step *s = &img->meta.steps[i];
+  const fg_rt_limits *lim = &ctx->limits;
+  CUfunction fn = NULL;
+  char d[512];
+  CUresult r = fg_cu.cuModuleGetFunction(&fn, mod, s->entry);
+  if (r != FG_CUDA_SUCCESS)
+    return fg_fail(ctx, FG_ERROR_INTERNAL,
+                   "kernel %s: entry point '%s' (step %d of its plan) not found in its module: %s "
+                   "(rebuild or re-export it)",
+                   img->variant, s->entry, i + 1,
+                   fg_cuda_describe(d, sizeof d, "cuModuleGetFunction", r));
+  if (s->smem_bytes > FG_SMEM_DEFAULT_LIMIT) {
+    r = fg_cu.cuFuncSetAttribute(fn, FG_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                 s->smem_bytes);
+    if (r != FG_CUDA_SUCCESS)
+      return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                     "kernel %s: opting %s into %d B of dynamic shared memory failed on %s: %s",
+                     img->variant, s->entry, s->smem_bytes, lim->name,
+                     fg_cuda_describe(d, sizeof d, "cuFuncSetAttribute", r));
+  }
+  /* Prefer the largest shared-memory carveout: the kernels are shared-memory tiled, and a
+   * carveout sized for one block keeps a second from sharing the SM. A hint; failure is harmless. */
+  if (s->smem_bytes > 0)
+    (void)fg_cu.cuFuncSetAttribute(fn, FG_CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100);
+  /* What the compiled function really needs: static shared memory and registers. */
+  int static_smem = 0, max_threads = 0, regs = 0;
+  if (fg_cu.cuFuncGetAttribute(&static_smem, FG_CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn) ==
+          FG_CUDA_SUCCESS &&
+      static_smem + s->smem_bytes > lim->smem_optin_per_block)
+    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                   "kernel %s (%s) needs %d B of static plus %d B of dynamic shared memory per "
+                   "block; %s allows %d B",
+                   img->variant, s->entry, static_smem, s->smem_bytes, lim->name,
+                   lim->smem_optin_per_block);
+  if (fg_cu.cuFuncGetAttribute(&max_threads, FG_CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn) ==
+          FG_CUDA_SUCCESS &&
+      max_threads < s->threads) {
+    fg_cu.cuFuncGetAttribute(&regs, FG_CU_FUNC_ATTRIBUTE_NUM_REGS, fn);
+    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                   "kernel %s (%s) uses %d registers per thread, so %s can run at most %d threads "
+                   "per block, and it needs %d",
+                   img->variant, s->entry, regs, lim->name, max_threads, s->threads);
+  }
+  if (i == img->meta.main_step && out->meta.regs < 0 &&
+      fg_cu.cuFuncGetAttribute(&regs, FG_CU_FUNC_ATTRIBUTE_NUM_REGS, fn) == FG_CUDA_SUCCESS)
+    out->meta.regs = regs;
+  out->fn[i] = fn;
+  return FG_OK;
+}
+
 fg_status fg_kernel_load(fg_context *ctx, const fg_kernel_image *img, fg_loaded_kernel *out) {
   memset(out, 0, sizeof *out);
   snprintf(out->name, sizeof out->name, "%s", img->variant);
@@ -258,22 +314,23 @@ fg_status fg_kernel_load(fg_context *ctx, const fg_kernel_image *img, fg_loaded_
   out->meta = img->meta;
   const fg_kernel_meta *m = &img->meta;
   const fg_rt_limits *lim = &ctx->limits;
-  if (!m->entry[0] || m->grid < FG_GRID_Q_TILES || m->grid > FG_GRID_KV_TILES ||
-      (m->grid == FG_GRID_Q_TILES && m->br <= 0) || m->workspace_floats_per_row < 0 ||
-      m->smem_bytes < 0)
+  const char *bad = fg_kernel_meta_invalid(m);
+  if (bad)
     return fg_fail(ctx, FG_ERROR_INTERNAL,
-                   "kernel %s has a malformed launch contract (entry '%s', grid %d, br %d, "
-                   "shared memory %d B, workspace %d floats per row)",
-                   img->variant, m->entry, (int)m->grid, m->br, m->smem_bytes,
-                   m->workspace_floats_per_row);
-  if (m->threads <= 0 || m->threads > lim->max_threads_per_block)
-    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
-                   "kernel %s needs %d threads per block; %s allows %d", img->variant, m->threads,
-                   lim->name, lim->max_threads_per_block);
-  if (m->smem_bytes > lim->smem_optin_per_block)
-    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
-                   "kernel %s needs %d B of shared memory per block; %s allows %d B per block",
-                   img->variant, m->smem_bytes, lim->name, lim->smem_optin_per_block);
+                   "kernel %s has a malformed launch contract: %s (rebuild or re-export it)",
+                   img->variant, bad);
+  for (int i = 0; i < m->n_steps; i++) {
+    const fg_plan_step *s = &m->steps[i];
+    if (s->threads > lim->max_threads_per_block)
+      return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                     "kernel %s needs %d threads per block (%s); %s allows %d", img->variant,
+                     s->threads, s->entry, lim->name, lim->max_threads_per_block);
+    if (s->smem_bytes > lim->smem_optin_per_block)
+      return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                     "kernel %s needs %d B of shared memory per block (%s); %s allows %d B per "
+                     "block",
+                     img->variant, s->smem_bytes, s->entry, lim->name, lim->smem_optin_per_block);
+  }
   int compat = fg_arch_compat(img->arch, lim->cc_major, lim->cc_minor);
   int has_cubin = img->cubin && img->cubin_size, has_ptx = img->ptx && img->ptx_size;
   if (!has_cubin && !has_ptx)
@@ -311,81 +368,17 @@ fg_status fg_kernel_load(fg_context *ctx, const fg_kernel_image *img, fg_loaded_
                    img->variant, fg_arch_name(img->arch), lim->name, lim->cc_major, lim->cc_minor,
                    d1, d2, jitlog[0] ? "; JIT log: " : "", jitlog);
   }
-  CUfunction fn = NULL;
-  r = fg_cu.cuModuleGetFunction(&fn, mod, m->entry);
-  if (r != FG_CUDA_SUCCESS) {
-    fg_cu.cuModuleUnload(mod);
-    fg_ctx_pop(ctx);
-    char d[512];
-    return fg_fail(ctx, FG_ERROR_INTERNAL,
-                   "kernel %s: entry point '%s' not found in its module: %s", img->variant,
-                   m->entry, fg_cuda_describe(d, sizeof d, "cuModuleGetFunction", r));
-  }
-  if (m->smem_bytes > FG_SMEM_DEFAULT_LIMIT) {
-    r = fg_cu.cuFuncSetAttribute(fn, FG_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                 m->smem_bytes);
-    if (r != FG_CUDA_SUCCESS) {
+  /* Every step of the plan lives in the one module (templates/fwd.lua, bwd.lua: launch). */
+  for (int i = 0; i < m->n_steps; i++) {
+    st = fg_step_load(ctx, img, mod, i, out);
+    if (st != FG_OK) {
       fg_cu.cuModuleUnload(mod);
       fg_ctx_pop(ctx);
-      char d[512];
-      return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
-                     "kernel %s: opting into %d B of dynamic shared memory failed on %s: %s",
-                     img->variant, m->smem_bytes, lim->name,
-                     fg_cuda_describe(d, sizeof d, "cuFuncSetAttribute", r));
-    }
-  }
-  /* Prefer the largest shared-memory carveout: the kernels are shared-memory tiled, and a
-   * carveout sized for one block keeps a second from sharing the SM. A hint; failure is harmless. */
-  if (m->smem_bytes > 0)
-    (void)fg_cu.cuFuncSetAttribute(fn, FG_CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100);
-  /* What the compiled function really needs: static shared memory and registers. */
-  int static_smem = 0, max_threads = 0, regs = 0;
-  if (fg_cu.cuFuncGetAttribute(&static_smem, FG_CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn) ==
-          FG_CUDA_SUCCESS &&
-      static_smem + m->smem_bytes > lim->smem_optin_per_block) {
-    fg_cu.cuModuleUnload(mod);
-    fg_ctx_pop(ctx);
-    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
-                   "kernel %s needs %d B of static plus %d B of dynamic shared memory per block; "
-                   "%s allows %d B",
-                   img->variant, static_smem, m->smem_bytes, lim->name, lim->smem_optin_per_block);
-  }
-  if (fg_cu.cuFuncGetAttribute(&max_threads, FG_CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn) ==
-          FG_CUDA_SUCCESS &&
-      max_threads < m->threads) {
-    fg_cu.cuFuncGetAttribute(&regs, FG_CU_FUNC_ATTRIBUTE_NUM_REGS, fn);
-    fg_cu.cuModuleUnload(mod);
-    fg_ctx_pop(ctx);
-    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
-                   "kernel %s uses %d registers per thread, so %s can run at most %d threads "
-                   "per block, and it needs %d",
-                   img->variant, regs, lim->name, max_threads, m->threads);
-  }
-  if (out->meta.regs < 0 &&
-      fg_cu.cuFuncGetAttribute(&regs, FG_CU_FUNC_ATTRIBUTE_NUM_REGS, fn) == FG_CUDA_SUCCESS)
-    out->meta.regs = regs;
-  /* The backward plan's other kernels live in the same module (templates/bwd.lua). */
-  out->fn_pre = out->fn_post = NULL;
-  if (m->grid == FG_GRID_KV_TILES) {
-    static const char *const suffix[2] = {"_pre", "_post"};
-    CUfunction *slot[2] = {&out->fn_pre, &out->fn_post};
-    for (int i = 0; i < 2; i++) {
-      char entry[sizeof m->entry + 8];
-      snprintf(entry, sizeof entry, "%s%s", m->entry, suffix[i]);
-      r = fg_cu.cuModuleGetFunction(slot[i], mod, entry);
-      if (r != FG_CUDA_SUCCESS) {
-        fg_cu.cuModuleUnload(mod);
-        fg_ctx_pop(ctx);
-        char d[512];
-        return fg_fail(ctx, FG_ERROR_INTERNAL,
-                       "kernel %s: entry point '%s' of its plan not found in its module: %s",
-                       img->variant, entry, fg_cuda_describe(d, sizeof d, "cuModuleGetFunction", r));
-      }
+      return st;
     }
   }
   fg_ctx_pop(ctx);
   out->module = mod;
-  out->fn = fn;
   return FG_OK;
 }
 
@@ -396,7 +389,7 @@ void fg_kernel_unload(fg_context *ctx, fg_loaded_kernel *k) {
     fg_ctx_pop(ctx);
   }
   k->module = NULL;
-  k->fn = NULL;
+  memset(k->fn, 0, sizeof k->fn);
 }
 
 /* ------------------------------------------------------------------------------------------ */

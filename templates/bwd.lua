@@ -1,12 +1,9 @@
--- bwd.lua: the backward template's plan, launch contracts and resource formulas (bwd.cu). The
--- fit rule and the renderer read only this file for backward variants, so a change to the
--- template's shared-memory layout is made here, next to the template, and nowhere else.
+-- bwd.lua: the backward templates' plan, launch contracts and resource formulas (bwd.cu: mma.sync;
+-- bwd_wgmma.cu: sm_90a). The fit rule and the renderer read only this file for backward variants, so a
+-- change to a template's shared-memory layout is made here, next to the template, and nowhere else.
 --
--- The plan (runtime/backward.c launches it in order on the caller's stream):
---   <entry>_pre   grid (ceil(Nq / 64), B * Hq), 128 threads: D = rowsum(dO * O), dQ accumulator := 0
---   <entry>       grid (ceil(Nk / Bc), B * Hkv): the main kernel below
---   <entry>_post  grid (ceil(Nq / 64), B * Hq), 128 threads: dQ = scale * accumulator
--- Workspace: d + 1 floats per (batch, query head, query row): the fp32 dQ accumulator and D.
+-- The plan is launch(v) below; runtime/backward.c launches its steps in order on the caller's
+-- stream, and sizes the workspaces from it.
 local M = {}
 
 local function round_up(x, m) return (x + m - 1) // m * m end
@@ -123,12 +120,43 @@ end
 
 function M.entry(v) return "fg_" .. v.name end
 
--- The main kernel's launch contract (core/fg_kernel.h). grid "kv_tiles": (ceil(Nk / br),
--- B * Hkv), so br here is the variant's Bc. The _pre and _post kernels are fixed by the plan.
+-- The plan's auxiliary kernels (bwd.cu renders PRE_ROWS, PRE_THREADS and SEM_ROWS from these,
+-- through launch(v).constants): query rows and threads per block of _pre and _post, and query
+-- rows per semaphore of deterministic mode.
+local AUX_ROWS, AUX_THREADS, SEM_ROWS = 64, 128, 16
+
+-- The plan (core/fg_kernel.h), run in order with one fg_bwd_params:
+--   <entry>_pre   grid q_tiles (ceil(Nq / 64), B * Hq), 128 threads: D = rowsum(dO * O), the dQ
+--                 accumulator := 0 (and the semaphores, deterministic)
+--   <entry>       grid kv_tiles (ceil(Nk / Bc), B * Hkv): the main kernel (br holds Bc)
+--   <entry>_post  grid q_tiles, 128 threads: dQ = scale * accumulator
+-- Workspaces, per (batch, query head), one after the other: the fp32 dQ accumulator (d floats per
+-- query row, at p.workspace), D (1 float per row, p.dsum) and in deterministic mode a 4-byte
+-- semaphore per 16 query rows (p.sem).
+--
+-- The plan of a backward template whose main kernel takes `threads` and `smem` (another
+-- backward template returns its own through this, with its own main kernel).
+local function plan(v, template, threads, smem)
+  local e = M.entry(v)
+  return {
+    template = template, main = 2,
+    steps = {
+      { entry = e .. "_pre", grid = "q_tiles", br = AUX_ROWS, threads = AUX_THREADS, smem = 0 },
+      { entry = e, grid = "kv_tiles", br = v.bc, threads = threads, smem = smem },
+      { entry = e .. "_post", grid = "q_tiles", br = AUX_ROWS, threads = AUX_THREADS, smem = 0 },
+    },
+    workspaces = {
+      { name = "dq_accum", param = "workspace", bytes = 4 * v.d, rows = 1 },
+      { name = "dsum", param = "dsum", bytes = 4, rows = 1 },
+      { name = "semaphores", param = "sem", bytes = 4, rows = SEM_ROWS, deterministic = true },
+    },
+    constants = { pre_rows = AUX_ROWS, pre_threads = AUX_THREADS, sem_rows = SEM_ROWS },
+  }
+end
+
 function M.launch(v)
   local r = M.resources(v)
-  return { template = wgmma_loop(v) and "bwd_wgmma.cu" or "bwd.cu", entry = M.entry(v), threads = r.threads, smem = r.smem,
-           grid = "kv_tiles", br = v.bc, workspace = v.d + 1 }
+  return plan(v, wgmma_loop(v) and "bwd_wgmma.cu" or "bwd.cu", r.threads, r.smem)
 end
 
 function M.q_in_regs(v) return false end

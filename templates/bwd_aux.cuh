@@ -5,7 +5,11 @@
 // Included after the template's constants (D, CHUNKS, BF16, BR, CAUSAL, THREADS) with
 // {% include("bwd_aux.cuh") %}.
 namespace {
-constexpr int PRE_ROWS = 64, PRE_THREADS = 128;  // rows per block of the _pre and _post kernels
+// From the plan (bwd.lua, launch(v).constants): query rows and threads per block of the _pre
+// and _post kernels, and query rows per semaphore of deterministic mode.
+constexpr int PRE_ROWS = {{ pre_rows }}, PRE_THREADS = {{ pre_threads }}, SEM_ROWS = {{ sem_rows }};
+static_assert(BR % SEM_ROWS == 0 && PRE_ROWS % SEM_ROWS == 0 && PRE_ROWS / SEM_ROWS <= PRE_THREADS,
+              "a semaphore covers whole query blocks, and _pre zeroes its rows' semaphores");
 constexpr float LOG2E = 1.4426950408889634f;
 
 FG_DEV void ld_global_v4(const void *g, u32 &a, u32 &b, u32 &c, u32 &d) {
@@ -56,9 +60,9 @@ FG_DEV float warp_sum(float x) {
 // The fp32 workspace: the dQ accumulator, then D.
 FG_DEV float *dq_acc(const fg_bwd_params &p) { return (float *)p.workspace; }
 FG_DEV float *d_sum(const fg_bwd_params &p) { return (float *)p.dsum; }
-// Deterministic mode: one semaphore per 16 query rows of each (batch, query head); the one of the
-// tile's first row counts the key blocks that have added their part of that dQ tile.
-FG_DEV i64 sems_per_head(const fg_bwd_params &p) { return (p.seqlen_q + 15) / 16; }
+// Deterministic mode: one semaphore per SEM_ROWS query rows of each (batch, query head); the one
+// of the tile's first row counts the key blocks that have added their part of that dQ tile.
+FG_DEV i64 sems_per_head(const fg_bwd_params &p) { return (p.seqlen_q + SEM_ROWS - 1) / SEM_ROWS; }
 FG_DEV u32 ld_acquire(const u32 *a) {
   u32 v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
@@ -103,7 +107,7 @@ FG_DEV void load_lse_d(float *sl, const fg_bwd_params &p, u32 b, i64 h, i64 q0, 
 // walk the same tiles in the same order, and a block earlier in x sees at least the tiles of a
 // later one); after, it passes the tile on. Both are called by every thread of the block.
 FG_DEV u32 *dq_sem(const fg_bwd_params &p, u32 b, i64 h, i64 q0) {
-  return (u32 *)p.sem + ((i64)b * p.heads_q + h) * sems_per_head(p) + q0 / 16;
+  return (u32 *)p.sem + ((i64)b * p.heads_q + h) * sems_per_head(p) + q0 / SEM_ROWS;
 }
 FG_DEV void dq_sem_wait(const fg_bwd_params &p, u32 *sem, int tid) {
   if (p.deterministic) {
@@ -145,8 +149,8 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_pre(const 
     float *acc_row = dq_acc(p) + row * D;
     for (int c = lane; c < D / 4; c += 32) st_global_v4(acc_row + c * 4, 0u, 0u, 0u, 0u);
   }
-  if (p.deterministic && threadIdx.x < PRE_ROWS / 16) {  // this block's rows' semaphores
-    const i64 s = (i64)blockIdx.x * (PRE_ROWS / 16) + threadIdx.x;
+  if (p.deterministic && threadIdx.x < PRE_ROWS / SEM_ROWS) {  // this block's rows' semaphores
+    const i64 s = (i64)blockIdx.x * (PRE_ROWS / SEM_ROWS) + threadIdx.x;
     if (s < sems_per_head(p)) ((u32 *)p.sem)[(i64)bh * sems_per_head(p) + s] = 0u;
   }
 }

@@ -141,25 +141,31 @@ end
 
 function M.entry(v) return "fg_" .. v.name end
 
--- The launch contract (core/fg_kernel.h).
+-- The launch contract (core/fg_kernel.h): a plan of one step. kv_outer keeps its running O, m
+-- and l in fp32 between K/V blocks: d + 2 floats per (batch, query head, query row), at
+-- p.workspace.
+local function one_step(template, entry, grid, br, threads, smem, workspaces)
+  return { template = template, main = 1, workspaces = workspaces,
+           steps = { { entry = entry, grid = grid, br = br, threads = threads, smem = smem } } }
+end
+
 function M.launch(v)
   local r = M.resources(v)
   if v.loop == "q_outer" then
-    return { template = "fwd_q_outer.cu", entry = M.entry(v), threads = r.threads,
-             smem = r.smem, grid = "q_tiles", br = v.br, workspace = 0 }
+    return one_step("fwd_q_outer.cu", M.entry(v), "q_tiles", v.br, r.threads, r.smem)
   elseif wgmma_loop(v) then
-    return { template = "fwd_wgmma.cu", entry = M.entry(v), threads = r.threads,
-             smem = r.smem, grid = "q_tiles", br = v.br, workspace = 0 }
+    return one_step("fwd_wgmma.cu", M.entry(v), "q_tiles", v.br, r.threads, r.smem)
   else
-    return { template = "fwd_kv_outer.cu", entry = M.entry(v), threads = r.threads,
-             smem = r.smem, grid = "heads", br = v.br, workspace = v.d + 2 }
+    return one_step("fwd_kv_outer.cu", M.entry(v), "heads", v.br, r.threads, r.smem,
+                    { { name = "o_m_l", param = "workspace", bytes = 4 * (v.d + 2), rows = 1 } })
   end
 end
 
 function M.reference(dtype, exact)
   local name = "ref_" .. (exact and "f64" or "lowp") .. "_" .. dtype
-  return { template = "reference.cu", entry = "fg_" .. name, name = name, threads = 256,
-           smem = 0, grid = "rows", br = 1, workspace = 0 }
+  local t = one_step("reference.cu", "fg_" .. name, "rows", 1, 256, 0)
+  t.name = name
+  return t
 end
 
 return M

@@ -19,6 +19,7 @@
 #include "fg_autotune.h"
 #include "fg_cache.h"
 #include "fg_jit.h"
+#include "support_plan.h"
 
 /* ---- problems ---------------------------------------------------------------------------- */
 
@@ -867,21 +868,13 @@ Test(explain_backward, exported_choice_nearest_bucket_and_plan, .init = fake_dri
   k[0].arch = FG_ARCH_SM90A;
   k[0].cubin = cubin;
   k[0].cubin_size = sizeof cubin;
-  snprintf(k[0].meta.entry, sizeof k[0].meta.entry, "fg_%s", BWD_CHOICE);
-  k[0].meta.threads = 256;
-  k[0].meta.smem_bytes = 99840;
-  k[0].meta.grid = FG_GRID_KV_TILES;
-  k[0].meta.br = 64; /* the plan's main kernel: Bc */
-  k[0].meta.workspace_floats_per_row = 129;
+  test_backward_plan(&k[0].meta, BWD_CHOICE, 128, 64, 256, 99840); /* Bc 64 */
   k[0].meta.regs = 168;
   k[0].meta.spill_load_bytes = k[0].meta.spill_store_bytes = k[0].meta.stack_bytes = 0;
   /* A forward kernel of the same (d, dtype, causal): it never serves the backward. */
   k[1] = k[0];
   snprintf(k[1].variant, sizeof k[1].variant, FWD_OTHER);
-  snprintf(k[1].meta.entry, sizeof k[1].meta.entry, "fg_%s", FWD_OTHER);
-  k[1].meta.grid = FG_GRID_Q_TILES;
-  k[1].meta.br = 128;
-  k[1].meta.workspace_floats_per_row = 0;
+  fg_kernel_meta_single(&k[1].meta, "fg_" FWD_OTHER, FG_GRID_Q_TILES, 128, 256, 99840);
   static const fg_exported_choice choices[] = {{"bwd_d128_bf16_causal_nk4096", BWD_CHOICE},
                                                {"fwd_d128_bf16_causal_nk4096", FWD_OTHER}};
   static fg_exported_table tab;
@@ -909,16 +902,15 @@ Test(explain_backward, exported_choice_nearest_bucket_and_plan, .init = fake_dri
   /* The plan: 4096 rows / 64 = 64 row blocks; B * Hq = 32; 4096 / Bc 64 = 64 K/V blocks on
    * B * Hkv = 8; workspace 2 * 16 * 4096 * 129 * 4 B = 64.5 MiB. */
   cr_assert(strstr(buf, "plan: 3 kernels in order on the stream"), "%s", buf);
-  cr_assert(strstr(buf, "1. " BWD_CHOICE "_pre: D = rowsum(dO * O)") &&
-                strstr(buf, "grid (64, 32) x 128 threads"),
+  cr_assert(strstr(buf, "1. fg_" BWD_CHOICE "_pre: grid q_tiles (64, 32) x 128 threads\n"), "%s",
+            buf);
+  cr_assert(strstr(buf, "2. fg_" BWD_CHOICE ": grid kv_tiles (64, 8) x 256 threads, 99840 B "
+                        "dynamic shared memory, 168 registers per thread\n"),
             "%s", buf);
-  cr_assert(strstr(buf, "2. " BWD_CHOICE ": K/V blocks of 64 outer") &&
-                strstr(buf, "grid (64, 8) x 256 threads, 99840 B dynamic shared memory, 168 "
-                            "registers per thread"),
-            "%s", buf);
-  cr_assert(strstr(buf, "3. " BWD_CHOICE "_post: dQ = scale * accumulator, converted to bf16"),
-            "%s", buf);
-  cr_assert(strstr(buf, "workspace: 64.5 MiB fp32") && strstr(buf, "allocated on the stream"),
+  cr_assert(strstr(buf, "3. fg_" BWD_CHOICE "_post: grid q_tiles (64, 32) x 128 threads\n"), "%s",
+            buf);
+  cr_assert(strstr(buf, "workspace: 64.5 MiB (dq_accum, dsum)") &&
+                strstr(buf, "allocated on the stream"),
             "%s", buf);
   /* The caller's workspace is named as such. */
   static _Alignas(16) unsigned char ws[16];
@@ -1052,12 +1044,7 @@ static void fill_cache(void) {
   img.cubin_size = sizeof cubin;
   img.ptx = ptx;
   img.ptx_size = sizeof ptx - 1;
-  snprintf(img.meta.entry, sizeof img.meta.entry, "fg_fwd");
-  img.meta.threads = 128;
-  img.meta.smem_bytes = 1024;
-  img.meta.grid = FG_GRID_Q_TILES;
-  img.meta.br = 128;
-  img.meta.regs = img.meta.spill_load_bytes = img.meta.spill_store_bytes = img.meta.stack_bytes = -1;
+  fg_kernel_meta_single(&img.meta, "fg_fwd", FG_GRID_Q_TILES, 128, 128, 1024);
   fg_cache_key key = {img.variant, FG_ARCH_SM90A, 13000, 0x1234, "0.1.0"};
   cr_assert_eq(fg_cache_put_kernel(c, &key, &img, warn, sizeof warn), 0, "%s", warn);
   fg_device_id dev = {"NVIDIA H100 80GB HBM3", 9, 0, 132, 13000};

@@ -16,6 +16,7 @@
 
 #include "fg_params.h"
 #include "fg_runtime_internal.h"
+#include "support_plan.h"
 
 /* ---- fg_validate_backward_args -------------------------------------------------------------- */
 
@@ -446,17 +447,18 @@ static void (*fake_mem_counts)(int *, int *, size_t *);
 static void (*fake_async_counts)(int *, int *, void **);
 static fg_context *ctx;
 
-/* Backward kernels for the fake H100 (sm_90a): d 32, 64, 128 x f16, bf16 x causal or not, the
- * built-in rule's variants, as if exported. The cubin is never looked at. */
-#define N_IMAGES 12
+/* Backward kernels for the fake H100 (sm_90a): d 32, 64, 128, 256 x f16, bf16 x causal or not,
+ * the built-in rule's variants with templates/bwd.lua's plan, as if exported. The cubin is never
+ * looked at. */
+#define N_IMAGES 16
 static fg_kernel_image images[N_IMAGES];
 static const unsigned char fake_cubin[16] = {0x7f, 'E', 'L', 'F'};
 static fg_exported_table table;
 
 static void register_backward_kernels(void) {
-  static const int ds[3] = {32, 64, 128};
+  static const int ds[4] = {32, 64, 128, 256};
   int n = 0;
-  for (int di = 0; di < 3; di++)
+  for (int di = 0; di < 4; di++)
     for (int t = 1; t <= 2; t++)
       for (int c = 0; c < 2; c++) {
         const fg_variant v = fg_builtin_backward_variant(ds[di], (fg_dtype)t, c, FG_ARCH_SM90A);
@@ -468,13 +470,10 @@ static void register_backward_kernels(void) {
         k->arch = FG_ARCH_SM90A;
         k->cubin = (unsigned char *)fake_cubin;
         k->cubin_size = sizeof fake_cubin;
-        cr_assert_lt(snprintf(k->meta.entry, sizeof k->meta.entry, "fg_%s", name),
-                     (int)sizeof k->meta.entry, "the entry of %s is too long", name);
-        k->meta.threads = v.warps * 32;
-        k->meta.smem_bytes = 70000 + ds[di]; /* something to recognise */
-        k->meta.grid = FG_GRID_KV_TILES;
-        k->meta.br = v.bc; /* the backward's meta.br holds Bc */
-        k->meta.workspace_floats_per_row = ds[di] + 1;
+        cr_assert_lt(strlen(name) + 8, sizeof k->meta.steps[0].entry, "the entry of %s is too long",
+                     name);
+        /* smem: something to recognise */
+        test_backward_plan(&k->meta, name, ds[di], v.bc, v.warps * 32, 70000 + ds[di]);
         k->meta.regs = k->meta.spill_load_bytes = k->meta.spill_store_bytes = -1;
         k->meta.stack_bytes = -1;
       }
@@ -891,4 +890,91 @@ Test(backward_launch, deterministic_semaphores_follow_d, .init = fake_setup,
   cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_ERROR_INVALID_ARGUMENT);
   cr_assert(strstr(fg_context_last_error(ctx), "args->workspace_size"), "%s",
             fg_context_last_error(ctx));
+}
+
+/* The runtime runs the kernel's plan as data: another plan (auxiliary kernels of 32 rows and 64
+ * threads, shared memory for the last, semaphores per 32 rows, and then two steps only) changes
+ * the launches, the workspace size and the workspaces' places, with no constant of its own. */
+Test(backward_launch, the_plan_is_data, .init = fake_setup, .fini = fake_teardown) {
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_BF16, 0, 2, 4, 2, 100, 130, 64);
+  char pre[128], mn[128], post[128];
+  fg_variant v;
+  entries(&a, pre, mn, post, &v);
+  fg_kernel_meta *m = NULL;
+  for (int i = 0; i < N_IMAGES; i++)
+    if (strcmp(images[i].variant, mn + 3) == 0) m = &images[i].meta;
+  cr_assert_not_null(m, "no image of %s", mn + 3);
+  /* Before the first call: the registry loads the image from the table lazily. */
+  m->steps[0].br = m->steps[2].br = 32;
+  m->steps[0].threads = m->steps[2].threads = 64;
+  m->steps[2].smem_bytes = 1024;
+  m->workspaces[2].rows = 32;
+  a.deterministic = 1;
+  size_t need = 0;
+  cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &need), FG_OK, "%s",
+               fg_context_last_error(ctx));
+  const size_t acc = 2 * 4 * 100 * 64 * 4, dsum = 2 * 4 * 100 * 4, sems = 2 * 4 * 4 * 4;
+  cr_assert_eq(need, acc + dsum + sems, "%zu bytes", need);
+  a.workspace = P(BASE(10));
+  a.workspace_size = need;
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 3);
+  expect_launch(0, pre, 4, 2 * 4, 64, 0);
+  expect_launch(1, mn, (unsigned)cdiv(130, (uint64_t)v.bc), 2 * 2, (unsigned)v.warps * 32,
+                70000 + 64);
+  expect_launch(2, post, 4, 2 * 4, 64, 1024);
+  const fg_bwd_params *p = &launch(1)->params;
+  cr_assert_eq(p->workspace, BASE(10));
+  cr_assert_eq(p->dsum, BASE(10) + acc);
+  cr_assert_eq(p->sem, BASE(10) + acc + dsum);
+  /* Not deterministic: the semaphores are not part of the workspace, and not passed. */
+  fake_reset();
+  a.deterministic = 0;
+  cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &need), FG_OK);
+  cr_assert_eq(need, acc + dsum);
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(launch(0)->params.sem, 0);
+  cr_assert_eq(launch(0)->params.dsum, BASE(10) + acc);
+}
+
+/* A plan of two steps launches two kernels, in its order. The registry reads the plan when it
+ * loads the kernel, so this test changes it before the first call. */
+Test(backward_launch, a_plan_of_two_steps_launches_two, .init = fake_setup,
+     .fini = fake_teardown) {
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_F16, 1, 1, 2, 1, 64, 64, 32);
+  char pre[128], mn[128], post[128];
+  fg_variant v;
+  entries(&a, pre, mn, post, &v);
+  fg_kernel_meta *m = NULL;
+  for (int i = 0; i < N_IMAGES; i++)
+    if (strcmp(images[i].variant, mn + 3) == 0) m = &images[i].meta;
+  cr_assert_not_null(m);
+  /* The main kernel first, then _pre: the runtime follows the plan, whatever it says. */
+  const fg_plan_step s0 = m->steps[0];
+  m->steps[0] = m->steps[1];
+  m->steps[1] = s0;
+  m->main_step = 0;
+  m->n_steps = 2;
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 2);
+  expect_launch(0, mn, (unsigned)cdiv(64, (uint64_t)v.bc), 1, (unsigned)v.warps * 32, 70000 + 32);
+  expect_launch(1, pre, 1, 2, 128, 0);
+}
+
+/* A plan whose workspace goes to a parameter the backward block lacks is refused, naming it. */
+Test(backward_launch, a_workspace_for_an_unknown_parameter_is_refused, .init = fake_setup,
+     .fini = fake_teardown) {
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_F16, 0, 1, 2, 1, 64, 64, 32);
+  char pre[128], mn[128], post[128];
+  fg_variant v;
+  entries(&a, pre, mn, post, &v);
+  for (int i = 0; i < N_IMAGES; i++)
+    if (strcmp(images[i].variant, mn + 3) == 0)
+      snprintf(images[i].meta.workspaces[1].param, sizeof images[i].meta.workspaces[1].param,
+               "dsum2");
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_ERROR_INTERNAL);
+  cr_assert(strstr(fg_context_last_error(ctx), "'dsum2'") &&
+                strstr(fg_context_last_error(ctx), "rebuild"),
+            "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 0);
 }

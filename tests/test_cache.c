@@ -32,6 +32,7 @@
 #include "cache_support.h"
 #include "fg_cache.h"
 #include "fg_cache_internal.h" /* fg_cache_hash64, FG_CACHE_SCHEMA_VERSION */
+#include "support_plan.h"
 
 #define NOBODY 65534
 
@@ -83,12 +84,15 @@ static fg_kernel_image make_image(const char *variant, unsigned seed, size_t cub
   img.ptx[ptx_size] = '\0';
   img.cubin_size = cubin_size;
   img.ptx_size = ptx_size;
-  snprintf(img.meta.entry, sizeof img.meta.entry, "fg_fwd_kernel_%u", seed);
-  img.meta.threads = 128 + (int)(seed % 4) * 32;
-  img.meta.smem_bytes = 49152 + (int)seed;
-  img.meta.grid = FG_GRID_Q_TILES;
-  img.meta.br = 64;
-  img.meta.workspace_floats_per_row = (int)(seed % 3);
+  /* A backward plan (three steps, three workspaces) on odd seeds, a forward one on even. */
+  char name[32];
+  snprintf(name, sizeof name, "kernel_%u", seed);
+  if (seed % 2 == 1)
+    test_backward_plan(&img.meta, name, 64 + 8 * (int)(seed % 3), 64, 128 + (int)(seed % 4) * 32,
+                       49152 + (int)seed);
+  else
+    fg_kernel_meta_single(&img.meta, name, FG_GRID_Q_TILES, 64, 128 + (int)(seed % 4) * 32,
+                          49152 + (int)seed);
   img.meta.regs = 168;
   img.meta.spill_store_bytes = 8;
   img.meta.spill_load_bytes = 12;
@@ -97,16 +101,32 @@ static fg_kernel_image make_image(const char *variant, unsigned seed, size_t cub
   return img;
 }
 
+/* Every field of two plans (steps and workspaces) equal. */
+static int same_plan(const fg_kernel_meta *a, const fg_kernel_meta *b) {
+  if (a->n_steps != b->n_steps || a->main_step != b->main_step ||
+      a->n_workspaces != b->n_workspaces)
+    return 0;
+  for (int i = 0; i < a->n_steps; i++) {
+    const fg_plan_step *x = &a->steps[i], *y = &b->steps[i];
+    if (strcmp(x->entry, y->entry) || x->grid != y->grid || x->br != y->br ||
+        x->threads != y->threads || x->smem_bytes != y->smem_bytes)
+      return 0;
+  }
+  for (int i = 0; i < a->n_workspaces; i++) {
+    const fg_plan_workspace *x = &a->workspaces[i], *y = &b->workspaces[i];
+    if (strcmp(x->name, y->name) || strcmp(x->param, y->param) || x->bytes != y->bytes ||
+        x->rows != y->rows || x->deterministic_only != y->deterministic_only)
+      return 0;
+  }
+  return 1;
+}
+
 /* The contract of fg_cache_get_kernel: the buffers come from malloc and free() releases them. */
 static int same_image(const fg_kernel_image *a, const fg_kernel_image *b) {
   return a->cubin_size == b->cubin_size && a->ptx_size == b->ptx_size &&
          memcmp(a->cubin, b->cubin, a->cubin_size) == 0 &&
          memcmp(a->ptx, b->ptx, a->ptx_size) == 0 && b->ptx[b->ptx_size] == '\0' &&
-         strcmp(a->meta.entry, b->meta.entry) == 0 && a->meta.threads == b->meta.threads &&
-         a->meta.smem_bytes == b->meta.smem_bytes && a->meta.grid == b->meta.grid &&
-         a->meta.br == b->meta.br &&
-         a->meta.workspace_floats_per_row == b->meta.workspace_floats_per_row &&
-         a->meta.regs == b->meta.regs && a->meta.spill_store_bytes == b->meta.spill_store_bytes &&
+         same_plan(&a->meta, &b->meta) && a->meta.regs == b->meta.regs && a->meta.spill_store_bytes == b->meta.spill_store_bytes &&
          a->meta.spill_load_bytes == b->meta.spill_load_bytes &&
          a->meta.stack_bytes == b->meta.stack_bytes;
 }
@@ -320,7 +340,16 @@ Test(cache, one_flipped_bit_in_cubin_is_caught) { check_damage_is_caught(NULL, "
 Test(cache, one_flipped_bit_in_ptx_is_caught) { check_damage_is_caught(NULL, "ptx"); }
 
 Test(cache, changed_launch_meta_is_caught) {
-  check_damage_is_caught("UPDATE kernels SET smem_bytes = smem_bytes + 16", NULL);
+  check_damage_is_caught("UPDATE kernels SET regs = regs + 1", NULL);
+}
+
+Test(cache, changed_plan_is_caught) {
+  /* Still a well-formed plan, but not the one stored: the checksum covers it. */
+  check_damage_is_caught("UPDATE kernels SET plan = replace(plan, 'q_tiles 64 ', 'q_tiles 32 ')", NULL);
+}
+
+Test(cache, malformed_plan_is_caught) {
+  check_damage_is_caught("UPDATE kernels SET plan = 'main 7'", NULL);
 }
 
 Test(cache, missing_cubin_is_caught) {
@@ -752,6 +781,70 @@ Test(cache, older_schema_is_rebuilt) {
   cr_assert_eq(sqlite3_column_int(st, 0), 0, "the old tables are dropped");
   sqlite3_finalize(st);
   sqlite3_close(h);
+}
+
+/* A version-1 database (before plans): its kernel rows held one launch contract (entry ...
+ * workspace_floats_per_row) and cannot be read as plans. They are a clean miss (the kernel is
+ * compiled again and stored in the new format), never misread; the tuning results stay. */
+Test(cache, version_1_kernel_rows_are_a_miss_and_tuning_is_kept) {
+  cr_assert_eq(mkdir(g_dir, 0700), 0);
+  char db[300];
+  snprintf(db, sizeof db, "%s/flashgen.sqlite3", g_dir);
+  const char *v = "bwd_d64_br64_bc64_f16_causal_kvouter_w4_s1_sm80";
+  fg_cache_key k = fgt_key_of(v);
+  char sql[4096];
+  snprintf(sql, sizeof sql,
+           "CREATE TABLE kernels(id INTEGER PRIMARY KEY, variant TEXT NOT NULL, arch TEXT NOT NULL,"
+           " nvrtc_version INTEGER NOT NULL, template_hash INTEGER NOT NULL,"
+           " flashgen_version TEXT NOT NULL, entry TEXT NOT NULL, threads INTEGER NOT NULL,"
+           " smem_bytes INTEGER NOT NULL, grid INTEGER NOT NULL, br INTEGER NOT NULL,"
+           " workspace_floats_per_row INTEGER NOT NULL, regs INTEGER NOT NULL,"
+           " spill_store_bytes INTEGER NOT NULL, spill_load_bytes INTEGER NOT NULL,"
+           " stack_bytes INTEGER NOT NULL, size INTEGER NOT NULL, checksum INTEGER NOT NULL,"
+           " created INTEGER NOT NULL, cubin BLOB, ptx BLOB,"
+           " UNIQUE(variant, arch, nvrtc_version, template_hash, flashgen_version));"
+           "CREATE TABLE devices(id INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+           " cc_major INTEGER NOT NULL, cc_minor INTEGER NOT NULL, sm_count INTEGER NOT NULL,"
+           " driver_version INTEGER NOT NULL,"
+           " UNIQUE(name, cc_major, cc_minor, sm_count, driver_version));"
+           "CREATE TABLE tuning(device_id INTEGER NOT NULL, bucket TEXT NOT NULL, winner TEXT,"
+           " updated INTEGER NOT NULL, PRIMARY KEY(device_id, bucket));"
+           "CREATE TABLE candidates(device_id INTEGER NOT NULL, bucket TEXT NOT NULL,"
+           " variant TEXT NOT NULL, ok INTEGER NOT NULL, reason TEXT NOT NULL, ms REAL NOT NULL,"
+           " tflops REAL NOT NULL, measured INTEGER NOT NULL,"
+           " PRIMARY KEY(device_id, bucket, variant));"
+           "INSERT INTO kernels VALUES(1, '%s', '%s', %d, %lld, '%s', 'fg_%s', 128, 70000, 4, 64,"
+           " 65, 168, 0, 0, 0, 8, 0, 0, x'7f454c46', x'2e656e747279');"
+           "INSERT INTO devices VALUES(1, 'NVIDIA A100', 8, 0, 108, 12040);"
+           "INSERT INTO tuning VALUES(1, 'bwd_d64_f16_causal_nk4096', '%s', 0);"
+           "INSERT INTO candidates VALUES(1, 'bwd_d64_f16_causal_nk4096', '%s', 1, '', 1.0, 100.0,"
+           " 0);"
+           "PRAGMA user_version = 1;",
+           v, fg_arch_name(k.arch), k.nvrtc_version, (long long)fg_cache_u64_to_i64(k.template_hash),
+           k.flashgen_version, v, v, v);
+  db_exec(db, sql);
+  fg_cache *c = fgt_open_ok(g_dir);
+  fg_kernel_image got;
+  char warn[512] = "";
+  cr_assert_eq(fgt_get(c, &k, &got, warn, sizeof warn), 0, "a version-1 row must be a miss");
+  cr_assert_null(got.cubin);
+  cr_assert_str_empty(warn, "a plain miss, not a damaged entry: %s", warn);
+  cr_assert_eq(fgt_kernel_count(c), 0, "the version-1 rows are gone");
+  fg_device_id dev = {"NVIDIA A100", 8, 0, 108, 12040};
+  char winner[FG_VARIANT_NAME_MAX];
+  double tf = 0;
+  cr_assert_eq(fg_cache_get_winner(c, &dev, "bwd_d64_f16_causal_nk4096", winner, sizeof winner, &tf),
+               1, "the tuning results survive the upgrade");
+  cr_assert_str_eq(winner, v);
+  /* Compiled again: stored and read back in the new format, plan and all. */
+  fg_kernel_image img = make_image(v, 3, 100, 100);
+  fgt_put_ok(c, &k, &img);
+  cr_assert_eq(fgt_get(c, &k, &got, NULL, 0), 1);
+  cr_assert(same_image(&img, &got));
+  cr_assert_eq(got.meta.n_steps, 3);
+  fgt_release(&got);
+  fgt_release(&img);
+  fg_cache_close(c);
 }
 
 Test(cache, newer_schema_is_left_alone_and_refused) {

@@ -67,15 +67,9 @@ static fg_kernel_image make_image(const char *variant, const char *entry, unsign
   img.ptx[ptx_size] = '\0';
   img.cubin_size = cubin_size;
   img.ptx_size = ptx_size;
-  if (entry)
-    snprintf(img.meta.entry, sizeof img.meta.entry, "%s", entry);
-  else
-    snprintf(img.meta.entry, sizeof img.meta.entry, "fg_%s", variant);
-  img.meta.threads = 128;
-  img.meta.smem_bytes = 16384 + (int)seed;
-  img.meta.grid = FG_GRID_Q_TILES;
-  img.meta.br = 64;
-  img.meta.workspace_floats_per_row = 0;
+  char e[64];
+  snprintf(e, sizeof e, entry ? "%s" : "fg_%s", entry ? entry : variant);
+  fg_kernel_meta_single(&img.meta, e, FG_GRID_Q_TILES, 64, 128, 16384 + (int)seed);
   img.meta.regs = 128;
   img.meta.spill_store_bytes = 0;
   img.meta.spill_load_bytes = 0;
@@ -86,7 +80,8 @@ static fg_kernel_image make_image(const char *variant, const char *entry, unsign
 static int same_bytes(const fg_kernel_image *a, const fg_kernel_image *b) {
   return a->cubin_size == b->cubin_size && a->ptx_size == b->ptx_size &&
          memcmp(a->cubin, b->cubin, a->cubin_size) == 0 &&
-         memcmp(a->ptx, b->ptx, a->ptx_size) == 0 && strcmp(a->meta.entry, b->meta.entry) == 0;
+         memcmp(a->ptx, b->ptx, a->ptx_size) == 0 &&
+         strcmp(fg_kernel_main(&a->meta)->entry, fg_kernel_main(&b->meta)->entry) == 0;
 }
 
 /* A second connection to the database, as another program (or a person) would open it. path
@@ -356,7 +351,7 @@ Test(cache_integrity, too_long_path_through_the_cli) {
 #define V32 "fwd_d32_br64_bc64_f16_causal_qouter_w4_s2_sm80"
 #define V144 "fwd_d144_br64_bc32_f16_causal_qouter_w4_s2_sm80"
 
-/* Overwrites the row of key dst with src's entry point, launch meta and blobs, and a checksum
+/* Overwrites the row of key dst with src's plan (entry point, launch meta) and blobs, and a checksum
  * recomputed with fg_cache_kernel_checksum over dst's key: a row that passes the checksum but
  * holds another variant's kernel. */
 static void plant(const char *path, const fg_cache_key *dst, const fg_kernel_image *src) {
@@ -367,14 +362,14 @@ static void plant(const char *path, const fg_cache_key *dst, const fg_kernel_ima
                                           src->cubin_size, src->ptx, src->ptx_size);
   sqlite3_stmt *st = NULL;
   cr_assert_eq(sqlite3_prepare_v2(db,
-                                  "UPDATE kernels SET entry = ?1, threads = ?2, smem_bytes = ?3,"
+                                  "UPDATE kernels SET plan = ?1,"
                                   " cubin = ?4, ptx = ?5, size = ?6, checksum = ?7"
                                   " WHERE variant = ?8",
                                   -1, &st, NULL),
                SQLITE_OK, "%s", sqlite3_errmsg(db));
-  sqlite3_bind_text(st, 1, src->meta.entry, -1, SQLITE_STATIC);
-  sqlite3_bind_int(st, 2, src->meta.threads);
-  sqlite3_bind_int(st, 3, src->meta.smem_bytes);
+  char plan[1024];
+  fg_kernel_plan_format(&src->meta, plan, sizeof plan);
+  sqlite3_bind_text(st, 1, plan, -1, SQLITE_TRANSIENT);
   sqlite3_bind_blob(st, 4, src->cubin, (int)src->cubin_size, SQLITE_STATIC);
   sqlite3_bind_blob(st, 5, src->ptx, (int)src->ptx_size, SQLITE_STATIC);
   sqlite3_bind_int64(st, 6, (sqlite3_int64)(src->cubin_size + src->ptx_size));

@@ -9,6 +9,7 @@
  * tests/export/run_export_tests.sh. */
 #include <criterion/criterion.h>
 #include <dlfcn.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,9 @@ static const unsigned char fake_cubin[16] = {0x7f, 'E', 'L', 'F'};
 
 #define D128 "fwd_d128_br128_bc64_bf16_noncausal_qouter_w8_s2_"
 
+/* The forward kernel's plan: one step (reset by every kernel_sm80() call; tests damage it). */
+static fg_export_step fwd_steps[1];
+
 static fg_export_kernel kernel_sm80(void) {
   fg_export_kernel k;
   memset(&k, 0, sizeof k);
@@ -49,6 +53,10 @@ static fg_export_kernel kernel_sm80(void) {
   k.grid = FG_EXPORT_GRID_Q_TILES;
   k.br = 128;
   k.regs = k.spill_load_bytes = k.spill_store_bytes = k.stack_bytes = -1;
+  fwd_steps[0] = (fg_export_step){"fg_" D128 "sm80", FG_EXPORT_GRID_Q_TILES, 128, 256, 104448};
+  k.steps = fwd_steps;
+  k.n_steps = 1;
+  k.main_step = 0;
   return k;
 }
 
@@ -65,6 +73,8 @@ static fg_export table_of(const fg_export_kernel *k, size_t n, const fg_export_c
   e.n_kernels = n;
   e.choices = c;
   e.n_choices = nc;
+  e.step_size = sizeof(fg_export_step);
+  e.workspace_desc_size = sizeof(fg_export_workspace);
   return e;
 }
 
@@ -112,31 +122,63 @@ Test(register_export, malformed_kernels_are_named) {
   cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
   cr_assert(strstr(err, "neither cubin nor PTX"), "%s", err);
   k = kernel_sm80();
-  k.entry = "";
+  fwd_steps[0].entry = "";
   cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
   cr_assert(strstr(err, "no entry point"), "%s", err);
   k = kernel_sm80();
-  k.grid = 7;
+  k.steps = NULL;
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "no plan") && strstr(err, "export it again"), "%s", err);
+  k = kernel_sm80();
+  k.main_step = 1;
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "malformed one"), "%s", err);
+  k = kernel_sm80();
+  fwd_steps[0].grid = 7;
   cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
   cr_assert(strstr(err, "kernel 0") && strstr(err, "grid kind 7") &&
                 strstr(err, "does not know") && strstr(err, "export it again"),
             "%s", err);
-  k.grid = 0;
+  fwd_steps[0].grid = 0;
   cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
   cr_assert(strstr(err, "grid kind 0"), "%s", err);
   k = kernel_sm80();
-  k.br = 0;
+  fwd_steps[0].br = 0;
   cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
   cr_assert(strstr(err, "malformed launch contract"), "%s", err);
   k = kernel_sm80();
-  k.grid = FG_EXPORT_GRID_KV_TILES; /* a forward kernel on the backward's grid */
+  fwd_steps[0].grid = FG_EXPORT_GRID_KV_TILES; /* a forward kernel on the backward's grid */
   cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
-  cr_assert(strstr(err, "is a forward variant with grid kind 4") && strstr(err, "export it again"),
+  cr_assert(strstr(err, "is a forward variant whose main kernel has grid kind 4") &&
+                strstr(err, "export it again"),
+            "%s", err);
+}
+
+/* A table written before plans (no step size; its kernels carry only the main kernel's contract,
+ * the backward's other kernels implicit) is refused, saying to export it again. */
+Test(register_export, a_table_from_before_plans_is_refused) {
+  char err[512];
+  static fg_export_kernel k[1];
+  k[0] = kernel_sm80();
+  k[0].steps = NULL;
+  k[0].n_steps = 0;
+  static fg_export e;
+  e = table_of(k, 1, NULL, 0);
+  e.step_size = e.workspace_desc_size = 0;
+  /* As an older producer wrote it: the struct without the plan fields (a smaller stride too). */
+  e.size = (uint32_t)offsetof(fg_export, step_size);
+  e.kernel_size = (uint32_t)offsetof(fg_export_kernel, steps);
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "test table") && strstr(err, "before kernel plans") &&
+                strstr(err, "export it again"),
             "%s", err);
 }
 
 /* A backward kernel as `flashgen export` writes it (templates/bwd.lua: br = Bc, d + 1 floats). */
 #define BWD128 "bwd_d128_br32_bc64_bf16_causal_kvouter_w8_s2_"
+
+static fg_export_step bwd_steps[3];
+static fg_export_workspace bwd_ws[3];
 
 static fg_export_kernel bwd_kernel_sm90a(void) {
   fg_export_kernel k;
@@ -152,6 +194,17 @@ static fg_export_kernel bwd_kernel_sm90a(void) {
   k.br = 64;
   k.workspace_floats_per_row = 129;
   k.regs = k.spill_load_bytes = k.spill_store_bytes = k.stack_bytes = -1;
+  bwd_steps[0] = (fg_export_step){"fg_" BWD128 "sm90a_pre", FG_EXPORT_GRID_Q_TILES, 64, 128, 0};
+  bwd_steps[1] = (fg_export_step){"fg_" BWD128 "sm90a", FG_EXPORT_GRID_KV_TILES, 64, 256, 90112};
+  bwd_steps[2] = (fg_export_step){"fg_" BWD128 "sm90a_post", FG_EXPORT_GRID_Q_TILES, 64, 128, 0};
+  bwd_ws[0] = (fg_export_workspace){"dq_accum", "workspace", 512, 1, 0};
+  bwd_ws[1] = (fg_export_workspace){"dsum", "dsum", 4, 1, 0};
+  bwd_ws[2] = (fg_export_workspace){"semaphores", "sem", 4, 16, 1};
+  k.steps = bwd_steps;
+  k.n_steps = 3;
+  k.main_step = 1;
+  k.workspaces = bwd_ws;
+  k.n_workspaces = 3;
   return k;
 }
 
@@ -170,21 +223,26 @@ Test(register_export, a_backward_kernel_contract_is_checked_against_its_name) {
   char err[512];
   fg_export_kernel k = bwd_kernel_sm90a();
   fg_export e = table_of(&k, 1, NULL, 0);
-  k.grid = FG_EXPORT_GRID_Q_TILES;
+  bwd_steps[1].grid = FG_EXPORT_GRID_Q_TILES;
   cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
-  cr_assert(strstr(err, "'" BWD128 "sm90a'") && strstr(err, "backward variant with grid kind 1") &&
+  cr_assert(strstr(err, "'" BWD128 "sm90a'") &&
+                strstr(err, "backward variant whose main kernel has grid kind 1") &&
                 strstr(err, "FG_EXPORT_GRID_KV_TILES"),
             "%s", err);
   k = bwd_kernel_sm90a();
-  k.br = 32; /* the Q block, not the K/V block */
+  bwd_steps[1].br = 32; /* the Q block, not the K/V block */
   cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
   cr_assert(strstr(err, "br = 32") && strstr(err, "K/V blocks are 64 rows"), "%s", err);
   k = bwd_kernel_sm90a();
-  k.br = 0;
+  bwd_steps[0].br = 0;
   cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
   cr_assert(strstr(err, "malformed launch contract"), "%s", err);
   k = bwd_kernel_sm90a();
-  k.grid = 5; /* a kind from a newer flashgen */
+  bwd_ws[2].rows = 0;
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "workspace") && strstr(err, "malformed"), "%s", err);
+  k = bwd_kernel_sm90a();
+  bwd_steps[2].grid = 5; /* a kind from a newer flashgen */
   cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
   cr_assert(strstr(err, "grid kind 5") && strstr(err, "newer flashgen"), "%s", err);
 }
@@ -214,6 +272,8 @@ Test(register_export, a_newer_table_with_appended_fields_reads) {
   nk[1].k.variant = D128 "sm90a";
   nk[1].k.arch = "sm_90a";
   nk[1].k.entry = "fg_" D128 "sm90a";
+  static fg_export_step st90[1] = {{"fg_" D128 "sm90a", FG_EXPORT_GRID_Q_TILES, 128, 256, 104448}};
+  nk[1].k.steps = st90;
   nk[0].appended = nk[1].appended = -1;
   static fg_export e;
   e = table_of(&nk[0].k, 2, NULL, 0);
@@ -503,9 +563,23 @@ Test(export_cli, a_backward_variant_is_exported_with_its_plan_and_runs_from_the_
   snprintf(p, sizeof p, "%s/out/tb_kernels.c", tmp_dir);
   fg_test_slurp(p, text, cap);
 #define E "fg_bwd_d64_br64_bc64_f16_noncausal_kvouter_w8_s2_sm90a"
-  cr_assert(strstr(text, "The backward plan, one module with three entries:\n *   " E "_pre,\n *   " E
-                         ",\n *   " E "_post. */"),
-            "the plan comment is missing");
+  /* Its plan: the three entries of the module in launch order, and the three workspaces. */
+  cr_assert(strstr(text, "_steps[3] = {\n"
+                         "    {.entry = \"" E "_pre\", .grid = FG_EXPORT_GRID_Q_TILES, .br = 64, "
+                         ".threads = 128, .smem_bytes = 0},\n"
+                         "    {.entry = \"" E "\", .grid = FG_EXPORT_GRID_KV_TILES, .br = 64, "),
+            "the plan's steps are missing");
+  cr_assert(strstr(text, "    {.entry = \"" E "_post\", .grid = FG_EXPORT_GRID_Q_TILES, .br = 64, "
+                         ".threads = 128, .smem_bytes = 0},\n};\n"),
+            "the plan's last step is missing");
+  cr_assert(strstr(text, "_workspaces[3] = {\n"
+                         "    {.name = \"dq_accum\", .param = \"workspace\", .bytes = 256, .rows = 1, "
+                         ".deterministic_only = 0},\n"
+                         "    {.name = \"dsum\", .param = \"dsum\", .bytes = 4, .rows = 1, "
+                         ".deterministic_only = 0},\n"
+                         "    {.name = \"semaphores\", .param = \"sem\", .bytes = 4, .rows = 16, "
+                         ".deterministic_only = 1},\n};\n"),
+            "the plan's workspaces are missing");
   const char *k = strstr(text, "{.variant = \"bwd_d64_br64_bc64_f16_noncausal_kvouter_w8_s2_sm90a\"");
   cr_assert_not_null(k, "the kernel entry is missing");
   cr_assert(strstr(k, ".entry = \"" E "\",\n"), "%.800s", k);
@@ -528,6 +602,12 @@ Test(export_cli, a_backward_variant_is_exported_with_its_plan_and_runs_from_the_
   const fg_export *t = fn();
   cr_assert_eq(t->n_kernels, 1);
   cr_assert_eq(t->kernels[0].grid, FG_EXPORT_GRID_KV_TILES);
+  cr_assert_eq(t->step_size, sizeof(fg_export_step));
+  cr_assert_eq(t->kernels[0].n_steps, 3);
+  cr_assert_eq(t->kernels[0].main_step, 1);
+  cr_assert_str_eq(t->kernels[0].steps[2].entry, E "_post");
+  cr_assert_eq(t->kernels[0].n_workspaces, 3);
+  cr_assert_eq(t->kernels[0].workspaces[2].deterministic_only, 1);
   cr_assert_not_null(t->kernels[0].ptx);
   cr_assert(strstr(t->kernels[0].ptx, ".entry " E "_pre("), "no _pre entry in the PTX");
   cr_assert(strstr(t->kernels[0].ptx, ".entry " E "("), "no main entry in the PTX");

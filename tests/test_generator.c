@@ -178,13 +178,24 @@ Test(render, source_is_self_contained_and_names_itself) {
     cr_assert_null(strstr(src, "#include"), "generated source must include no header");
     cr_assert_null(strstr(src, "{{"), "unrendered substitution");
     cr_assert(strstr(src, "constexpr int D = ") != NULL);
-    cr_assert_str_eq(meta.entry + 3, names[i]);
-    cr_assert_eq(meta.threads, v.warps * 32);
-    cr_assert_eq(meta.grid, i == 0 ? FG_GRID_Q_TILES : FG_GRID_HEADS);
-    cr_assert_eq(meta.workspace_floats_per_row, i == 0 ? 0 : v.d + 2);
+    cr_assert_eq(meta.n_steps, 1, "a forward plan is one kernel");
+    cr_assert_eq(meta.main_step, 0);
+    const fg_plan_step *sp = fg_kernel_main(&meta);
+    cr_assert_str_eq(sp->entry + 3, names[i]);
+    cr_assert_eq(sp->threads, v.warps * 32);
+    cr_assert_eq(sp->grid, i == 0 ? FG_GRID_Q_TILES : FG_GRID_HEADS);
+    cr_assert_eq(sp->br, v.br);
+    /* kv_outer keeps O, m and l in fp32 between K/V blocks: d + 2 floats per query row. */
+    cr_assert_eq(meta.n_workspaces, i == 0 ? 0 : 1);
+    if (i == 1) {
+      cr_assert_str_eq(meta.workspaces[0].param, "workspace");
+      cr_assert_eq(meta.workspaces[0].bytes, 4 * (v.d + 2));
+      cr_assert_eq(meta.workspaces[0].rows, 1);
+      cr_assert_eq(meta.workspaces[0].deterministic_only, 0);
+    }
     fg_resources r;
     cr_assert_eq(fg_generator_resources(g, &v, &r, err, sizeof err), 0);
-    cr_assert_eq(meta.smem_bytes, r.smem_bytes);
+    cr_assert_eq(sp->smem_bytes, r.smem_bytes);
     free(src);
   }
   fg_generator_destroy(g);
@@ -567,4 +578,89 @@ Test(variant, arch_for_compute_capability) {
   /* sm_90a code does not run past 9.0: newer GPUs get plain sm_90, whose PTX they can JIT. */
   cr_assert_eq(fg_arch_for_cc(10, 0), FG_ARCH_SM90);
   cr_assert_eq(fg_arch_for_cc(12, 0), FG_ARCH_SM90);
+}
+
+/* The backward's plan comes from templates/bwd.lua: _pre, the main kernel, _post, in that order,
+ * in one module; the three workspaces; and the template renders the auxiliary kernels' rows and
+ * threads from the same numbers (no second copy in bwd.cu). */
+Test(render, backward_plan_comes_from_the_manifest) {
+  fg_generator *g = gen();
+  const char *name = "bwd_d128_br64_bc128_bf16_causal_kvouter_w8_s2_sm90a";
+  fg_variant v = parse(name);
+  char *src = NULL, err[4096];
+  fg_kernel_meta meta;
+  cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(meta.n_steps, 3);
+  cr_assert_eq(meta.main_step, 1);
+  char e[3][96];
+  snprintf(e[0], sizeof e[0], "fg_%s_pre", name);
+  snprintf(e[1], sizeof e[1], "fg_%s", name);
+  snprintf(e[2], sizeof e[2], "fg_%s_post", name);
+  fg_resources r;
+  cr_assert_eq(fg_generator_resources(g, &v, &r, err, sizeof err), 0, "%s", err);
+  for (int i = 0; i < 3; i++) {
+    const fg_plan_step *sp = &meta.steps[i];
+    cr_assert_str_eq(sp->entry, e[i], "step %d", i);
+    if (i == 1) {
+      cr_assert_eq(sp->grid, FG_GRID_KV_TILES);
+      cr_assert_eq(sp->br, v.bc, "the main kernel's grid runs over K/V blocks of Bc");
+      cr_assert_eq(sp->threads, v.warps * 32);
+      cr_assert_eq(sp->smem_bytes, r.smem_bytes);
+    } else {
+      cr_assert_eq(sp->grid, FG_GRID_Q_TILES, "step %d", i);
+      cr_assert_eq(sp->br, 64, "step %d", i);
+      cr_assert_eq(sp->threads, 128, "step %d", i);
+      cr_assert_eq(sp->smem_bytes, 0, "step %d", i);
+    }
+    /* Every step is an entry of the one module. */
+    char decl[160];
+    snprintf(decl, sizeof decl, " %s(const __grid_constant__ fg_bwd_params p)", e[i]);
+    cr_assert_not_null(strstr(src, decl), "no entry %s in the source", e[i]);
+  }
+  static const struct {
+    const char *name, *param;
+    int bytes, rows, det;
+  } ws[3] = {{"dq_accum", "workspace", 4 * 128, 1, 0}, {"dsum", "dsum", 4, 1, 0},
+             {"semaphores", "sem", 4, 16, 1}};
+  cr_assert_eq(meta.n_workspaces, 3);
+  for (int i = 0; i < 3; i++) {
+    const fg_plan_workspace *w = &meta.workspaces[i];
+    cr_assert_str_eq(w->name, ws[i].name);
+    cr_assert_str_eq(w->param, ws[i].param);
+    cr_assert(w->bytes == ws[i].bytes && w->rows == ws[i].rows &&
+                  w->deterministic_only == ws[i].det,
+              "workspace %s: %d B per %d rows, deterministic only %d", w->name, w->bytes, w->rows,
+              w->deterministic_only);
+  }
+  /* (d + 1) * 4 B per row, and 4 B per 16 rows when deterministic. */
+  uint64_t b = 0;
+  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 100, 0, &b, NULL), 0);
+  cr_assert_eq(b, 3u * 5 * 100 * 129 * 4);
+  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 100, 1, &b, NULL), 0);
+  cr_assert_eq(b, 3u * 5 * 100 * 129 * 4 + 3u * 5 * 7 * 4);
+  cr_assert_not_null(
+      strstr(src, "constexpr int PRE_ROWS = 64, PRE_THREADS = 128, SEM_ROWS = 16;"),
+      "bwd.cu renders its auxiliary constants from the manifest");
+  free(src);
+  fg_generator_destroy(g);
+}
+
+/* A manifest whose plan is malformed is refused with a message that names the manifest. */
+Test(render, malformed_plan_is_refused) {
+  char dir[64];
+  int l = line_of("bwd.lua", "template = template, main = 2,");
+  make_template_dir(dir, "bwd.lua", l, "    template = template, main = 5,");
+  fg_generator *g = NULL;
+  char err[4096];
+  setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
+  cr_assert_eq(fg_generator_create(&g, err, sizeof err), 0, "%s", err);
+  unsetenv("FLASHGEN_TEMPLATE_DIR");
+  fg_variant v = parse("bwd_d128_br64_bc128_bf16_causal_kvouter_w8_s2_sm90a");
+  char *src = NULL;
+  fg_kernel_meta meta;
+  cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), -1);
+  cr_assert(strstr(err, "launch(v)") && strstr(err, "main step"), "%s", err);
+  cr_assert_null(src);
+  fg_generator_destroy(g);
+  remove_dir(dir);
 }
