@@ -120,15 +120,22 @@ const char *fg_nvrtc_path(void) { return nv.lib ? nv.path : ""; }
 
 /* Reads "Used N registers", "N bytes stack frame, N bytes spill stores, N bytes spill loads"
  * from ptxas's verbose output in the NVRTC log. */
+/* Reads the resource usage of the plan's main kernel from ptxas's -v log: the lines after
+ * "Function properties for <entry>" (a module with several entries reports each; their order is
+ * ptxas's), else the first function's. */
 static void parse_ptxas(const char *log, fg_kernel_meta *m) {
-  const char *p = strstr(log, "bytes stack frame");
+  char key[sizeof m->steps[0].entry + 32];
+  snprintf(key, sizeof key, "Function properties for %s\n", fg_kernel_main(m)->entry);
+  const char *from = strstr(log, key);
+  if (!from) from = log;
+  const char *p = strstr(from, "bytes stack frame");
   if (p) {
     const char *s = p;
     while (s > log && s[-1] != '\n' && s[-1] != '.') s--;
     sscanf(s, " %d bytes stack frame, %d bytes spill stores, %d bytes spill loads", &m->stack_bytes,
            &m->spill_store_bytes, &m->spill_load_bytes);
   }
-  p = strstr(log, "Used ");
+  p = strstr(from, "Used ");
   if (p) sscanf(p, "Used %d registers", &m->regs);
 }
 
