@@ -310,7 +310,9 @@ static void default_set(fg_arch arch) {
   int wg = 0;
   for (int i = 0; i < n; i++) wg += v[i].loop == FG_LOOP_Q_WGMMA || v[i].loop == FG_LOOP_Q_WGMMA_OV;
   cr_assert_eq(wg, twins, "wgmma kernels in the %s default set", fg_arch_name(arch));
-  compile_all(v, n, fg_arch_name(arch));
+  char what[128];
+  snprintf(what, sizeof what, "forward default set %s", fg_arch_name(arch));
+  compile_all(v, n, what);
 }
 
 Test(compile, default_set_sm80, .timeout = 1800) { default_set(FG_ARCH_SM80); }
@@ -327,7 +329,9 @@ static void candidate_set(fg_arch arch, const fg_device_limits *lim) {
                        v + n, 256 - n, NULL);
   fg_generator_destroy(g);
   cr_assert_gt(n, 20);
-  compile_all_on(v, n, lim->name, lim);
+  char what[128];
+  snprintf(what, sizeof what, "forward candidates d=128 %s", fg_arch_name(arch));
+  compile_all_on(v, n, what, lim);
 }
 
 Test(compile, candidates_d128_bf16_h100_sm90a, .timeout = 1800) { candidate_set(FG_ARCH_SM90A, &fg_limits_h100); }
@@ -348,7 +352,7 @@ Test(compile, wgmma_candidates_d64_d256_h100, .timeout = 1800) {
   for (int i = 0; i < n; i++)
     if (all[i].loop == FG_LOOP_Q_WGMMA || all[i].loop == FG_LOOP_Q_WGMMA_OV) v[m++] = all[i];
   cr_assert_gt(m, 10, "wgmma candidates of d = 64 and 256 on an H100");
-  compile_all_on(v, m, "wgmma d=64/256", &fg_limits_h100);
+  compile_all_on(v, m, "forward wgmma candidates d=64/256 sm_90a", &fg_limits_h100);
 }
 Test(compile, candidates_d128_bf16_a100_sm80, .timeout = 1800) { candidate_set(FG_ARCH_SM80, &fg_limits_a100); }
 
