@@ -200,14 +200,17 @@ typedef struct fg_bwd_host_problem {
 int fg_reference_backward(const fg_bwd_host_problem *p, int exact, double *dq, double *dk,
                           double *dv, double *lse, int threads);
 /* fg_reference_backward of a long problem (batch = heads_q = heads_kv = 1) of n query rows
- * whose Q and dO repeat with a period of p->seqlen_q rows (row i holds row i % p->seqlen_q of
- * p->q and p->d_o), at the cost of a period: `flashgen check`'s case past 2^31 elements. Without a
- * mask a row's dQ depends on its own Q and dO rows only, and dK, dV sum the rows' contributions:
- * dq gets p->seqlen_q rows (dQ of row i is row i % p->seqlen_q), dk and dv the whole sums
- * (count times a period's plus the remaining rows'; with exact = 0 each part is rounded to dtype
- * before the sum). Causal (bottom-right aligned): only the last r = min(n, seqlen_k) rows see a
- * key; dq gets those r rows (row n - r + t is row t), every other row's dQ is 0. Returns 0, or -1
- * (not batch = heads = 1, out of memory). */
+ * whose Q and dO repeat with a period of P = p->seqlen_q rows, dO with alternating signs: row i
+ * holds row i % P of p->q and (-1)^(i / P) times row i % P of p->d_o. At the cost of a period:
+ * `flashgen check`'s case past 2^31 elements. (The signs keep dK and dV the size of one period's
+ * sums, as sums of independent rows would be, rather than growing with n: a kernel's fp32 sums
+ * of 2^24 coherent rows carry an error ~n/32 ulps that no same-precision bound covers.) Without
+ * a mask a row's dQ depends on its own Q and dO rows only, and dK, dV sum the rows'
+ * contributions: dq gets P rows (dQ of row i is (-1)^(i / P) times row i % P), dk and dv the
+ * whole sums (count % 2 periods' plus (-1)^count times the remaining rows'; with exact = 0 each
+ * part is rounded to dtype before the sum). Causal (bottom-right aligned): only the last
+ * r = min(n, seqlen_k) rows see a key; dq gets those r rows, signs included (row n - r + t is
+ * row t), every other row's dQ is 0. Returns 0, or -1 (not batch = heads = 1, out of memory). */
 int fg_reference_backward_periodic(const fg_bwd_host_problem *p, int64_t n, int exact,
                                    double *dq, double *dk, double *dv, int threads);
 

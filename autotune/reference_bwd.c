@@ -153,6 +153,8 @@ int fg_reference_backward_periodic(const fg_bwd_host_problem *p, int64_t n, int 
     for (int64_t t = 0; rc == 0 && t < rows; t++) {
       memcpy(q + t * d, p->q + ((first + t) % P) * d, (size_t)d * 2);
       memcpy(d_o + t * d, p->d_o + ((first + t) % P) * d, (size_t)d * 2);
+      if ((first + t) / P % 2) /* an odd period: dO negated (the sign bit of f16 and bf16) */
+        for (int64_t x = 0; x < d; x++) d_o[t * d + x] ^= 0x8000;
     }
     fg_bwd_host_problem s = *p;
     s.seqlen_q = rows;
@@ -163,18 +165,21 @@ int fg_reference_backward_periodic(const fg_bwd_host_problem *p, int64_t n, int 
     free(d_o);
     return rc;
   }
-  /* Without a mask: row i's dQ is row i % P's, and dK, dV sum the rows' contributions: count
-   * times the sum over one period, plus the sum over the first n % P rows once more. */
+  /* Without a mask: row i's dQ is (-1)^(i / P) times row i % P's (dQ is linear in dO: dP, D and
+   * dS change sign with it, P does not), and dK, dV sum the rows' contributions: the periods'
+   * sums cancel in pairs, leaving count % 2 of them, plus (-1)^count times the sum over the
+   * first n % P rows. */
   const int64_t count = n / P, rest = n % P;
   if (fg_reference_backward(p, exact, dq, dk, dv, NULL, threads) != 0) return -1;
-  for (size_t x = 0; x < nk_el; x++) dk[x] *= (double)count, dv[x] *= (double)count;
+  for (size_t x = 0; x < nk_el; x++) dk[x] *= (double)(count % 2), dv[x] *= (double)(count % 2);
   if (rest == 0) return 0;
   fg_bwd_host_problem s = *p;
   s.seqlen_q = rest;
   double *tq = malloc((size_t)(rest * d) * sizeof *tq + 1);
   double *tk = malloc(nk_el * sizeof *tk + 1), *tv = malloc(nk_el * sizeof *tv + 1);
   int rc = tq && tk && tv ? fg_reference_backward(&s, exact, tq, tk, tv, NULL, threads) : -1;
-  for (size_t x = 0; rc == 0 && x < nk_el; x++) dk[x] += tk[x], dv[x] += tv[x];
+  const double sign = count % 2 ? -1.0 : 1.0;
+  for (size_t x = 0; rc == 0 && x < nk_el; x++) dk[x] += sign * tk[x], dv[x] += sign * tv[x];
   free(tq);
   free(tk);
   free(tv);

@@ -70,6 +70,20 @@ static fg_status check_buffers(tdev *D, size_t elems, size_t rows) {
   return FG_OK;
 }
 
+/* Whether candidate c of problem P was decided by an earlier bucket's check of its triple (a
+ * failure is recorded for P again, with the same reason). */
+static int checked_before(tprob *P, const ttriple *T, int c) {
+  if (T->checked[c] == 2) fg_tune_set_result(P, T, c, 0, 0, 0, "%s", T->check_reason[c]);
+  return T->checked[c] != 0;
+}
+
+/* Keeps the verdict of candidate c's check for the triple's later buckets. */
+static void keep_verdict(const tprob *P, ttriple *T, int c) {
+  T->checked[c] = P->have_res[c] ? 2 : 1;
+  if (P->have_res[c]) snprintf(T->check_reason[c], sizeof T->check_reason[c], "%s", P->res[c].reason);
+}
+
+
 /* Runs the reference kernel (exact or naive) on the check inputs; fp64 O into out and, when
  * out_lse is not NULL, fp64 LSE into out_lse. */
 static fg_status run_reference(tdev *D, const fg_attention_args *a, int exact, double *out,
@@ -118,6 +132,9 @@ static fg_status check_problem_bwd(trun *R, int pi, uint64_t seed) {
   fg_context *ctx = R->ctx;
   tprob *P = &R->pr[pi];
   ttriple *T = &R->tri[P->tri];
+  int todo = 0; /* candidates no earlier bucket of the triple checked */
+  for (int c = 0; c < T->n; c++) todo += P->measure[c] && !P->have_res[c] && !checked_before(P, T, c);
+  if (todo == 0) return FG_OK;
   const fg_tune_problem *pb = &R->problems[pi];
   tdev *D = &R->D;
   const int64_t N = BWD_CHECK_N, d = pb->d;
@@ -193,7 +210,7 @@ static fg_status check_problem_bwd(trun *R, int pi, uint64_t seed) {
   }
   const char *dist = normal ? "normal" : "uniform";
   for (int c = 0; c < T->n; c++) {
-    if (!P->measure[c] || P->have_res[c]) continue; /* compile failures are already set */
+    if (!P->measure[c] || P->have_res[c] || T->checked[c]) continue; /* compile failures are set */
     const fg_variant *cv = &T->cands[c];
     char name[FG_VARIANT_NAME_MAX];
     fg_variant_name(cv, name, sizeof name);
@@ -223,6 +240,8 @@ static fg_status check_problem_bwd(trun *R, int pi, uint64_t seed) {
                  (unsigned long long)seed, BWD_CHECK_HQ, BWD_CHECK_HKV, (long long)N);
     /* A correct candidate gets its result in the timing stage. */
   }
+  for (int c = 0; c < T->n; c++)
+    if (P->measure[c] && !T->checked[c]) keep_verdict(P, T, c);
 out:
   fg_dev_free(ctx, mem);
   free(h), free(ref), free(naive);
@@ -234,6 +253,9 @@ fg_status fg_tune_check_problem(trun *R, int pi, uint64_t seed) {
   fg_context *ctx = R->ctx;
   tprob *P = &R->pr[pi];
   ttriple *T = &R->tri[P->tri];
+  int todo = 0; /* candidates no earlier bucket of the triple checked */
+  for (int c = 0; c < T->n; c++) todo += P->measure[c] && !P->have_res[c] && !checked_before(P, T, c);
+  if (todo == 0) return FG_OK;
   const fg_tune_problem *pb = &R->problems[pi];
   tdev *D = &R->D;
   const int64_t n = pb->n < CHECK_N_MAX ? pb->n : CHECK_N_MAX;
@@ -286,7 +308,7 @@ fg_status fg_tune_check_problem(trun *R, int pi, uint64_t seed) {
                           D->hlse, D->href, D->hreflse, D->hlowp};
 
   for (int c = 0; c < T->n; c++) {
-    if (!P->measure[c] || P->have_res[c]) continue; /* compile failures are already set */
+    if (!P->measure[c] || P->have_res[c] || T->checked[c]) continue; /* compile failures are set */
     const fg_variant *v = &T->cands[c];
     char name[FG_VARIANT_NAME_MAX];
     fg_variant_name(v, name, sizeof name);
@@ -318,5 +340,7 @@ fg_status fg_tune_check_problem(trun *R, int pi, uint64_t seed) {
     }
     /* A correct candidate gets its result in the timing stage. */
   }
+  for (int c = 0; c < T->n; c++)
+    if (P->measure[c] && !T->checked[c]) keep_verdict(P, T, c);
   return FG_OK;
 }

@@ -59,6 +59,11 @@ typedef struct ttriple {
   fg_variant seed_v;
   int last_winner;              /* index of the winner of the previous bucket, -1 */
   double last_ratio[MAX_CANDS]; /* time / the winner's time at the previous bucket; 0: unknown */
+  /* The correctness check runs once per candidate and triple (at the first bucket that
+   * measures it): 0 not yet, 1 passed, 2 failed (check_reason says why; every later bucket
+   * rejects it with that reason). */
+  unsigned char checked[MAX_CANDS];
+  char check_reason[MAX_CANDS][512];
 } ttriple;
 
 /* What one problem needs. */
@@ -129,9 +134,10 @@ void fg_tune_compile_all(trun *R, fg_generator *g, const fg_cache_key *base, fg_
 /* ------------------------------------------------------------------------------------------ */
 /* Checking (tune_check.c). */
 
-/* The correctness check of every candidate to measure for problem pi (forward or backward), on
- * fresh random inputs drawn from seed; a wrong candidate gets its result (rejected) here, a
- * correct one in the timing stage. Returns FG_OK, or a failure that stops the whole run (the
+/* The correctness check of every candidate to measure for problem pi (forward or backward) that
+ * no earlier bucket of its triple checked, on fresh random inputs drawn from seed (an earlier
+ * bucket's verdict stands: a candidate is checked once per op, d, dtype and mask); a wrong
+ * candidate gets its result (rejected) here, a correct one in the timing stage. Returns FG_OK, or a failure that stops the whole run (the
  * context is broken). */
 fg_status fg_tune_check_problem(trun *R, int pi, uint64_t seed);
 /* Releases the buffers of the correctness check (device and host); they can be made again. */

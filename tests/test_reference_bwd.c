@@ -367,8 +367,8 @@ Test(reference_bwd, heads_kv_must_divide_heads_q) {
 
 /* fg_reference_backward_periodic (the reference of `flashgen check`'s case past 2^31 elements)
  * against fg_reference_backward of the same problem written out row by row: Q and dO repeat a
- * pattern of P rows over n = 3P + 5 rows (a partial period at the end), without a mask (every
- * row's dQ is its pattern row's; dK, dV the full sums) and causal (only the last Nk rows see a
+ * pattern of P rows over n = 3P + 5 rows (a partial period at the end; dO negated in odd
+ * periods), without a mask (every row's dQ is its pattern row's, signed; dK, dV the full sums) and causal (only the last Nk rows see a
  * key), and a problem shorter than a period. */
 static void periodic_vs_direct(int causal, int64_t P, int64_t n, int64_t Nk) {
   const int64_t d = 16;
@@ -377,6 +377,8 @@ static void periodic_vs_direct(int causal, int64_t P, int64_t n, int64_t Nk) {
   for (int64_t i = 0; i < n; i++) {
     memcpy(q + i * d, pat.q16 + (i % P) * d, (size_t)d * 2);
     memcpy(d_o + i * d, pat.do16 + (i % P) * d, (size_t)d * 2);
+    if (i / P % 2)
+      for (int64_t x = 0; x < d; x++) d_o[i * d + x] ^= 0x8000; /* odd periods: dO negated */
   }
   fg_bwd_host_problem full = pat.p;
   full.seqlen_q = n;
@@ -401,7 +403,7 @@ static void periodic_vs_direct(int causal, int64_t P, int64_t n, int64_t Nk) {
     for (int64_t x = 0; x < d; x++) {
       double want = fq[i * d + x], got;
       if (causal) got = i >= n - rows ? pq[(i - (n - rows)) * d + x] : 0.0;
-      else got = pq[(i % P) * d + x];
+      else got = (i / P % 2 ? -1 : 1) * pq[(i % P) * d + x];
       cr_assert_float_eq(got, want, 1e-12, "dQ row %lld col %lld (causal %d)", (long long)i,
                          (long long)x, causal);
     }
@@ -412,7 +414,7 @@ static void periodic_vs_direct(int causal, int64_t P, int64_t n, int64_t Nk) {
 Test(reference_bwd, periodic_equals_written_out) {
   for (int causal = 0; causal <= 1; causal++) {
     periodic_vs_direct(causal, 7, 3 * 7 + 5, 5);
-    periodic_vs_direct(causal, 7, 4 * 7, 9); /* whole periods, more keys than a period's rows */
+    periodic_vs_direct(causal, 7, 5 * 7, 9); /* whole periods, more keys than a period's rows */
     periodic_vs_direct(causal, 7, 4, 5);     /* shorter than a period; causal: fewer rows than
                                                 keys */
   }
