@@ -7,14 +7,17 @@
  *   - render and compile (fg_nvrtc_compile refuses a wgmma pipeline that ptxas serialized);
  *   - spill at most fg_variant_spill_limit bytes (stores and loads; stack at most twice that),
  *     as ptxas reports for the plan's main kernel (kernel meta: regs, spill_*_bytes);
- *   - hold every entry of its plan (meta steps) as a global function in the cubin, and report the
- *     registers of the main one: the meta's count equals the main entry's in the cubin (the
- *     .text.<entry> section's sh_info >> 24), and in a plan of several kernels the main one
- *     uses more than any other (backward: > 64; its _pre and _post use about 30);
- *   - fit the device the arch stands for (fg_variant_fits, and per step: dynamic + static shared
- *     memory within the opt-in limit, threads and registers x threads within the block's).
+ *   - hold every entry of its plan (meta steps) as a global function with code in the cubin, and
+ *     report the main one's numbers: the meta's registers and stack frame equal the main entry's
+ *     in the cubin's .nv.info (REGCOUNT, FRAME_SIZE), and in a plan of several kernels the main
+ *     one uses more registers than any other (backward: > 64; its _pre and _post use about 30);
+ *   - fit the device the arch stands for (fg_variant_fits, and per step: the plan's dynamic
+ *     shared memory within the opt-in limit, no static shared memory the manifest does not count,
+ *     threads and registers x threads within a block's).
+ * The checks themselves are tested on a doctored backward image (the last test).
  * A failing kernel prints one line "FAIL <variant>: <what>; <its numbers>"; each set prints its
- * count, mean NVRTC time and wall time. The compiles run on fg_compile_pool (every CPU).
+ * count, wall time, mean NVRTC time, most registers and spill; FLASHGEN_TEST_VERBOSE=1 adds a line
+ * "ok <variant>: <numbers>" per kernel. The compiles run on fg_compile_pool (every CPU).
  * FLASHGEN_TEST_SAMPLE=1 (the sanitizer build) compiles every 8th kernel of each set. */
 #include <criterion/criterion.h>
 #include <stddef.h>
