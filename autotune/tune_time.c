@@ -13,6 +13,12 @@
 #define WARMUP_RUNS 3
 #define FIRST_RUNS 3      /* timed runs before the early stop is considered */
 #define SLOWER_FACTOR 3.0 /* stop timing a candidate this much slower than the best so far */
+/* Not timed at all when it was this much slower than the winner at the previous (smaller) bucket
+ * of the same triple. A candidate's speed relative to the others changes little from one length
+ * bucket to the next (twice as long; on an H100 the default set's winner changed between
+ * buckets at 5 of its 40 steps, bench/latest/tune_report.md), and timing clear losers again
+ * at every bucket took the default set's tune past its 60 s budget (68 s). */
+#define CARRY_SLOWER 1.6
 #define RUN_MIN_MS 0.5    /* a timed run repeats a short kernel to last at least this long */
 #define INNER_MAX 32
 #define RUNOFF_MAX 4
@@ -277,10 +283,10 @@ fg_status fg_tune_time_problem(trun *R, int pi) {
     const fg_variant *v = &T->cands[c];
     char name[FG_VARIANT_NAME_MAX];
     fg_variant_name(v, name, sizeof name);
-    /* Lost by more than SLOWER_FACTOR at the previous (smaller) bucket of the same (d, dtype,
+    /* Lost by more than CARRY_SLOWER at the previous (smaller) bucket of the same (d, dtype,
      * causal): it will not win here, and at large N one run can cost a second (kv_outer runs one
      * block per head). Not timed, not recorded for this bucket; --retune does not change this. */
-    if (c != T->seed && T->last_ratio[c] > SLOWER_FACTOR) {
+    if (c != T->seed && T->last_ratio[c] > CARRY_SLOWER) {
       P->measure[c] = 0;
       continue;
     }
