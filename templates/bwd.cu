@@ -50,7 +50,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const u32 sbase = smem_addr(smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const u32 bhk = blockIdx.y, b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
-  const i64 k0 = (i64)blockIdx.x * BC, Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
+  const int kb = key_block(p);
+  const i64 k0 = (i64)kb * BC, Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
   const int G = (int)p.hq_per_hkv;
   const bwd_span sp = bwd_span_of(p, k0);
   const int i0 = sp.i0, per_head = sp.per_head, n_items = sp.n_items;
@@ -92,6 +93,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     for (int nd = 0; nd < ND; ++nd)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[mt][nd][e] = dv[mt][nd][e] = 0.f;
+  // f(i, dK element, dV element) for this thread's accumulator elements, i = 0 ... MT * ND * 4 - 1.
+  auto each_acc = [&](auto f) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nd = 0; nd < ND; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f((mt * ND + nd) * 4 + e, dk[mt][nd][e], dv[mt][nd][e]);
+  };
 
   for (int it = 0; it < n_items; ++it) {
     const int st = STAGES == 2 ? (it & 1) : 0;
@@ -230,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       }
     }
     u32 *sem = dq_sem(p, b, h, q0);
-    dq_sem_wait(p, sem, tid);
+    dq_sem_wait(p, sem, q0, tid);
     float *acc = dq_acc(p) + (((i64)b * p.heads_q + h) * Nq + q0) * D;
     const int q_left = (int)(Nq - q0 < BR ? Nq - q0 : BR);
 #pragma unroll
@@ -242,8 +252,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
           add_dq_tile(acc + (wq * MQ + mq) * 16 * D, g, t, c, q_left - (wq * MQ + mq) * 16,
                       dq[mq][nq][0], dq[mq][nq][1], dq[mq][nq][2], dq[mq][nq][3]);
       }
-    dq_sem_release(p, sem, tid);
+    dq_sem_release(p, sem, q0, tid);
     if constexpr (STAGES == 1) __syncthreads();  // before the next block overwrites Q and dO
+    if (FLUSH_ITEMS > 0 && p.dkv && (it + 1) % (FLUSH_ITEMS > 0 ? FLUSH_ITEMS : 1) == 0 &&
+        it + 1 < n_items) {  // long query ranges
+      float *blk = dkv_block(p, MT * ND * 4);
+      const bool first = it + 1 == FLUSH_ITEMS;
+      each_acc([&](int i, float &k, float &v) {
+        k = dkv_out(blk, i, tid, k, first);
+        v = dkv_out(blk, MT * ND * 4 + i, tid, v, first);
+      });
+    }
+  }
+  if (FLUSH_ITEMS > 0 && p.dkv && n_items > FLUSH_ITEMS) {  // the flushed partial sums back
+    const float *blk = dkv_block(p, MT * ND * 4);
+    each_acc([&](int i, float &k, float &v) {
+      k += dkv_in(blk, i, tid);
+      v += dkv_in(blk, MT * ND * 4 + i, tid);
+    });
   }
 
   // dK = scale * sum dS^T Q and dV, in the element type, straight from the accumulators.

@@ -124,6 +124,13 @@ function M.entry(v) return "fg_" .. v.name end
 -- through launch(v).constants): query rows and threads per block of _pre and _post, and query
 -- rows per semaphore of deterministic mode.
 local AUX_ROWS, AUX_THREADS, SEM_ROWS = 64, 128, 16
+-- Long query ranges: dK and dV leave the tensor cores' accumulators every FLUSH_ROWS query rows
+-- of a key block (bwd_aux.cuh), into the workspace dkv_accum that exists only then. Not in
+-- kv_outer above d = 128: there the flush's code spilled past the limit (d = 192 on sm_90a:
+-- 332 B), and those kernels keep the tensor cores' sums (their dK, dV drift past ~1M query rows
+-- per key block).
+local FLUSH_ROWS = 65536
+local function flush_rows(v) return (v.loop == "kv_wgmma" or v.d <= 128) and FLUSH_ROWS or 0 end
 
 -- The plan (core/fg_kernel.h), run in order with one fg_bwd_params:
 --   <entry>_pre   grid q_tiles (ceil(Nq / 64), B * Hq), 128 threads: D = rowsum(dO * O), the dQ
@@ -150,7 +157,8 @@ local function plan(v, template, threads, smem)
       { name = "dsum", param = "dsum", bytes = 4, rows = 1 },
       { name = "semaphores", param = "sem", bytes = 4, rows = SEM_ROWS, deterministic = true },
     },
-    constants = { pre_rows = AUX_ROWS, pre_threads = AUX_THREADS, sem_rows = SEM_ROWS },
+    constants = { pre_rows = AUX_ROWS, pre_threads = AUX_THREADS, sem_rows = SEM_ROWS,
+                  flush_rows = flush_rows(v) },
   }
 end
 

@@ -11,6 +11,15 @@ constexpr int PRE_ROWS = {{ pre_rows }}, PRE_THREADS = {{ pre_threads }}, SEM_RO
 static_assert(BR % SEM_ROWS == 0 && PRE_ROWS % SEM_ROWS == 0 && PRE_ROWS / SEM_ROWS <= PRE_THREADS,
               "a semaphore covers whole query blocks, and _pre zeroes its rows' semaphores");
 constexpr float LOG2E = 1.4426950408889634f;
+// Long query ranges (the plan's workspace dkv_accum, at p.dkv, present only when a key block
+// walks more than this many query rows): every FLUSH_ITEMS query blocks the main kernel moves
+// its dK and dV partial sums out of the tensor cores' fp32 accumulators, whose sums drift over
+// millions of additions (H100, kv_wgmma: dK of 16.8M query rows erred 1.8% of its largest value
+// against 0.4% for a naive same-precision computation), into an fp32 scratch summed with plain
+// adds.
+// FLUSH_ROWS = 0: this kernel does not flush (bwd.lua says where), and its plan has no dkv_accum.
+constexpr int FLUSH_ROWS = {{ flush_rows }}, FLUSH_ITEMS = FLUSH_ROWS / BR;
+static_assert(FLUSH_ROWS % BR == 0, "a flush after whole query blocks");
 
 FG_DEV void ld_global_v4(const void *g, u32 &a, u32 &b, u32 &c, u32 &d) {
   asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(g));
@@ -102,28 +111,67 @@ FG_DEV void load_lse_d(float *sl, const fg_bwd_params &p, u32 b, i64 h, i64 q0, 
   }
 }
 
-// Deterministic mode: before adding its part of the dQ tile of rows q0 ... of head (b, h), a key
-// block waits until the key blocks before it have added theirs (every one of them does: they
-// walk the same tiles in the same order, and a block earlier in x sees at least the tiles of a
-// later one); after, it passes the tile on. Both are called by every thread of the block.
+// The key block (of BC keys) this thread block computes: blockIdx.x, but in deterministic causal
+// mode the blocks go in reverse (the last key block first), because there the dQ tiles are
+// passed from the last key block down (dq_rank): a block then waits only for blocks before it
+// in x, which the GPU starts first.
+FG_DEV int key_block(const fg_bwd_params &p) {
+  if (CAUSAL && p.deterministic) return (int)(gridDim.x - 1 - blockIdx.x);
+  return (int)blockIdx.x;
+}
+// Deterministic mode: the key blocks add their parts of each dQ tile (the rows q0 ... of head
+// (b, h)) in a fixed order, each after the ones before it: rank is how many come before key
+// block kb = key_block(p). Without a mask every key block sees every tile: ascending, rank kb. Causal (bottom-
+// right), the blocks that see tile i are 0 ... jmax(i) (key block j's first query block is the
+// one of query j * BC - diag, bwd_span_of): descending from jmax(i), rank jmax(i) - kb. In that
+// order a block's first tile waits for nobody (it is the last key block that sees it) and every
+// later one for blocks that started one tile earlier, so the additions overlap instead of
+// filling a pipeline of all key blocks (ascending cost 2.2-2.4x the non-deterministic time at
+// N = 4k-16k, H100). Every block of the order does add to the tile: they walk the same tiles in
+// the same order, each from its own first one.
+FG_DEV u32 dq_rank(const fg_bwd_params &p, i64 q0) {
+  const int kb = key_block(p);  // from the block's index again: nothing held across the loop
+  if constexpr (CAUSAL) {
+    const i64 last = (q0 + BR - 1 + p.seqlen_k - p.seqlen_q) / BC;  // jmax: j * BC <= that row + diag
+    return (u32)((last < (i64)gridDim.x - 1 ? last : (i64)gridDim.x - 1) - kb);
+  }
+  return (u32)kb;
+}
 FG_DEV u32 *dq_sem(const fg_bwd_params &p, u32 b, i64 h, i64 q0) {
   return (u32 *)p.sem + ((i64)b * p.heads_q + h) * sems_per_head(p) + q0 / SEM_ROWS;
 }
-FG_DEV void dq_sem_wait(const fg_bwd_params &p, u32 *sem, int tid) {
+// Both are called by every thread of the block, for the tile of rows q0 ...
+FG_DEV void dq_sem_wait(const fg_bwd_params &p, u32 *sem, i64 q0, int tid) {
   if (p.deterministic) {
-    if (tid == 0)
-      while (ld_acquire(sem) != blockIdx.x) {
+    if (tid == 0) {
+      const u32 rank = dq_rank(p, q0);
+      while (ld_acquire(sem) != rank) {
       }
+    }
     __syncthreads();
   }
 }
-FG_DEV void dq_sem_release(const fg_bwd_params &p, u32 *sem, int tid) {
+FG_DEV void dq_sem_release(const fg_bwd_params &p, u32 *sem, i64 q0, int tid) {
   if (p.deterministic) {
     __threadfence();
     __syncthreads();
-    if (tid == 0) st_release(sem, blockIdx.x + 1);
+    if (tid == 0) st_release(sem, dq_rank(p, q0) + 1);
   }
 }
+// The dK/dV scratch of this block: 2 x N floats per thread (dK's N, then dV's), element i of
+// thread tid at i * THREADS + tid; blocks one after the other in (y, x) order (the runtime sizes
+// it per key row, seqlen_k rounded up to the block's keys).
+FG_DEV float *dkv_block(const fg_bwd_params &p, int n) {
+  return (float *)p.dkv + ((u64)blockIdx.y * gridDim.x + blockIdx.x) * (u64)(2 * n * THREADS);
+}
+// Moves x (accumulator element i of this thread) into the scratch: stores it at the first flush,
+// adds it after; returns 0, the accumulator's new value.
+FG_DEV float dkv_out(float *blk, int i, int tid, float x, bool first) {
+  float *a = blk + (u64)i * THREADS + tid;
+  *a = (first ? 0.f : *a) + x;
+  return 0.f;
+}
+FG_DEV float dkv_in(const float *blk, int i, int tid) { return blk[(u64)i * THREADS + tid]; }
 }  // namespace
 
 // D = rowsum(dO * O) in fp32; zeroes the row's dQ accumulator. Grid (ceil(Nq / 64), B * Hq).
