@@ -23,8 +23,8 @@ static inline void test_backward_plan(fg_kernel_meta *m, const char *name, int d
   snprintf(m->steps[0].entry, sizeof m->steps[0].entry, "%.58s_pre", e);
   snprintf(m->steps[2].entry, sizeof m->steps[2].entry, "%.58s_post", e);
   m->n_workspaces = 3;
-  m->workspaces[0] = (fg_plan_workspace){"dq_accum", "workspace", 4 * d, 1, 0};
-  m->workspaces[1] = (fg_plan_workspace){"dsum", "dsum", 4, 1, 0};
-  m->workspaces[2] = (fg_plan_workspace){"semaphores", "sem", 4, 16, 1};
+  m->workspaces[0] = (fg_plan_workspace){"dq_accum", "workspace", 4 * d, 1, 0, 0, 0};
+  m->workspaces[1] = (fg_plan_workspace){"dsum", "dsum", 4, 1, 0, 0, 0};
+  m->workspaces[2] = (fg_plan_workspace){"semaphores", "sem", 4, 16, 1, 0, 0};
 }
 #endif

@@ -634,9 +634,9 @@ Test(render, backward_plan_comes_from_the_manifest) {
   }
   /* (d + 1) * 4 B per row, and 4 B per 16 rows when deterministic. */
   uint64_t b = 0;
-  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 100, 0, &b, NULL), 0);
+  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 5, 100, 100, 0, &b, NULL), 0);
   cr_assert_eq(b, 3u * 5 * 100 * 129 * 4);
-  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 100, 1, &b, NULL), 0);
+  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 5, 100, 100, 1, &b, NULL), 0);
   cr_assert_eq(b, 3u * 5 * 100 * 129 * 4 + 3u * 5 * 7 * 4);
   cr_assert_not_null(
       strstr(src, "constexpr int PRE_ROWS = 64, PRE_THREADS = 128, SEM_ROWS = 16;"),
