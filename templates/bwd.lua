@@ -124,6 +124,10 @@ function M.entry(v) return "fg_" .. v.name end
 -- through launch(v).constants): query rows and threads per block of _pre and _post, and query
 -- rows per semaphore of deterministic mode.
 local AUX_ROWS, AUX_THREADS, SEM_ROWS = 64, 128, 16
+-- Query rows one K/V head's dK and dV are summed over (seqlen_q * heads_q / heads_kv) past which
+-- the plan carries the fp32 dK/dV partial sums per key row (dkv_accum, p.dkv), flushed every
+-- FLUSH_ROWS of them (the templates read it as flush_rows).
+local FLUSH_ROWS = 65536
 
 -- The plan (core/fg_kernel.h), run in order with one fg_bwd_params:
 --   <entry>_pre   grid q_tiles (ceil(Nq / 64), B * Hq), 128 threads: D = rowsum(dO * O), the dQ
@@ -132,12 +136,15 @@ local AUX_ROWS, AUX_THREADS, SEM_ROWS = 64, 128, 16
 --   <entry>_post  grid q_tiles, 128 threads: dQ = scale * accumulator
 -- Workspaces, per (batch, query head), one after the other: the fp32 dQ accumulator (d floats per
 -- query row, at p.workspace), D (1 float per row, p.dsum) and in deterministic mode a 4-byte
--- semaphore per 16 query rows (p.sem).
+-- semaphore per 16 query rows (p.sem); and past FLUSH_ROWS query rows per K/V head, per key row
+-- of each (batch, KV head), seqlen_k rounded up to Bc, the fp32 dK and dV partial sums (2 d_pad
+-- floats for kv_outer, 2 d for kv_wgmma, at p.dkv).
 --
 -- The plan of a backward template whose main kernel takes `threads` and `smem` (another
 -- backward template returns its own through this, with its own main kernel).
 local function plan(v, template, threads, smem)
   local e = M.entry(v)
+  local dkv_cols = v.loop == "kv_outer" and M.layout(v).d_pad or v.d
   return {
     template = template, main = 2,
     steps = {
@@ -149,8 +156,11 @@ local function plan(v, template, threads, smem)
       { name = "dq_accum", param = "workspace", bytes = 4 * v.d, rows = 1 },
       { name = "dsum", param = "dsum", bytes = 4, rows = 1 },
       { name = "semaphores", param = "sem", bytes = 4, rows = SEM_ROWS, deterministic = true },
+      { name = "dkv_accum", param = "dkv", bytes = 8 * dkv_cols, rows = 1, per = "key",
+        min_group_rows = FLUSH_ROWS },
     },
-    constants = { pre_rows = AUX_ROWS, pre_threads = AUX_THREADS, sem_rows = SEM_ROWS },
+    constants = { pre_rows = AUX_ROWS, pre_threads = AUX_THREADS, sem_rows = SEM_ROWS,
+                  flush_rows = FLUSH_ROWS },
   }
 end
 
