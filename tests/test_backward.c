@@ -892,6 +892,107 @@ Test(backward_launch, deterministic_semaphores_follow_d, .init = fake_setup,
             fg_context_last_error(ctx));
 }
 
+/* The dK/dV partial sums (templates/bwd.lua's dkv_accum): 8 d B per key row of each (batch, KV
+ * head), seqlen_k rounded up to Bc, after the other workspaces, only when seqlen_q * Hq / Hkv >
+ * 65536; p.dkv is 0 otherwise. GQA 4: Nq = 16384 is at the threshold, 16385 past it. */
+static size_t dkv_bytes(int64_t B, int64_t Hkv, int64_t Nk, int64_t bc, int64_t d) {
+  return (size_t)(B * Hkv * (int64_t)cdiv((uint64_t)Nk, (uint64_t)bc) * bc * 8 * d);
+}
+
+Test(backward_launch, dkv_partial_sums_only_past_the_threshold, .init = fake_setup,
+     .fini = fake_teardown) {
+  char pre[128], mn[128], post[128];
+  fg_variant v;
+  for (int det = 0; det < 2; det++) {
+    for (int64_t Nq = 16384; Nq <= 16385; Nq++) {
+      fake_reset();
+      fg_attention_backward_args a = bwd_problem(FG_DTYPE_BF16, 0, 3, 8, 2, Nq, 300, 64);
+      a.deterministic = det;
+      entries(&a, pre, mn, post, &v);
+      const int past = Nq == 16385;
+      const size_t sems = det ? (size_t)(3 * 8 * cdiv((uint64_t)Nq, 16) * 4) : 0;
+      const size_t before = ws_bytes(3, 8, Nq, 64) + sems;
+      const size_t want = before + (past ? dkv_bytes(3, 2, 300, v.bc, 64) : 0);
+      size_t need = 0;
+      cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &need), FG_OK, "%s",
+                   fg_context_last_error(ctx));
+      cr_assert_eq(need, want, "Nq %lld, deterministic %d: %zu bytes, want %zu", (long long)Nq,
+                   det, need, want);
+      a.workspace = P(BASE(10));
+      a.workspace_size = need;
+      cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s",
+                   fg_context_last_error(ctx));
+      cr_assert_eq(fake_launch_count(), 3);
+      for (int i = 0; i < 3; i++) {
+        const fg_bwd_params *p = &launch(i)->params;
+        cr_assert_eq(p->dkv, past ? BASE(10) + before : 0,
+                     "Nq %lld, deterministic %d, launch %d: dkv 0x%llx", (long long)Nq, det, i,
+                     p->dkv);
+        cr_assert_eq(p->workspace, BASE(10));
+      }
+      /* Allocated for the call: the same bytes. */
+      fake_reset();
+      a.workspace = NULL;
+      a.workspace_size = 0;
+      cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s",
+                   fg_context_last_error(ctx));
+      int allocs, frees;
+      size_t bytes;
+      fake_mem_counts(&allocs, &frees, &bytes);
+      cr_assert(allocs == 1 && bytes == want, "%d allocations, %zu bytes (want %zu)", allocs,
+                bytes, want);
+      cr_assert_eq(launch(1)->params.dkv != 0, past);
+    }
+  }
+  /* MQA: the group is all of Hq (8 * 8193 > 65536); Hkv = Hq: no group (8 * 16385 rows are
+   * spread over 8 K/V heads). */
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_BF16, 0, 1, 8, 1, 8193, 300, 64);
+  entries(&a, pre, mn, post, &v);
+  size_t need = 0;
+  cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &need), FG_OK);
+  cr_assert_eq(need, ws_bytes(1, 8, 8193, 64) + dkv_bytes(1, 1, 300, v.bc, 64));
+  a = bwd_problem(FG_DTYPE_BF16, 0, 1, 8, 8, 16385, 300, 64);
+  cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &need), FG_OK);
+  cr_assert_eq(need, ws_bytes(1, 8, 16385, 64));
+}
+
+/* Split along the batch past the grid's y limit, each chunk's p.dkv starts at its first batch's
+ * partial sums: b0 * Hkv * ceil(Nk / Bc) * Bc * 8 d bytes in. Tensors 2^42 bytes apart (these
+ * are larger than BASE's spacing). */
+Test(backward_launch, dkv_partial_sums_follow_the_batch_split, .init = fake_setup,
+     .fini = fake_teardown) {
+  /* B * Hq = 80000 > 65535: chunks of 32767 batches; Nq * Hq / Hkv = 65538. */
+  const int64_t B = 40000, Hq = 2, Hkv = 1, Nq = 32769, Nk = 100, d = 32;
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_F16, 0, B, Hq, Hkv, Nq, Nk, d);
+  const void **in[6] = {&a.q, &a.k, &a.v, &a.o, (const void **)&a.lse, &a.d_o};
+  void **out[3] = {&a.dq, &a.dk, &a.dv};
+  for (int i = 0; i < 6; i++) *in[i] = P((uintptr_t)(i + 1) << 42);
+  for (int i = 0; i < 3; i++) *out[i] = P((uintptr_t)(i + 7) << 42);
+  char pre[128], mn[128], post[128];
+  fg_variant v;
+  entries(&a, pre, mn, post, &v);
+  const uintptr_t ws = (uintptr_t)10 << 42;
+  const size_t before = ws_bytes(B, Hq, Nq, d), per_batch = dkv_bytes(1, Hkv, Nk, v.bc, d);
+  size_t need = 0;
+  cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &need), FG_OK, "%s",
+               fg_context_last_error(ctx));
+  cr_assert_eq(need, before + (size_t)B * per_batch);
+  a.workspace = P(ws);
+  a.workspace_size = need;
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 6, "%d launches", fake_launch_count());
+  for (int c = 0; c < 2; c++) {
+    const int64_t b0 = c * 32767;
+    for (int i = 0; i < 3; i++) {
+      const fg_bwd_params *p = &launch(3 * c + i)->params;
+      cr_assert_eq(p->batch, c == 0 ? 32767 : B - 32767);
+      cr_assert_eq(p->dkv, ws + before + (uint64_t)b0 * per_batch,
+                   "chunk %d, launch %d: dkv 0x%llx", c, i, p->dkv);
+      cr_assert_eq(p->workspace, ws + (uint64_t)(b0 * Hq * Nq * d * 4), "chunk %d", c);
+    }
+  }
+}
+
 /* The runtime runs the kernel's plan as data: another plan (auxiliary kernels of 32 rows and 64
  * threads, shared memory for the last, semaphores per 32 rows, and then two steps only) changes
  * the launches, the workspace size and the workspaces' places, with no constant of its own. */
