@@ -674,8 +674,19 @@ Test(render, backward_dkv_workspace_holds_the_padded_head_dim) {
     cr_assert_str_eq(w->param, "dkv", "%s", cases[i].name);
     cr_assert(w->per_key == 1 && w->rows == 1 && w->bytes == 8 * cases[i].cols,
               "%s: %d B per key row (expected %d)", cases[i].name, w->bytes, 8 * cases[i].cols);
+    cr_assert(strstr(src, "FLUSH_ROWS = 65536"), "%s flushes", cases[i].name);
     free(src);
   }
+  /* kv_outer above d = 128 does not flush (its registers have no room): no dkv_accum, and the
+   * template renders FLUSH_ROWS = 0. */
+  fg_variant v = parse("bwd_d192_br64_bc64_bf16_noncausal_kvouter_w8_s1_sm90a");
+  char *src = NULL, err[4096];
+  fg_kernel_meta meta;
+  cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
+  for (int i = 0; i < meta.n_workspaces; i++)
+    cr_assert(strcmp(meta.workspaces[i].param, "dkv") != 0, "d = 192 kv_outer has a dkv_accum");
+  cr_assert(strstr(src, "FLUSH_ROWS = 0,"), "d = 192 kv_outer renders FLUSH_ROWS = 0");
+  free(src);
   fg_generator_destroy(g);
 }
 
