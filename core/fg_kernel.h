@@ -31,22 +31,16 @@ typedef struct fg_plan_step {
   int smem_bytes;        /* dynamic shared memory per block */
 } fg_plan_step;
 
-/* One workspace of a plan: `bytes` per unit of each (batch, head), laid out batch-major, one
- * workspace after the other in the order of the plan, with no padding between them (so its size
- * is a function of the problem's shape and the plan only). A unit is `rows` query rows (rounded
- * up) of a query head, or (per_key) one key row of a KV head, seqlen_k rounded up to the main
- * step's br (its Bc: the main step's grid is kv_tiles). A workspace with min_group_rows > 0
- * exists only when seqlen_q * (heads_q / heads_kv) > min_group_rows (the backward's dK/dV
- * partial sums, for long query ranges). The parameter-block field `param` points at it. */
+/* One workspace of a plan: `bytes` per `rows` query rows (rounded up) of each (batch, query
+ * head), laid out batch-major, one workspace after the other in the order of the plan, with no
+ * padding between them (so its size is a function of batch, heads_q, seqlen_q only). The
+ * parameter-block field `param` points at it. */
 typedef struct fg_plan_workspace {
   char name[24];         /* what it holds, for messages ("dq_accum") */
   char param[16];        /* the parameter-block field it is passed in ("workspace", "dsum") */
   int bytes;             /* per unit */
-  int rows;              /* query rows per unit (>= 1; 1 when per_key) */
+  int rows;              /* query rows per unit (>= 1) */
   int deterministic_only; /* only in deterministic mode (the backward's semaphores) */
-  int per_key;           /* 1: units are the key rows of each (batch, KV head); 0: query rows */
-  long long min_group_rows; /* exists only when seqlen_q * heads_q / heads_kv exceeds it; 0 =
-                               always */
 } fg_plan_workspace;
 
 /* The launch contract a template declares for a variant: its plan. */
@@ -72,8 +66,7 @@ void fg_kernel_meta_single(fg_kernel_meta *m, const char *entry, fg_grid_kind gr
 
 /* NULL when m is a well-formed plan (counts in range, entries set and NUL-terminated, grid kinds
  * known, br > 0 where the grid uses it, threads > 0, shared memory >= 0, workspaces with a name,
- * a param, bytes > 0, rows >= 1, min_group_rows >= 0, per_key 0 or 1 and only with rows = 1
- * and a kv_tiles main step), else what is wrong (a static string). */
+ * a param, bytes > 0 and rows >= 1), else what is wrong (a static string). */
 const char *fg_kernel_meta_invalid(const fg_kernel_meta *m);
 
 /* The grid kind's name in manifests and plans ("q_tiles", "heads", "rows", "kv_tiles"), and
@@ -81,30 +74,19 @@ const char *fg_kernel_meta_invalid(const fg_kernel_meta *m);
 const char *fg_grid_kind_name(fg_grid_kind g);
 fg_grid_kind fg_grid_kind_parse(const char *s);
 
-/* The heads of each batch that workspace w has units for: heads_kv when per_key, else heads_q. */
-static inline int64_t fg_plan_workspace_heads(const fg_plan_workspace *w, int64_t heads_q,
-                                              int64_t heads_kv) {
-  return w->per_key ? heads_kv : heads_q;
-}
+/* Units of workspace w per (batch, query head): ceil(seqlen_q / rows), 0 when it is not used
+ * (deterministic_only and not deterministic). */
+uint64_t fg_plan_workspace_units(const fg_plan_workspace *w, int64_t seqlen_q, int deterministic);
 
-/* Units of workspace w per (batch, head) (fg_plan_workspace_heads): ceil(seqlen_q / rows), or
- * (per_key) ceil(seqlen_k / main_br) * main_br with main_br the main step's br; 0 when it is not
- * used (deterministic_only and not deterministic, or seqlen_q * (heads_q / heads_kv) <=
- * min_group_rows). */
-uint64_t fg_plan_workspace_units(const fg_plan_workspace *w, int main_br, int64_t heads_q,
-                                 int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
-                                 int deterministic);
-
-/* Bytes of all m's workspaces for (batch, heads_q, heads_kv, seqlen_q, seqlen_k), and where
- * workspace i starts (offsets[i], when offsets is not NULL; unused ones start where the next
- * would). -1 on 64-bit overflow. */
+/* Bytes of all m's workspaces for (batch, heads_q, seqlen_q), and where workspace i starts
+ * (offsets[i], when offsets is not NULL; unused ones start where the next would). -1 on 64-bit
+ * overflow. */
 int fg_plan_workspace_bytes(const fg_kernel_meta *m, int64_t batch, int64_t heads_q,
-                            int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k, int deterministic,
-                            uint64_t *bytes, uint64_t offsets[FG_PLAN_MAX_WORKSPACES]);
+                            int64_t seqlen_q, int deterministic, uint64_t *bytes,
+                            uint64_t offsets[FG_PLAN_MAX_WORKSPACES]);
 
 /* The plan as text, one line per item ("main 1", "step <entry> <grid> <br> <threads> <smem>",
- * "workspace <name> <param> <bytes> <rows> <deterministic_only> <per_key> <min_group_rows>"):
- * what the cache stores (a workspace line of another shape does not parse).
+ * "workspace <name> <param> <bytes> <rows> <deterministic_only>"): what the cache stores.
  * Returns the length (snprintf's), the text truncated at len. */
 int fg_kernel_plan_format(const fg_kernel_meta *m, char *buf, size_t len);
 /* Reads such text into m's plan (the other fields untouched). NULL, or what is wrong. */

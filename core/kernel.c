@@ -62,52 +62,25 @@ const char *fg_kernel_meta_invalid(const fg_kernel_meta *m) {
     if (!w->name[0] || !memchr(w->name, 0, sizeof w->name) || !w->param[0] ||
         !memchr(w->param, 0, sizeof w->param) || w->bytes <= 0 || w->rows < 1)
       return "a workspace of its plan is malformed (name, param, bytes or rows)";
-    if (w->min_group_rows < 0 || (w->per_key != 0 && w->per_key != 1))
-      return "a workspace of its plan is malformed (per_key or min_group_rows)";
-    if (w->per_key && (w->rows != 1 || fg_kernel_main(m)->grid != FG_GRID_KV_TILES))
-      return "a workspace of its plan is per key row but its main step's grid is not kv_tiles "
-             "(or its rows is not 1)";
   }
   return NULL;
 }
 
-uint64_t fg_plan_workspace_units(const fg_plan_workspace *w, int main_br, int64_t heads_q,
-                                 int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
-                                 int deterministic) {
+uint64_t fg_plan_workspace_units(const fg_plan_workspace *w, int64_t seqlen_q, int deterministic) {
   if (w->deterministic_only && !deterministic) return 0;
-  if (w->min_group_rows > 0) {
-    /* seqlen_q * (heads_q / heads_kv): the query rows one K/V head's dK/dV sum over. */
-    uint64_t group = heads_kv > 0 ? (uint64_t)heads_q / (uint64_t)heads_kv : (uint64_t)heads_q;
-    uint64_t rows;
-    if (!__builtin_mul_overflow((uint64_t)seqlen_q, group, &rows) &&
-        rows <= (uint64_t)w->min_group_rows)
-      return 0;
-  }
-  if (w->per_key) {
-    if (main_br <= 0) return 0; /* not a well-formed plan (fg_kernel_meta_invalid) */
-    uint64_t br = (uint64_t)main_br;
-    return ((uint64_t)seqlen_k + br - 1) / br * br;
-  }
   return ((uint64_t)seqlen_q + (uint64_t)w->rows - 1) / (uint64_t)w->rows;
 }
 
 int fg_plan_workspace_bytes(const fg_kernel_meta *m, int64_t batch, int64_t heads_q,
-                            int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k, int deterministic,
-                            uint64_t *bytes, uint64_t offsets[FG_PLAN_MAX_WORKSPACES]) {
-  uint64_t total = 0;
-  const int main_br = m->main_step >= 0 && m->main_step < FG_PLAN_MAX_STEPS
-                          ? fg_kernel_main(m)->br
-                          : 0;
+                            int64_t seqlen_q, int deterministic, uint64_t *bytes,
+                            uint64_t offsets[FG_PLAN_MAX_WORKSPACES]) {
+  uint64_t total = 0, bh;
+  if (__builtin_mul_overflow((uint64_t)batch, (uint64_t)heads_q, &bh)) return -1;
   for (int i = 0; i < m->n_workspaces && i < FG_PLAN_MAX_WORKSPACES; i++) {
     const fg_plan_workspace *w = &m->workspaces[i];
     uint64_t n;
     if (offsets) offsets[i] = total;
-    if (__builtin_mul_overflow((uint64_t)batch,
-                               (uint64_t)fg_plan_workspace_heads(w, heads_q, heads_kv), &n) ||
-        __builtin_mul_overflow(n,
-                               fg_plan_workspace_units(w, main_br, heads_q, heads_kv, seqlen_q,
-                                                       seqlen_k, deterministic),
-                               &n) ||
+    if (__builtin_mul_overflow(bh, fg_plan_workspace_units(w, seqlen_q, deterministic), &n) ||
         __builtin_mul_overflow(n, (uint64_t)w->bytes, &n) ||
         __builtin_add_overflow(total, n, &total))
       return -1;
@@ -134,9 +107,9 @@ int fg_kernel_plan_format(const fg_kernel_meta *m, char *buf, size_t len) {
   }
   for (int i = 0; i < m->n_workspaces && i < FG_PLAN_MAX_WORKSPACES; i++) {
     const fg_plan_workspace *w = &m->workspaces[i];
-    r = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, "workspace %.*s %.*s %d %d %d %d %lld\n",
+    r = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, "workspace %.*s %.*s %d %d %d\n",
                  (int)sizeof w->name, w->name, (int)sizeof w->param, w->param, w->bytes, w->rows,
-                 w->deterministic_only, w->per_key, w->min_group_rows);
+                 w->deterministic_only);
     FG_ADVANCE();
   }
 #undef FG_ADVANCE
@@ -154,8 +127,7 @@ const char *fg_kernel_plan_parse(const char *text, fg_kernel_meta *m) {
     memcpy(line, p, n);
     line[n] = 0;
     p = nl ? nl + 1 : p + n;
-    int x, y, z, pk, end = 0;
-    long long mg;
+    int x, y, z, end = 0;
     if (sscanf(line, "main %d%n", &x, &end) == 1 && !line[end]) {
       m->main_step = x;
     } else if (sscanf(line, "step %63s %63s %d %d %d%n", a, b, &x, &y, &z, &end) == 5 &&
@@ -168,11 +140,8 @@ const char *fg_kernel_plan_parse(const char *text, fg_kernel_meta *m) {
       s->br = x;
       s->threads = y;
       s->smem_bytes = z;
-    } else if (sscanf(line, "workspace %63s %63s %d %d %d %d %lld%n", a, b, &x, &y, &z, &pk, &mg,
-                      &end) == 7 &&
+    } else if (sscanf(line, "workspace %63s %63s %d %d %d%n", a, b, &x, &y, &z, &end) == 5 &&
                !line[end]) {
-      /* A line of the shape before per_key and min_group_rows (5 numbers) does not match: the
-       * caller takes the plan as malformed (a cache miss), never as a plan without them. */
       if (m->n_workspaces == FG_PLAN_MAX_WORKSPACES) return "its plan has too many workspaces";
       fg_plan_workspace *w = &m->workspaces[m->n_workspaces++];
       memset(w, 0, sizeof *w);
@@ -183,8 +152,6 @@ const char *fg_kernel_plan_parse(const char *text, fg_kernel_meta *m) {
       w->bytes = x;
       w->rows = y;
       w->deterministic_only = z;
-      w->per_key = pk;
-      w->min_group_rows = mg;
     } else {
       return "its plan has a line that is not main, step or workspace";
     }

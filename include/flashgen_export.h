@@ -59,20 +59,14 @@ typedef struct fg_export_step {
 } fg_export_step;
 
 /* One workspace of a kernel's plan: `bytes` per `rows` query rows (rounded up) of each (batch,
- * query head), or (per_key) per key row of each (batch, KV head) with seqlen_k rounded up to the
- * main step's br; batch-major, the workspaces one after the other with no padding; the parameter
- * block's field `param` points at it. fg_export.workspace_desc_size records its size: a table
- * written before per_key and min_group_rows reads them as 0 (what its workspaces were). */
+ * query head), batch-major, the workspaces one after the other with no padding; the parameter
+ * block's field `param` points at it. fg_export.workspace_desc_size records its size. */
 typedef struct fg_export_workspace {
   const char *name;             /* what it holds, e.g. "dq_accum" */
   const char *param;            /* the parameter-block field, e.g. "workspace", "dsum", "sem" */
   int bytes;                    /* per unit */
   int rows;                     /* query rows per unit (>= 1) */
   int deterministic_only;       /* only in deterministic mode */
-  int per_key;                  /* 1: units are key rows of each (batch, KV head), seqlen_k
-                                   rounded up to the main step's br; 0: query rows */
-  long long min_group_rows;     /* present only when seqlen_q * heads_q / heads_kv exceeds it;
-                                   0 = always */
 } fg_export_workspace;
 
 /* One compiled kernel: the binary for one arch and its launch contract. */

@@ -11,13 +11,11 @@
 
 
 /* Bytes of k's workspaces for a: what its plan declares (templates/bwd.lua: the fp32 dQ
- * accumulator, D, in deterministic mode the semaphores, and for long query ranges the fp32 dK/dV
- * partial sums per key row). -1 past 2^63. */
+ * accumulator, D, and in deterministic mode the semaphores). -1 past 2^63. */
 static int fg_bwd_workspace_bytes(const fg_loaded_kernel *k, const fg_attention_backward_args *a,
                                   uint64_t *bytes, uint64_t offsets[FG_PLAN_MAX_WORKSPACES]) {
-  return fg_plan_workspace_bytes(&k->meta, a->batch, a->heads_q, a->heads_kv, a->seqlen_q,
-                                 a->seqlen_k, a->deterministic != 0, bytes, offsets) ||
-                 *bytes > (uint64_t)INT64_MAX
+  return fg_plan_workspace_bytes(&k->meta, a->batch, a->heads_q, a->seqlen_q, a->deterministic != 0,
+                                 bytes, offsets) || *bytes > (uint64_t)INT64_MAX
              ? -1
              : 0;
 }
@@ -78,7 +76,6 @@ static unsigned long long *fg_bwd_param_slot(fg_bwd_params *p, const char *param
   if (strcmp(param, "workspace") == 0) return &p->workspace;
   if (strcmp(param, "dsum") == 0) return &p->dsum;
   if (strcmp(param, "sem") == 0) return &p->sem;
-  if (strcmp(param, "dkv") == 0) return &p->dkv;
   return NULL;
 }
 
@@ -93,7 +90,7 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
     if (!fg_bwd_param_slot(&probe, m->workspaces[i].param))
       return fg_fail(ctx, FG_ERROR_INTERNAL,
                      "kernel %s passes its workspace %s in parameter '%s', which the backward "
-                     "parameter block lacks (workspace, dsum, sem, dkv): rebuild it with this flashgen",
+                     "parameter block lacks (workspace, dsum, sem): rebuild it with this flashgen",
                      k->name, m->workspaces[i].name, m->workspaces[i].param);
   const uint64_t grid_y = (uint64_t)ctx->limits.max_grid_y;
   if ((uint64_t)a->heads_q > grid_y)
@@ -117,16 +114,12 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
   p.deterministic = a->deterministic != 0;
   const int64_t chunk = (int64_t)(grid_y / (uint64_t)a->heads_q); /* batches per launch */
   /* Each workspace holds every batch, one after the other (so a chunk's part starts at its first
-   * batch's; the dQ accumulator's stays 32-byte aligned, head_dim being a multiple of 8). A
-   * workspace the problem does not use (per_batch 0) is passed as 0. */
+   * batch's; the dQ accumulator's stays 32-byte aligned, head_dim being a multiple of 8). */
   uint64_t per_batch[FG_PLAN_MAX_WORKSPACES];
-  for (int i = 0; i < m->n_workspaces; i++) {
-    const fg_plan_workspace *w = &m->workspaces[i];
-    per_batch[i] = (uint64_t)fg_plan_workspace_heads(w, a->heads_q, a->heads_kv) *
-                   fg_plan_workspace_units(w, fg_kernel_main(m)->br, a->heads_q, a->heads_kv,
-                                           a->seqlen_q, a->seqlen_k, p.deterministic) *
-                   (uint64_t)w->bytes;
-  }
+  for (int i = 0; i < m->n_workspaces; i++)
+    per_batch[i] = (uint64_t)a->heads_q *
+                   fg_plan_workspace_units(&m->workspaces[i], a->seqlen_q, p.deterministic) *
+                   (uint64_t)m->workspaces[i].bytes;
   fg_status st = FG_OK;
   for (int64_t b0 = 0; b0 < a->batch && st == FG_OK; b0 += chunk) {
     fg_bwd_params c = p;

@@ -321,9 +321,7 @@ FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char
                 "shared memory",
                 grid[0], grid[1], grid[2], sp->threads, sp->smem_bytes);
     uint64_t ws = 0;
-    if (fg_plan_workspace_bytes(&meta, a.batch, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k, 0,
-                                &ws, NULL) == 0 &&
-        ws)
+    if (fg_plan_workspace_bytes(&meta, a.batch, a.heads_q, a.seqlen_q, 0, &ws, NULL) == 0 && ws)
       fg_text_add(&t, ", %.1f MiB fp32 workspace", (double)ws / (1024.0 * 1024.0));
     if (meta.regs >= 0) fg_text_add(&t, ", %d registers per thread", meta.regs);
     uint64_t limit = sp->grid == FG_GRID_HEADS ? 2147483647u : (uint64_t)ctx->limits.max_grid_y;
@@ -399,20 +397,13 @@ FG_API fg_status fg_explain_backward(fg_context *ctx, const fg_attention_backwar
                     " launches of at most %" PRIu64 " batches)\n",
                 grid_y, ((uint64_t)a.batch + per - 1) / per, per);
   uint64_t ws = 0;
-  if (fg_plan_workspace_bytes(&meta, a.batch, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k,
-                              b.deterministic != 0, &ws, NULL) == 0 &&
+  if (fg_plan_workspace_bytes(&meta, a.batch, a.heads_q, a.seqlen_q, b.deterministic != 0, &ws,
+                              NULL) == 0 &&
       ws > 0) {
     fg_text_add(&t, "workspace: %.1f MiB (", (double)ws / (1024.0 * 1024.0));
-    for (int i = 0, n = 0; i < meta.n_workspaces; i++) {
-      const fg_plan_workspace *w = &meta.workspaces[i];
-      if (!fg_plan_workspace_units(w, fg_kernel_main(&meta)->br, a.heads_q, a.heads_kv, a.seqlen_q,
-                                   a.seqlen_k, b.deterministic != 0))
-        continue;
-      fg_text_add(&t, "%s%s", n++ ? ", " : "", w->name);
-      if (w->per_key) fg_text_add(&t, " per key row");
-      if (w->min_group_rows > 0)
-        fg_text_add(&t, "%s only when Nq*Hq/Hkv > %lld", w->per_key ? "," : "", w->min_group_rows);
-    }
+    for (int i = 0, n = 0; i < meta.n_workspaces; i++)
+      if (fg_plan_workspace_units(&meta.workspaces[i], a.seqlen_q, b.deterministic != 0))
+        fg_text_add(&t, "%s%s", n++ ? ", " : "", meta.workspaces[i].name);
     if (b.workspace)
       fg_text_add(&t, "), the caller's buffer of %zu bytes\n", b.workspace_size);
     else

@@ -7,7 +7,6 @@
  * the process, like the tables. */
 #include <pthread.h>
 #include <stdarg.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,12 +115,6 @@ static const char *fg_export_convert_kernel(const fg_export_kernel *k, size_t st
     o->bytes = w.bytes;
     o->rows = w.rows;
     o->deterministic_only = w.deterministic_only != 0;
-    /* per_key and min_group_rows came later: a table whose workspace_desc_size predates them
-     * holds neither (its struct's tail padding may overlap per_key: not read), so both are 0. */
-    if (ws_size >= offsetof(fg_export_workspace, min_group_rows) + sizeof w.min_group_rows) {
-      o->per_key = w.per_key;
-      o->min_group_rows = w.min_group_rows;
-    }
   }
   const char *bad = fg_kernel_meta_invalid(m);
   if (bad) {

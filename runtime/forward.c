@@ -67,8 +67,7 @@ static fg_status fg_launch_current(fg_context *ctx, const fg_loaded_kernel *k,
    * workspace is one block per batch: batch b's part starts at b * bytes / batch. */
   fg_workspace own = {0, 0};
   uint64_t ws_bytes = 0;
-  if (fg_plan_workspace_bytes(m, p->batch, p->heads_q, p->heads_kv, p->seqlen_q, p->seqlen_k, 0,
-                              &ws_bytes, NULL) ||
+  if (fg_plan_workspace_bytes(m, p->batch, p->heads_q, p->seqlen_q, 0, &ws_bytes, NULL) ||
       ws_bytes > (uint64_t)INT64_MAX)
     return fg_fail(ctx, FG_ERROR_UNSUPPORTED, "the workspace of kernel %s would exceed 2^63 B",
                    k->name);

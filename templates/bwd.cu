@@ -93,15 +93,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     for (int nd = 0; nd < ND; ++nd)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[mt][nd][e] = dv[mt][nd][e] = 0.f;
-  // f(i, dK element, dV element) for this thread's accumulator elements, i = 0 ... MT * ND * 4 - 1.
-  auto each_acc = [&](auto f) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nd = 0; nd < ND; ++nd)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) f((mt * ND + nd) * 4 + e, dk[mt][nd][e], dv[mt][nd][e]);
-  };
 
   for (int it = 0; it < n_items; ++it) {
     const int st = STAGES == 2 ? (it & 1) : 0;
@@ -254,22 +245,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       }
     dq_sem_release(p, sem, q0, tid);
     if constexpr (STAGES == 1) __syncthreads();  // before the next block overwrites Q and dO
-    if (FLUSH_ITEMS > 0 && p.dkv && (it + 1) % (FLUSH_ITEMS > 0 ? FLUSH_ITEMS : 1) == 0 &&
-        it + 1 < n_items) {  // long query ranges
-      float *blk = dkv_block(p, MT * ND * 4);
-      const bool first = it + 1 == FLUSH_ITEMS;
-      each_acc([&](int i, float &k, float &v) {
-        k = dkv_out(blk, i, tid, k, first);
-        v = dkv_out(blk, MT * ND * 4 + i, tid, v, first);
-      });
-    }
-  }
-  if (FLUSH_ITEMS > 0 && p.dkv && n_items > FLUSH_ITEMS) {  // the flushed partial sums back
-    const float *blk = dkv_block(p, MT * ND * 4);
-    each_acc([&](int i, float &k, float &v) {
-      k += dkv_in(blk, i, tid);
-      v += dkv_in(blk, MT * ND * 4 + i, tid);
-    });
   }
 
   // dK = scale * sum dS^T Q and dV, in the element type, straight from the accumulators.

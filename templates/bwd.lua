@@ -124,15 +124,6 @@ function M.entry(v) return "fg_" .. v.name end
 -- through launch(v).constants): query rows and threads per block of _pre and _post, and query
 -- rows per semaphore of deterministic mode.
 local AUX_ROWS, AUX_THREADS, SEM_ROWS = 64, 128, 16
--- Long query ranges: past FLUSH_ROWS query rows summed into one K/V head's dK and dV
--- (seqlen_q * heads_q / heads_kv) the plan carries the fp32 dK/dV partial sums per key row
--- (dkv_accum, p.dkv), and the main kernel moves its sums out of the tensor cores' accumulators
--- into it every FLUSH_ROWS query rows of a key block (bwd_aux.cuh; the templates read it as
--- flush_rows). Not in kv_outer above d = 128: there the flush's code spilled past the limit
--- (d = 192 on sm_90a: 332 B), and those kernels keep the tensor cores' sums (their dK, dV drift
--- past ~1M query rows per key block); flush_rows is 0 and the plan has no dkv_accum.
-local FLUSH_ROWS = 65536
-local function flush_rows(v) return (v.loop == "kv_wgmma" or v.d <= 128) and FLUSH_ROWS or 0 end
 
 -- The plan (core/fg_kernel.h), run in order with one fg_bwd_params:
 --   <entry>_pre   grid q_tiles (ceil(Nq / 64), B * Hq), 128 threads: D = rowsum(dO * O), the dQ
@@ -141,24 +132,12 @@ local function flush_rows(v) return (v.loop == "kv_wgmma" or v.d <= 128) and FLU
 --   <entry>_post  grid q_tiles, 128 threads: dQ = scale * accumulator
 -- Workspaces, per (batch, query head), one after the other: the fp32 dQ accumulator (d floats per
 -- query row, at p.workspace), D (1 float per row, p.dsum) and in deterministic mode a 4-byte
--- semaphore per 16 query rows (p.sem); and past FLUSH_ROWS query rows per K/V head, per key row
--- of each (batch, KV head), seqlen_k rounded up to Bc, the fp32 dK and dV partial sums (2 d_pad
--- floats for kv_outer, 2 d for kv_wgmma, at p.dkv).
+-- semaphore per 16 query rows (p.sem).
 --
 -- The plan of a backward template whose main kernel takes `threads` and `smem` (another
 -- backward template returns its own through this, with its own main kernel).
 local function plan(v, template, threads, smem)
   local e = M.entry(v)
-  local dkv_cols = v.loop == "kv_outer" and M.layout(v).d_pad or v.d
-  local workspaces = {
-    { name = "dq_accum", param = "workspace", bytes = 4 * v.d, rows = 1 },
-    { name = "dsum", param = "dsum", bytes = 4, rows = 1 },
-    { name = "semaphores", param = "sem", bytes = 4, rows = SEM_ROWS, deterministic = true },
-  }
-  if flush_rows(v) > 0 then
-    workspaces[#workspaces + 1] = { name = "dkv_accum", param = "dkv", bytes = 8 * dkv_cols,
-                                    rows = 1, per = "key", min_group_rows = FLUSH_ROWS }
-  end
   return {
     template = template, main = 2,
     steps = {
@@ -166,9 +145,12 @@ local function plan(v, template, threads, smem)
       { entry = e, grid = "kv_tiles", br = v.bc, threads = threads, smem = smem },
       { entry = e .. "_post", grid = "q_tiles", br = AUX_ROWS, threads = AUX_THREADS, smem = 0 },
     },
-    workspaces = workspaces,
-    constants = { pre_rows = AUX_ROWS, pre_threads = AUX_THREADS, sem_rows = SEM_ROWS,
-                  flush_rows = flush_rows(v) },
+    workspaces = {
+      { name = "dq_accum", param = "workspace", bytes = 4 * v.d, rows = 1 },
+      { name = "dsum", param = "dsum", bytes = 4, rows = 1 },
+      { name = "semaphores", param = "sem", bytes = 4, rows = SEM_ROWS, deterministic = true },
+    },
+    constants = { pre_rows = AUX_ROWS, pre_threads = AUX_THREADS, sem_rows = SEM_ROWS },
   }
 end
 

@@ -11,15 +11,6 @@ constexpr int PRE_ROWS = {{ pre_rows }}, PRE_THREADS = {{ pre_threads }}, SEM_RO
 static_assert(BR % SEM_ROWS == 0 && PRE_ROWS % SEM_ROWS == 0 && PRE_ROWS / SEM_ROWS <= PRE_THREADS,
               "a semaphore covers whole query blocks, and _pre zeroes its rows' semaphores");
 constexpr float LOG2E = 1.4426950408889634f;
-// Long query ranges (the plan's workspace dkv_accum, at p.dkv, present only when a key block
-// walks more than this many query rows): every FLUSH_ITEMS query blocks the main kernel moves
-// its dK and dV partial sums out of the tensor cores' fp32 accumulators, whose sums drift over
-// millions of additions (H100, kv_wgmma: dK of 16.8M query rows erred 1.8% of its largest value
-// against 0.4% for a naive same-precision computation), into an fp32 scratch summed with plain
-// adds.
-// FLUSH_ROWS = 0: this kernel does not flush (bwd.lua says where), and its plan has no dkv_accum.
-constexpr int FLUSH_ROWS = {{ flush_rows }}, FLUSH_ITEMS = FLUSH_ROWS / BR;
-static_assert(FLUSH_ROWS % BR == 0, "a flush after whole query blocks");
 
 FG_DEV void ld_global_v4(const void *g, u32 &a, u32 &b, u32 &c, u32 &d) {
   asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(g));
@@ -158,20 +149,6 @@ FG_DEV void dq_sem_release(const fg_bwd_params &p, u32 *sem, i64 q0, int tid) {
     if (tid == 0) st_release(sem, dq_rank(p, q0) + 1);
   }
 }
-// The dK/dV scratch of this block: 2 x N floats per thread (dK's N, then dV's), element i of
-// thread tid at i * THREADS + tid; blocks one after the other in (y, x) order (the runtime sizes
-// it per key row, seqlen_k rounded up to the block's keys).
-FG_DEV float *dkv_block(const fg_bwd_params &p, int n) {
-  return (float *)p.dkv + ((u64)blockIdx.y * gridDim.x + blockIdx.x) * (u64)(2 * n * THREADS);
-}
-// Moves x (accumulator element i of this thread) into the scratch: stores it at the first flush,
-// adds it after; returns 0, the accumulator's new value.
-FG_DEV float dkv_out(float *blk, int i, int tid, float x, bool first) {
-  float *a = blk + (u64)i * THREADS + tid;
-  *a = (first ? 0.f : *a) + x;
-  return 0.f;
-}
-FG_DEV float dkv_in(const float *blk, int i, int tid) { return blk[(u64)i * THREADS + tid]; }
 }  // namespace
 
 // D = rowsum(dO * O) in fp32; zeroes the row's dQ accumulator. Grid (ceil(Nq / 64), B * Hq).

@@ -232,24 +232,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       add_dq_tile(acc + (qb * 64 + wr) * D, g, t, n0 + 8 * nt + 2 * t, q_left, dq[4 * nt], dq[4 * nt + 1],
                   dq[4 * nt + 2], dq[4 * nt + 3]);
     dq_sem_release(p, sem, q0, tid);
-    if (FLUSH_ITEMS > 0 && p.dkv && (it + 1) % (FLUSH_ITEMS > 0 ? FLUSH_ITEMS : 1) == 0 &&
-        it + 1 < n_items) {  // long query ranges
-      float *blk = dkv_block(p, D / 2);
-      const bool first = it + 1 == FLUSH_ITEMS;
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) {
-        dk[i] = dkv_out(blk, i, tid, dk[i], first);
-        dv[i] = dkv_out(blk, D / 2 + i, tid, dv[i], first);
-      }
-    }
-  }
-  if (FLUSH_ITEMS > 0 && p.dkv && n_items > FLUSH_ITEMS) {  // the flushed partial sums back
-    const float *blk = dkv_block(p, D / 2);
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) {
-      dk[i] += dkv_in(blk, i, tid);
-      dv[i] += dkv_in(blk, D / 2 + i, tid);
-    }
   }
 
   // dK = scale * sum dS^T Q and dV, in the element type, from the accumulators: dk[4 nt + 2 hh +

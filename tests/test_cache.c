@@ -84,7 +84,7 @@ static fg_kernel_image make_image(const char *variant, unsigned seed, size_t cub
   img.ptx[ptx_size] = '\0';
   img.cubin_size = cubin_size;
   img.ptx_size = ptx_size;
-  /* A backward plan (three steps, four workspaces) on odd seeds, a forward one on even. */
+  /* A backward plan (three steps, three workspaces) on odd seeds, a forward one on even. */
   char name[32];
   snprintf(name, sizeof name, "kernel_%u", seed);
   if (seed % 2 == 1)
@@ -115,8 +115,7 @@ static int same_plan(const fg_kernel_meta *a, const fg_kernel_meta *b) {
   for (int i = 0; i < a->n_workspaces; i++) {
     const fg_plan_workspace *x = &a->workspaces[i], *y = &b->workspaces[i];
     if (strcmp(x->name, y->name) || strcmp(x->param, y->param) || x->bytes != y->bytes ||
-        x->rows != y->rows || x->deterministic_only != y->deterministic_only ||
-        x->per_key != y->per_key || x->min_group_rows != y->min_group_rows)
+        x->rows != y->rows || x->deterministic_only != y->deterministic_only)
       return 0;
   }
   return 1;
@@ -351,54 +350,6 @@ Test(cache, changed_plan_is_caught) {
 
 Test(cache, malformed_plan_is_caught) {
   check_damage_is_caught("UPDATE kernels SET plan = 'main 7'", NULL);
-}
-
-/* A workspace line of the shape before per_key and min_group_rows ("workspace <name> <param>
- * <bytes> <rows> <deterministic_only>") is a malformed plan: a miss, never a plan read without
- * them. */
-Test(cache, a_workspace_line_of_the_old_shape_is_caught) {
-  check_damage_is_caught(
-      "UPDATE kernels SET plan = replace(plan, ' 1 0 0 0' || char(10), ' 1 0' || char(10))", NULL);
-}
-
-/* The plan's text carries the per-key workspace, and reads back the same; the old shape, a
- * missing or extra number, and a per-key workspace on a grid other than kv_tiles are refused. */
-Test(cache, plan_text_of_per_key_workspaces) {
-  fg_kernel_meta m, back;
-  test_backward_plan(&m, "k", 64, 128, 256, 1000);
-  char text[FG_CACHE_PLAN_MAX];
-  cr_assert_lt(fg_kernel_plan_format(&m, text, sizeof text), (int)sizeof text);
-  cr_assert(strstr(text, "workspace dq_accum workspace 256 1 0 0 0\n"), "%s", text);
-  cr_assert(strstr(text, "workspace dkv_accum dkv 512 1 0 1 65536\n"), "%s", text);
-  memset(&back, 0, sizeof back);
-  cr_assert_null(fg_kernel_plan_parse(text, &back));
-  cr_assert(same_plan(&m, &back));
-  cr_assert_eq(back.workspaces[3].per_key, 1);
-  cr_assert_eq(back.workspaces[3].min_group_rows, 65536);
-  /* A threshold past 2^31 survives. */
-  m.workspaces[3].min_group_rows = 5000000000LL;
-  fg_kernel_plan_format(&m, text, sizeof text);
-  cr_assert_null(fg_kernel_plan_parse(text, &back));
-  cr_assert_eq(back.workspaces[3].min_group_rows, 5000000000LL);
-  static const struct {
-    const char *line, *why;
-  } bad[] = {
-      {"workspace dq_accum workspace 256 1 0", "not main, step or workspace"},
-      {"workspace dq_accum workspace 256 1 0 0", "not main, step or workspace"},
-      {"workspace dq_accum workspace 256 1 0 0 0 7", "not main, step or workspace"},
-      {"workspace dkv_accum dkv 512 1 0 1 -1", "per_key or min_group_rows"},
-      {"workspace dkv_accum dkv 512 1 0 2 0", "per_key or min_group_rows"},
-      {"workspace dkv_accum dkv 512 16 0 1 0", "per key row"},
-  };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    char t[512];
-    snprintf(t, sizeof t, "main 0\nstep fg_k kv_tiles 128 256 0\n%s\n", bad[i].line);
-    const char *why = fg_kernel_plan_parse(t, &back);
-    cr_assert(why && strstr(why, bad[i].why), "%s: %s", bad[i].line, why ? why : "(accepted)");
-  }
-  const char *fwd = "main 0\nstep fg_k q_tiles 64 256 0\nworkspace dkv_accum dkv 512 1 0 1 0\n";
-  const char *why = fg_kernel_plan_parse(fwd, &back);
-  cr_assert(why && strstr(why, "kv_tiles"), "%s", why ? why : "(accepted)");
 }
 
 Test(cache, missing_cubin_is_caught) {

@@ -581,7 +581,7 @@ Test(variant, arch_for_compute_capability) {
 }
 
 /* The backward's plan comes from templates/bwd.lua: _pre, the main kernel, _post, in that order,
- * in one module; the four workspaces; and the template renders the auxiliary kernels' rows and
+ * in one module; the three workspaces; and the template renders the auxiliary kernels' rows and
  * threads from the same numbers (no second copy in bwd.cu). */
 Test(render, backward_plan_comes_from_the_manifest) {
   fg_generator *g = gen();
@@ -619,73 +619,28 @@ Test(render, backward_plan_comes_from_the_manifest) {
   }
   static const struct {
     const char *name, *param;
-    int bytes, rows, det, per_key;
-    long long min_group_rows;
-  } ws[4] = {{"dq_accum", "workspace", 4 * 128, 1, 0, 0, 0},
-             {"dsum", "dsum", 4, 1, 0, 0, 0},
-             {"semaphores", "sem", 4, 16, 1, 0, 0},
-             {"dkv_accum", "dkv", 8 * 128, 1, 0, 1, 65536}};
-  cr_assert_eq(meta.n_workspaces, 4);
-  for (int i = 0; i < 4; i++) {
+    int bytes, rows, det;
+  } ws[3] = {{"dq_accum", "workspace", 4 * 128, 1, 0}, {"dsum", "dsum", 4, 1, 0},
+             {"semaphores", "sem", 4, 16, 1}};
+  cr_assert_eq(meta.n_workspaces, 3);
+  for (int i = 0; i < 3; i++) {
     const fg_plan_workspace *w = &meta.workspaces[i];
     cr_assert_str_eq(w->name, ws[i].name);
     cr_assert_str_eq(w->param, ws[i].param);
     cr_assert(w->bytes == ws[i].bytes && w->rows == ws[i].rows &&
-                  w->deterministic_only == ws[i].det && w->per_key == ws[i].per_key &&
-                  w->min_group_rows == ws[i].min_group_rows,
-              "workspace %s: %d B per %d rows, deterministic only %d, per key %d, from %lld",
-              w->name, w->bytes, w->rows, w->deterministic_only, w->per_key, w->min_group_rows);
+                  w->deterministic_only == ws[i].det,
+              "workspace %s: %d B per %d rows, deterministic only %d", w->name, w->bytes, w->rows,
+              w->deterministic_only);
   }
   /* (d + 1) * 4 B per row, and 4 B per 16 rows when deterministic. */
   uint64_t b = 0;
-  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 5, 100, 100, 0, &b, NULL), 0);
+  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 100, 0, &b, NULL), 0);
   cr_assert_eq(b, 3u * 5 * 100 * 129 * 4);
-  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 5, 100, 100, 1, &b, NULL), 0);
+  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 100, 1, &b, NULL), 0);
   cr_assert_eq(b, 3u * 5 * 100 * 129 * 4 + 3u * 5 * 7 * 4);
-  /* Past 65536 query rows per K/V head (GQA 4: 16385 * 4), 2 * 128 floats per key row of each
-   * (batch, KV head), seqlen_k 300 rounded up to Bc = 128. */
-  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 8, 2, 16385, 300, 0, &b, NULL), 0);
-  cr_assert_eq(b, 3u * 8 * 16385 * 129 * 4 + 3u * 2 * 384 * 8 * 128);
-  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 8, 2, 16384, 300, 0, &b, NULL), 0);
-  cr_assert_eq(b, 3u * 8 * 16384 * 129 * 4);
   cr_assert_not_null(
       strstr(src, "constexpr int PRE_ROWS = 64, PRE_THREADS = 128, SEM_ROWS = 16;"),
       "bwd.cu renders its auxiliary constants from the manifest");
-  free(src);
-  fg_generator_destroy(g);
-}
-
-/* The dK/dV partial sums (dkv_accum) hold the columns the main kernel accumulates: kv_outer's
- * head dimension padded to 16 per warp along it (d = 96, 4 warps along d: 128), kv_wgmma's d. */
-Test(render, backward_dkv_workspace_holds_the_padded_head_dim) {
-  fg_generator *g = gen();
-  static const struct {
-    const char *name;
-    int cols;
-  } cases[] = {{"bwd_d96_br64_bc128_bf16_causal_kvouter_w8_s2_sm90a", 128},
-               {"bwd_d64_br128_bc128_bf16_causal_kvwgmma_w8_s2_sm90a", 64}};
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    fg_variant v = parse(cases[i].name);
-    char *src = NULL, err[4096];
-    fg_kernel_meta meta;
-    cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s: %s",
-                 cases[i].name, err);
-    const fg_plan_workspace *w = &meta.workspaces[meta.n_workspaces - 1];
-    cr_assert_str_eq(w->param, "dkv", "%s", cases[i].name);
-    cr_assert(w->per_key == 1 && w->rows == 1 && w->bytes == 8 * cases[i].cols,
-              "%s: %d B per key row (expected %d)", cases[i].name, w->bytes, 8 * cases[i].cols);
-    cr_assert(strstr(src, "FLUSH_ROWS = 65536"), "%s flushes", cases[i].name);
-    free(src);
-  }
-  /* kv_outer above d = 128 does not flush (its registers have no room): no dkv_accum, and the
-   * template renders FLUSH_ROWS = 0. */
-  fg_variant v = parse("bwd_d192_br64_bc64_bf16_noncausal_kvouter_w8_s1_sm90a");
-  char *src = NULL, err[4096];
-  fg_kernel_meta meta;
-  cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
-  for (int i = 0; i < meta.n_workspaces; i++)
-    cr_assert(strcmp(meta.workspaces[i].param, "dkv") != 0, "d = 192 kv_outer has a dkv_accum");
-  cr_assert(strstr(src, "FLUSH_ROWS = 0,"), "d = 192 kv_outer renders FLUSH_ROWS = 0");
   free(src);
   fg_generator_destroy(g);
 }
