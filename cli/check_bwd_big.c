@@ -16,7 +16,9 @@
  * in every period dK and dV grow with Nq (2048 coherent copies), and the kernel's fp32 sums of
  * 2^24 rows then err by about Nq / 32 ulps (measured on an H100: dK 1.9% of its largest value,
  * against 0.45% for the naive model, which sums one period and multiplies); alternating signs
- * keep the sums the size of one period's, as sums of independent rows would be. The
+ * keep the sums the size of one period's, as sums of independent rows would be. Today's kernels
+ * still fail the non-causal case's dK and dV by about 1.5x the tolerance: the tensor cores' fp32
+ * sums drift over the ~1M k-steps of one key block (bench/NOTES.md, "Long reductions"). The
  * pattern is random in every element (never zero), only repeated; P = 8191 divides no power of
  * two (2^24 rows, where an offset of 2^31 elements wraps at d = 128, is row 2048 of the
  * period), so a kernel that reads or writes a row at an offset wrapped at 32 bits uses another
