@@ -50,8 +50,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const u32 sbase = smem_addr(smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const u32 bhk = blockIdx.y, b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
-  const int kb = key_block(p);
-  const i64 k0 = (i64)kb * BC, Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
+  const i64 k0 = (i64)blockIdx.x * BC, Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
   const int G = (int)p.hq_per_hkv;
   const bwd_span sp = bwd_span_of(p, k0);
   const int i0 = sp.i0, per_head = sp.per_head, n_items = sp.n_items;
@@ -231,7 +230,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       }
     }
     u32 *sem = dq_sem(p, b, h, q0);
-    dq_sem_wait(p, sem, q0, tid);
+    dq_sem_wait(p, sem, tid);
     float *acc = dq_acc(p) + (((i64)b * p.heads_q + h) * Nq + q0) * D;
     const int q_left = (int)(Nq - q0 < BR ? Nq - q0 : BR);
 #pragma unroll
@@ -243,7 +242,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
           add_dq_tile(acc + (wq * MQ + mq) * 16 * D, g, t, c, q_left - (wq * MQ + mq) * 16,
                       dq[mq][nq][0], dq[mq][nq][1], dq[mq][nq][2], dq[mq][nq][3]);
       }
-    dq_sem_release(p, sem, q0, tid);
+    dq_sem_release(p, sem, tid);
     if constexpr (STAGES == 1) __syncthreads();  // before the next block overwrites Q and dO
   }
 

@@ -98,8 +98,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int wg = warp / 4, wr = (warp % 4) * 16;  // warpgroup; the warp's first row in it
   const u32 bhk = blockIdx.y, b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
-  const int kb = key_block(p);
-  const i64 k0 = (i64)kb * BC, Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
+  const i64 k0 = (i64)blockIdx.x * BC, Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
   const int G = (int)p.hq_per_hkv;
   const bwd_span sp = bwd_span_of(p, k0);
   const int i0 = sp.i0, per_head = sp.per_head, n_items = sp.n_items;
@@ -224,14 +223,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     // dQ tile added to the fp32 accumulator: dq[4 nt + 2 hh + e] is query 64 qb + wr + g + 8 hh,
     // column n0 + 8 nt + 2 t + e (the m16n8 layout add_dq_tile takes).
     u32 *sem = dq_sem(p, b, h, q0);
-    dq_sem_wait(p, sem, q0, tid);
+    dq_sem_wait(p, sem, tid);
     float *acc = dq_acc(p) + (((i64)b * p.heads_q + h) * Nq + q0) * D;
     const int q_left = (int)(Nq - q0 < BR ? Nq - q0 : BR) - (qb * 64 + wr);
 #pragma unroll
     for (int nt = 0; nt < NT_Q; ++nt)
       add_dq_tile(acc + (qb * 64 + wr) * D, g, t, n0 + 8 * nt + 2 * t, q_left, dq[4 * nt], dq[4 * nt + 1],
                   dq[4 * nt + 2], dq[4 * nt + 3]);
-    dq_sem_release(p, sem, q0, tid);
+    dq_sem_release(p, sem, tid);
   }
 
   // dK = scale * sum dS^T Q and dV, in the element type, from the accumulators: dk[4 nt + 2 hh +
