@@ -14,7 +14,7 @@
 static inline void test_backward_plan(fg_kernel_meta *m, const char *name, int d, int bc,
                                       int threads, int smem) {
   char e[64];
-  snprintf(e, sizeof e, "fg_%s", name);
+  snprintf(e, sizeof e, "fg_%.60s", name); /* entries hold 63 characters */
   fg_kernel_meta_single(m, e, FG_GRID_KV_TILES, bc, threads, smem);
   m->n_steps = 3;
   m->main_step = 1;
