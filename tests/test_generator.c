@@ -127,6 +127,38 @@ Test(fit, devices_accept_and_reject_with_numbers) {
   fg_generator_destroy(g);
 }
 
+/* The Hopper backward loop (kv_wgmma, templates/bwd.lua): its shapes fit, and each rule refuses
+ * with its reason; the forward does not take it. */
+Test(fit, backward_wgmma_rules) {
+  fg_generator *g = gen();
+  char why[256];
+  static const char *const ok[] = {"bwd_d128_br64_bc128_bf16_causal_kvwgmma_w8_s2_sm90a",
+                                   "bwd_d64_br128_bc128_f16_noncausal_kvwgmma_w8_s2_sm90a",
+                                   "bwd_d64_br64_bc64_bf16_noncausal_kvwgmma_w4_s2_sm90a"};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+    fg_variant v = parse(ok[i]);
+    cr_assert_eq(fg_variant_fits(g, &v, &fg_limits_h100, why, sizeof why), 1, "%s: %s", ok[i], why);
+  }
+  static const struct {
+    const char *name, *reason;
+  } bad[] = {
+      {"bwd_d128_br64_bc128_bf16_causal_kvwgmma_w8_s2_sm80", "needs sm_90a"},
+      {"bwd_d128_br64_bc128_bf16_causal_kvwgmma_w8_s2_sm90", "needs sm_90a"},
+      {"bwd_d96_br64_bc128_bf16_causal_kvwgmma_w8_s2_sm90a", "d = 64 or 128"},
+      {"bwd_d128_br64_bc128_bf16_causal_kvwgmma_w4_s2_sm90a", "warps Bc / 16"},
+      {"bwd_d128_br64_bc128_bf16_causal_kvwgmma_w8_s1_sm90a", "2 stages"},
+      {"bwd_d64_br64_bc128_bf16_causal_kvwgmma_w8_s2_sm90a", "64-row block per warpgroup"},
+      {"bwd_d128_br128_bc128_bf16_causal_kvwgmma_w8_s2_sm90a", "registers"},
+      {"fwd_d128_br64_bc64_bf16_causal_kvwgmma_w4_s2_sm90a", "loop order of the backward"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    fg_variant v = parse(bad[i].name);
+    cr_assert_eq(fg_variant_fits(g, &v, &fg_limits_h100, why, sizeof why), 0, "%s fits", bad[i].name);
+    cr_assert(strstr(why, bad[i].reason), "%s: '%s' lacks '%s'", bad[i].name, why, bad[i].reason);
+  }
+  fg_generator_destroy(g);
+}
+
 Test(fit, builtin_variants_fit_the_smallest_device) {
   fg_generator *g = gen();
   char why[256];
