@@ -185,8 +185,9 @@ FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_args *
  *
  * Workspace: the backward needs fp32 scratch of (head_dim + 1) * 4 bytes per (batch, query head,
  * query row), plus the semaphores of deterministic mode (the kernel's plan declares them,
- * templates/bwd.lua): fg_attention_backward_workspace_size says how much. With workspace = NULL flashgen takes it, stream-ordered, from a memory pool of
- * the context that keeps its memory between calls (the pool is destroyed with the context;
+ * templates/bwd.lua): fg_attention_backward_workspace_size says how much. With workspace = NULL
+ * flashgen takes it, stream-ordered, from a memory pool of the context that keeps its memory
+ * between calls (the pool is destroyed with the context;
  * without driver memory pools, cuMemAlloc and a synchronisation of the stream); or pass a device
  * buffer of at least that many bytes (16-byte aligned) that nothing else uses until the call's
  * kernels finish.
@@ -194,7 +195,7 @@ FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_args *
  * deterministic: nonzero gives bitwise-identical dQ, dK, dV from run to run (same inputs, same
  * GPU, same kernel): the key blocks add their parts of each dQ tile in a fixed order, waiting for
  * one another through 4 more workspace bytes per 16 query rows of each (batch, query head). It
- * costs speed: 1.25-1.4x the time without it, 2.2-2.4x when causal (H100, bench/NOTES.md); dK and
+ * costs speed: 1.4-1.5x the time without it, 2.2-2.4x when causal (H100, bench/NOTES.md); dK and
  * dV are deterministic either way.
  * Without it, dQ's fp32 additions land in a varying order and its last bits may differ. */
 typedef struct fg_attention_backward_args {
@@ -221,7 +222,8 @@ FG_API fg_status fg_attention_backward(fg_context *ctx, const fg_attention_backw
 
 /* The workspace in bytes a backward call with these arguments needs (the pointers may be NULL;
  * only the sizes matter), from the plan of the kernel that serves the problem: like the call, it
- * chooses that kernel and loads it (the first time for a new kernel it may compile it). Returns
+ * chooses that kernel, and reads its plan without loading or compiling it (from an exported
+ * table, the kernel cache or its template; only when none says it, the kernel is loaded). Returns
  * FG_OK; FG_ERROR_INVALID_ARGUMENT with the reason in the context's last error; or the error
  * choosing the kernel failed with (FG_ERROR_KERNEL_MISSING ...), as the call would. */
 FG_API fg_status fg_attention_backward_workspace_size(fg_context *ctx,

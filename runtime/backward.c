@@ -10,11 +10,11 @@
 #include "fg_runtime_internal.h"
 
 
-/* Bytes of k's workspaces for a: what its plan declares (templates/bwd.lua: the fp32 dQ
+/* Bytes of the workspaces of a plan for a: what it declares (templates/bwd.lua: the fp32 dQ
  * accumulator, D, and in deterministic mode the semaphores). -1 past 2^63. */
-static int fg_bwd_workspace_bytes(const fg_loaded_kernel *k, const fg_attention_backward_args *a,
+static int fg_bwd_workspace_bytes(const fg_kernel_meta *m, const fg_attention_backward_args *a,
                                   uint64_t *bytes, uint64_t offsets[FG_PLAN_MAX_WORKSPACES]) {
-  return fg_plan_workspace_bytes(&k->meta, a->batch, a->heads_q, a->seqlen_q, a->deterministic != 0,
+  return fg_plan_workspace_bytes(m, a->batch, a->heads_q, a->seqlen_q, a->deterministic != 0,
                                  bytes, offsets) || *bytes > (uint64_t)INT64_MAX
              ? -1
              : 0;
@@ -25,6 +25,31 @@ static int fg_bwd_workspace_bytes(const fg_loaded_kernel *k, const fg_attention_
 static fg_status fg_backward_kernel(fg_context *ctx, const fg_attention_backward_args *a,
                                     const fg_variant *forced, const fg_loaded_kernel **k) {
   return forced ? fg_registry_get(ctx, forced, k) : fg_dispatch_backward(ctx, a, k);
+}
+
+/* The plan of the kernel that serves a (forced, or the dispatcher's) into *m, read without loading
+ * or compiling anything where the binary or the template says it (fg_registry_probe: an exported
+ * table, a loaded kernel, the kernel cache, the manifest), else from the kernel, loaded. ctx is
+ * current. */
+static fg_status fg_backward_plan(fg_context *ctx, const fg_attention_backward_args *a,
+                                  const fg_variant *forced, fg_kernel_meta *m) {
+  const fg_variant *v = forced;
+  if (!v) {
+    fg_attention_args f;
+    fg_backward_forward_args(a, &f);
+    const fg_dispatch *d = NULL;
+    fg_status st = fg_dispatch_choose_pass(ctx, FG_PASS_BWD, &f, 0, &d, NULL);
+    if (st != FG_OK) return st;
+    v = &d->variant;
+  }
+  char desc[512];
+  int known = 0;
+  (void)fg_registry_probe(ctx, v, desc, sizeof desc, m, &known);
+  if (known) return FG_OK;
+  const fg_loaded_kernel *k = NULL;
+  fg_status st = fg_backward_kernel(ctx, a, forced, &k);
+  if (st == FG_OK) *m = k->meta;
+  return st;
 }
 
 FG_API fg_status fg_attention_backward_workspace_size(fg_context *ctx,
@@ -42,12 +67,12 @@ FG_API fg_status fg_attention_backward_workspace_size(fg_context *ctx,
   /* The plan of the kernel that serves the problem declares its workspaces. */
   st = fg_ctx_push(ctx);
   if (st != FG_OK) return st;
-  const fg_loaded_kernel *k = NULL;
-  uint64_t b = 0;
-  st = fg_backward_kernel(ctx, &a, NULL, &k);
+  fg_kernel_meta meta;
+  st = fg_backward_plan(ctx, &a, NULL, &meta);
   fg_ctx_pop(ctx);
   if (st != FG_OK) return st;
-  if (fg_bwd_workspace_bytes(k, &a, &b, NULL))
+  uint64_t b = 0;
+  if (fg_bwd_workspace_bytes(&meta, &a, &b, NULL))
     return fg_fail(ctx, FG_ERROR_UNSUPPORTED, "the backward workspace would exceed 2^63 bytes");
   *bytes = (size_t)b;
   return FG_OK;
@@ -98,7 +123,7 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
                    "heads_q = %" PRId64 " is more than the grid allows (%" PRIu64 ")", a->heads_q,
                    grid_y);
   uint64_t bytes, offsets[FG_PLAN_MAX_WORKSPACES];
-  if (fg_bwd_workspace_bytes(k, a, &bytes, offsets))
+  if (fg_bwd_workspace_bytes(&k->meta, a, &bytes, offsets))
     return fg_fail(ctx, FG_ERROR_UNSUPPORTED, "the backward workspace would exceed 2^63 bytes");
   CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace;
   fg_workspace own = {0, 0};
@@ -175,16 +200,18 @@ fg_status fg_attention_backward_variant(fg_context *ctx, const fg_attention_back
     fg_ctx_pop(ctx);
     return fg_fail(ctx, st, "%s", err);
   }
-  const fg_loaded_kernel *k = NULL;
-  st = fg_backward_kernel(ctx, &a, forced, &k);
-  /* A caller's workspace too small for the kernel's plan is refused before anything runs. */
+  /* A caller's workspace too small for the plan is refused before anything is loaded (where the
+   * plan is known without: fg_backward_plan) or launched. */
+  fg_kernel_meta plan;
   uint64_t need;
-  if (st == FG_OK && a.workspace && !fg_bwd_workspace_bytes(k, &a, &need, NULL) &&
-      a.workspace_size < need)
+  if (a.workspace && (st = fg_backward_plan(ctx, &a, forced, &plan)) == FG_OK &&
+      !fg_bwd_workspace_bytes(&plan, &a, &need, NULL) && a.workspace_size < need)
     st = fg_fail(ctx, FG_ERROR_INVALID_ARGUMENT,
                  "args->workspace_size = %zu bytes is less than this call needs (%" PRIu64
                  " bytes: fg_attention_backward_workspace_size)",
                  a.workspace_size, need);
+  const fg_loaded_kernel *k = NULL;
+  if (st == FG_OK) st = fg_backward_kernel(ctx, &a, forced, &k);
   if (st == FG_OK) st = fg_backward_launch(ctx, k, &a, stream);
   fg_ctx_pop(ctx);
   return st;

@@ -445,6 +445,7 @@ static int (*fake_launch_count)(void);
 static const fake_launch *(*fake_launch_get)(int);
 static void (*fake_mem_counts)(int *, int *, size_t *);
 static void (*fake_async_counts)(int *, int *, void **);
+static int (*fake_module_loads)(void);
 static fg_context *ctx;
 
 /* Backward kernels for the fake H100 (sm_90a): d 32, 64, 128, 256 x f16, bf16 x causal or not,
@@ -514,8 +515,9 @@ static void fake_setup(void) {
   *(void **)&fake_launch_get = dlsym(fake_handle, "fake_launch_get");
   *(void **)&fake_mem_counts = dlsym(fake_handle, "fake_mem_counts");
   *(void **)&fake_async_counts = dlsym(fake_handle, "fake_async_counts");
+  *(void **)&fake_module_loads = dlsym(fake_handle, "fake_module_loads");
   cr_assert(fake_reset && fake_launch_count && fake_launch_get && fake_mem_counts &&
-                fake_async_counts,
+                fake_async_counts && fake_module_loads,
             "the fake driver lacks its recording functions");
   /* The tensors here are made-up addresses: record the launches, compute nothing. */
   setenv("FAKE_CUDA_BACKWARD_RECORD_ONLY", "1", 1);
@@ -675,9 +677,11 @@ Test(backward_launch, workspace_from_the_stream_pool, .init = pools_setup,
 Test(backward_launch, caller_workspace, .init = fake_setup, .fini = fake_teardown) {
   fg_attention_backward_args a = bwd_problem(FG_DTYPE_BF16, 0, 2, 4, 4, 128, 128, 64);
   size_t need = 0;
+  const int loads = fake_module_loads();
   cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &need), FG_OK, "%s",
                fg_context_last_error(ctx));
   cr_assert_eq(need, ws_bytes(2, 4, 128, 64));
+  cr_assert_eq(fake_module_loads(), loads, "the size comes from the plan, no kernel is loaded");
   /* One byte short: refused before anything is launched, naming the field. */
   a.workspace = P(BASE(10));
   a.workspace_size = need - 1;
@@ -690,6 +694,7 @@ Test(backward_launch, caller_workspace, .init = fake_setup, .fini = fake_teardow
   snprintf(num, sizeof num, "%zu", need);
   cr_assert(strstr(msg, num), "the message says how much is needed (%s): %s", num, msg);
   cr_assert_eq(fake_launch_count(), 0, "nothing may be launched");
+  cr_assert_eq(fake_module_loads(), loads, "nor loaded");
   /* Exactly enough: used as given, nothing allocated. */
   a.workspace_size = need;
   cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));

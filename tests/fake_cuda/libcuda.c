@@ -79,8 +79,11 @@ typedef struct fake_module {
   fake_fn **fns;
   int n;
 } fake_module;
+static int fake_n_module_loads; /* modules loaded since the process started (fake_module_loads) */
+API int fake_module_loads(void) { return fake_n_module_loads; }
 API CUresult cuModuleLoadDataEx(void **m, const void *img, unsigned n, int *o, void **v) {
   (void)img; (void)n; (void)o; (void)v;
+  fake_n_module_loads++;
   *m = calloc(1, sizeof(fake_module));
   return *m ? 0 : 2;
 }
