@@ -871,12 +871,12 @@ int fg_cmd_export(int argc, char **argv) {
     for (int a = 0; a < narch && rc == 0; a++) {
       fg_variant v[512];
       int n = fg_default_variants(archs[a], 0, v, 512);
-      for (int i = 0; i < n && rc == 0; i++) {
+      for (int i = 0; i < n && rc == 0; i++)
         if (set_add_kernel(&s, &v[i]) != 0) rc = 1;
-        /* The backward of the same problem: what fg_attention_backward runs by the rule. */
-        fg_variant b = fg_builtin_backward_variant(v[i].d, v[i].dtype, v[i].causal, archs[a]);
-        if (rc == 0 && with_backward && set_add_kernel(&s, &b) != 0) rc = 1;
-      }
+      /* The backward of the same problems: what fg_attention_backward runs by the rule. */
+      n = with_backward ? fg_default_backward_variants(archs[a], v, 512) : 0;
+      for (int i = 0; i < n && rc == 0; i++)
+        if (set_add_kernel(&s, &v[i]) != 0) rc = 1;
     }
     if (rc) fprintf(stderr, "flashgen export: out of memory\n");
   }

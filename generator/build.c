@@ -89,3 +89,12 @@ int fg_default_variants(fg_arch arch, int with_kv_outer, fg_variant *out, int ca
       }
   return n;
 }
+
+int fg_default_backward_variants(fg_arch arch, fg_variant *out, int cap) {
+  int n = 0;
+  for (int d = 32; d <= 256; d += 8)
+    for (int dt = FG_DTYPE_F16; dt <= FG_DTYPE_BF16; dt++)
+      for (int causal = 0; causal <= 1; causal++)
+        if (n < cap) out[n++] = fg_builtin_backward_variant(d, (fg_dtype)dt, causal, arch);
+  return n;
+}

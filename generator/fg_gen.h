@@ -105,4 +105,8 @@ int fg_generator_build_reference(fg_generator *g, fg_dtype dtype, int exact, fg_
  * the rule picks a wgmma kernel (sm_90a), so the portable path is always in the set. Returns the
  * count written (at most cap). */
 int fg_default_variants(fg_arch arch, int with_kv_outer, fg_variant *out, int cap);
+/* The backward's default set: for every d (32..256 step 8), dtype, causal, the built-in rule's
+ * backward variant for arch (what fg_attention_backward runs without a tuning record). Returns the
+ * count written (at most cap). */
+int fg_default_backward_variants(fg_arch arch, fg_variant *out, int cap);
 #endif
