@@ -109,6 +109,19 @@ Test(variant_names, the_default_sets_and_built_in_choices_parse) {
         fg_variant b = fg_builtin_variant(d, FG_DTYPE_BF16, causal, (fg_arch)arch);
         expect_round_trip(&b, &count);
       }
+    /* The backward's default set: the built-in backward variant of every (d, dtype, causal), once. */
+    fg_variant w[128];
+    const int nb = fg_default_backward_variants((fg_arch)arch, w, 128);
+    cr_assert_eq(nb, 29 * 2 * 2, "%s: %d backward defaults", fg_arch_name((fg_arch)arch), nb);
+    for (int i = 0; i < nb; i++) {
+      const fg_variant b = fg_builtin_backward_variant(w[i].d, w[i].dtype, w[i].causal, (fg_arch)arch);
+      cr_assert(w[i].pass == FG_PASS_BWD && memcmp(&w[i], &b, sizeof b) == 0, "entry %d", i);
+      for (int j = 0; j < i; j++)
+        cr_assert(w[j].d != w[i].d || w[j].dtype != w[i].dtype || w[j].causal != w[i].causal,
+                  "entries %d and %d are one problem", j, i);
+      expect_round_trip(&w[i], &count);
+    }
+    cr_assert_eq(fg_default_backward_variants((fg_arch)arch, w, 3), 3, "cap is respected");
   }
 }
 
