@@ -188,8 +188,7 @@ static fg_status tensor_download(fg_context *ctx, const dtensor *t, uint16_t *h)
   return st;
 }
 
-static void bfail(fg_check_bwd_result *r, const char *fmt, ...) FG_PRINTF(2, 3);
-static void bfail(fg_check_bwd_result *r, const char *fmt, ...) {
+void fg_check_bwd_fail(fg_check_bwd_result *r, const char *fmt, ...) {
   if (!r->pass && r->reason[0]) return;
   r->pass = 0;
   va_list ap;
@@ -225,7 +224,7 @@ static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check
   CUdeviceptr lse = 0;
   dtensor *all[8] = {&q, &k, &vv, &o, &dout, &dq, &dk, &dv};
   if (!hq || !hdo || !hk || !hv || !gq || !gk || !gv || !ex || !nv) {
-    bfail(r, "out of host memory");
+    fg_check_bwd_fail(r, "out of host memory");
     goto done;
   }
   fg_rng g = {env->seed ^ fg_seed_of_name(c->name)};
@@ -241,7 +240,7 @@ static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check
   if (st == FG_OK) st = tensor_upload(ctx, &vv, hv, nan16);
   if (st == FG_OK) st = tensor_upload(ctx, &dout, hdo, nan16);
   if (st != FG_OK) {
-    bfail(r, "setting up device memory: %s", fg_context_last_error(ctx));
+    fg_check_bwd_fail(r, "setting up device memory: %s", fg_context_last_error(ctx));
     goto done;
   }
   fg_attention_backward_args a;
@@ -262,7 +261,7 @@ static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check
   fg_attention_args f;
   fg_backward_forward_args(&a, &f);
   if (fg_attention_forward(ctx, &f, env->stream) != FG_OK) {
-    bfail(r, "the forward call failed: %s", fg_context_last_error(ctx));
+    fg_check_bwd_fail(r, "the forward call failed: %s", fg_context_last_error(ctx));
     goto done;
   }
   if (c->kind != B_RUN && c->kind != B_DET) {
@@ -284,15 +283,16 @@ static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check
     fg_status got = fg_attention_backward_variant(ctx, &a, env->stream, &v);
     free(host);
     if (got != want)
-      bfail(r, "expected %s, got %s (%s)", fg_status_string(want), fg_status_string(got),
-            fg_context_last_error(ctx));
+      fg_check_bwd_fail(r, "expected %s, got %s (%s)", fg_status_string(want),
+                        fg_status_string(got), fg_context_last_error(ctx));
     else if (!strstr(fg_context_last_error(ctx), "args->"))
-      bfail(r, "the message does not name the argument: %s", fg_context_last_error(ctx));
+      fg_check_bwd_fail(r, "the message does not name the argument: %s",
+                        fg_context_last_error(ctx));
     fg_stream_synchronize(ctx, env->stream);
     if (tensor_download(ctx, &dq, gq) == FG_OK)
       for (int64_t i = 0; i < nq_el; i++)
         if (gq[i] != nan16) {
-          bfail(r, "dQ was written by a call that failed");
+          fg_check_bwd_fail(r, "dQ was written by a call that failed");
           break;
         }
     goto done;
@@ -301,12 +301,13 @@ static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check
   st = fg_attention_backward_variant(ctx, &a, env->stream, &v);
   if (st == FG_OK) st = fg_stream_synchronize(ctx, env->stream);
   if (st != FG_OK) {
-    bfail(r, "the backward call failed: %s: %s", fg_status_string(st), fg_context_last_error(ctx));
+    fg_check_bwd_fail(r, "the backward call failed: %s: %s", fg_status_string(st),
+                      fg_context_last_error(ctx));
     goto done;
   }
   if (tensor_download(ctx, &dq, gq) != FG_OK || tensor_download(ctx, &dk, gk) != FG_OK ||
       tensor_download(ctx, &dv, gv) != FG_OK) {
-    bfail(r, "downloading the gradients: %s", fg_context_last_error(ctx));
+    fg_check_bwd_fail(r, "downloading the gradients: %s", fg_context_last_error(ctx));
     goto done;
   }
   if (c->kind == B_DET) {
@@ -324,11 +325,11 @@ static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check
       st = tensor_download(ctx, outs[i], again);
       const int64_t n = i ? nk_el : nq_el;
       if (st == FG_OK && memcmp(again, first[i], (size_t)n * 2) != 0)
-        bfail(r, "deterministic mode: %s differs between two runs", names[i]);
+        fg_check_bwd_fail(r, "deterministic mode: %s differs between two runs", names[i]);
     }
     free(again);
     if (st != FG_OK) {
-      bfail(r, "the second deterministic call failed: %s", fg_context_last_error(ctx));
+      fg_check_bwd_fail(r, "the second deterministic call failed: %s", fg_context_last_error(ctx));
       goto done;
     }
   }
@@ -336,14 +337,14 @@ static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check
                             1.0 / sqrt((double)c->d), hq, hk, hv, hdo};
   if (fg_reference_backward(&hp, 1, ex, ex + nq_el, ex + nq_el + nk_el, NULL, env->threads) ||
       fg_reference_backward(&hp, 0, nv, nv + nq_el, nv + nq_el + nk_el, NULL, env->threads)) {
-    bfail(r, "the host reference failed (out of memory?)");
+    fg_check_bwd_fail(r, "the host reference failed (out of memory?)");
     goto done;
   }
   fg_gate_result gr;
   fg_gate_backward(c->dt, gq, gk, gv, ex, nv, nq_el, nk_el, &gr);
   memcpy(r->err, gr.err, sizeof r->err);
   memcpy(r->tol, gr.tol, sizeof r->tol);
-  if (!gr.pass) bfail(r, "%s", gr.reason);
+  if (!gr.pass) fg_check_bwd_fail(r, "%s", gr.reason);
 done:
   for (int i = 0; i < 8; i++) fg_dev_free(ctx, all[i]->p);
   fg_dev_free(ctx, lse);

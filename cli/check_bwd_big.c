@@ -36,16 +36,6 @@
 #include "fg_check.h"
 #include "fg_runtime_internal.h"
 
-/* The first failure wins (as bfail in check_bwd.c). */
-static void big_fail(fg_check_bwd_result *r, const char *fmt, ...) FG_PRINTF(2, 3);
-static void big_fail(fg_check_bwd_result *r, const char *fmt, ...) {
-  if (!r->pass && r->reason[0]) return;
-  r->pass = 0;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(r->reason, sizeof r->reason, fmt, ap);
-  va_end(ap);
-}
 
 /* Uploads rows [0, n) of a tensor [n, d] whose row i is row i % P of pat, or with neg (pat
  * negated) in odd periods, row i % P of neg there. */
@@ -71,7 +61,8 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
   const fg_variant v = fg_problem_builtin(&key, fg_context_arch(ctx));
   fg_variant_name(&v, r->variant, sizeof r->variant);
   if (c->b != 1 || c->hq != 1 || c->hkv != 1 || c->bnhd || N < 1 || Nk < 1) {
-    big_fail(r, "a bwd/big case is batch = heads = 1, contiguous, with rows: fix its table row");
+    fg_check_bwd_fail(
+        r, "a bwd/big case is batch = heads = 1, contiguous, with rows: fix its table row");
     return;
   }
   /* Host: the patterns (P rows of Q and dO), K, V, the references of one period, a period of dQ. */
@@ -85,7 +76,7 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
   CUdeviceptr q = 0, o = 0, dout = 0, dq = 0, k = 0, vv = 0, dk = 0, dv = 0, lse = 0;
   if (!pq || !pdo || !ndo || !hk || !hv || !gq || !gk || !gv || !ex_q || !ex_k || !ex_v || !nv_q ||
       !nv_k || !nv_v) {
-    big_fail(r, "out of host memory (about %.0f MiB needed)",
+    fg_check_bwd_fail(r, "out of host memory (about %.0f MiB needed)",
              (double)(pe * 6 + re * 16 + ke * 28) / 1048576.0);
     goto done;
   }
@@ -109,7 +100,7 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
    * takes itself (the fp32 dQ accumulator and D). */
   size_t ws = 0;
   if (fg_attention_backward_workspace_size(ctx, &a, &ws) != FG_OK) {
-    big_fail(r, "fg_attention_backward_workspace_size: %s", fg_context_last_error(ctx));
+    fg_check_bwd_fail(r, "fg_attention_backward_workspace_size: %s", fg_context_last_error(ctx));
     goto done;
   }
   const size_t qbytes = (size_t)(N * d) * 2, need = 4 * qbytes + 4 * ke * 2 + (size_t)N * 4 + ws;
@@ -119,7 +110,7 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
     fg_ctx_pop(ctx);
   }
   if (free_b < need + ((size_t)1 << 29)) {
-    big_fail(r,
+    fg_check_bwd_fail(r,
              "needs %.1f GiB of free device memory (Q, O, dO, dQ %.1f GiB each, workspace %.1f "
              "GiB) and the device has %.1f GiB free: run it on a larger GPU, or leave it out "
              "with --filter",
@@ -142,7 +133,7 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
   if (st == FG_OK) st = fg_dev_fill16(ctx, dv, nan16, ke);
   if (st == FG_OK) st = fg_dev_synchronize(ctx);
   if (st != FG_OK) {
-    big_fail(r, "setting up device memory: %s", fg_context_last_error(ctx));
+    fg_check_bwd_fail(r, "setting up device memory: %s", fg_context_last_error(ctx));
     goto done;
   }
   a.q = (const void *)(uintptr_t)q, a.k = (const void *)(uintptr_t)k;
@@ -152,13 +143,14 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
   fg_attention_args f;
   fg_backward_forward_args(&a, &f);
   if ((st = fg_attention_forward(ctx, &f, env->stream)) != FG_OK) {
-    big_fail(r, "the forward call that makes O and LSE failed: %s", fg_context_last_error(ctx));
+    fg_check_bwd_fail(r, "the forward call that makes O and LSE failed: %s",
+                      fg_context_last_error(ctx));
     goto done;
   }
   st = fg_attention_backward_variant(ctx, &a, env->stream, &v);
   if (st == FG_OK) st = fg_stream_synchronize(ctx, env->stream);
   if (st != FG_OK) {
-    big_fail(r, "the backward call failed: %s: %s", fg_status_string(st),
+    fg_check_bwd_fail(r, "the backward call failed: %s: %s", fg_status_string(st),
              fg_context_last_error(ctx));
     goto done;
   }
@@ -168,7 +160,7 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
                                   pq, hk, hv, pdo};
   if (fg_reference_backward_periodic(&hp, N, 1, ex_q, ex_k, ex_v, env->threads) != 0 ||
       fg_reference_backward_periodic(&hp, N, 0, nv_q, nv_k, nv_v, env->threads) != 0) {
-    big_fail(r, "the host reference failed (out of memory?)");
+    fg_check_bwd_fail(r, "the host reference failed (out of memory?)");
     goto done;
   }
 
@@ -183,7 +175,7 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
     const int64_t rows = N - row < P ? N - row : P;
     if (fg_dev_download(ctx, gq, dq + (CUdeviceptr)(row * d * 2), (size_t)(rows * d) * 2) !=
         FG_OK) {
-      big_fail(r, "downloading dQ: %s", fg_context_last_error(ctx));
+      fg_check_bwd_fail(r, "downloading dQ: %s", fg_context_last_error(ctx));
       goto done;
     }
     /* Rows [row, row + rows): those before first_key_row must be 0, the others are checked. */
@@ -192,7 +184,7 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
     if (zero_to > rows) zero_to = rows;
     for (int64_t x = 0; x < zero_to * d; x++)
       if (gq[x] & 0x7fff) {
-        big_fail(r, "dQ row %" PRId64 " (col %" PRId64 ") sees no key but holds %g, not 0",
+        fg_check_bwd_fail(r, "dQ row %" PRId64 " (col %" PRId64 ") sees no key but holds %g, not 0",
                  row + x / d, x % d, (double)fg_half_to_f32(gq[x], dt));
         gr.pass = 0;
         break;
@@ -211,8 +203,8 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
     gr.err[0] = fmax(gr.err[0], pr.err[0]);
     gr.tol[0] = fmin(gr.tol[0], pr.tol[0]);
     if (!pr.pass) {
-      big_fail(r, "rows %" PRId64 "..%" PRId64 " (dQ row %" PRId64 "): %s", r0, row + rows - 1,
-               r0 + pr.worst[0] / d, pr.reason);
+      fg_check_bwd_fail(r, "rows %" PRId64 "..%" PRId64 " (dQ row %" PRId64 "): %s", r0,
+                        row + rows - 1, r0 + pr.worst[0] / d, pr.reason);
       gr.pass = 0;
     }
   }
@@ -223,7 +215,7 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
   /* dK and dV whole. */
   if (fg_dev_download(ctx, gk, dk, ke * 2) != FG_OK ||
       fg_dev_download(ctx, gv, dv, ke * 2) != FG_OK) {
-    big_fail(r, "downloading dK, dV: %s", fg_context_last_error(ctx));
+    fg_check_bwd_fail(r, "downloading dK, dV: %s", fg_context_last_error(ctx));
     goto done;
   }
   memset(&gr, 0, sizeof gr);
@@ -231,7 +223,7 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
   fg_gate_tensor("dK", gk, ex_k, nv_k, (int64_t)ke, dt, 1, &gr);
   fg_gate_tensor("dV", gv, ex_v, nv_v, (int64_t)ke, dt, 2, &gr);
   for (int i = 1; i < 3; i++) r->err[i] = gr.err[i], r->tol[i] = gr.tol[i];
-  if (!gr.pass) big_fail(r, "%s", gr.reason);
+  if (!gr.pass) fg_check_bwd_fail(r, "%s", gr.reason);
 done:
   fg_dev_free(ctx, q), fg_dev_free(ctx, o), fg_dev_free(ctx, dout), fg_dev_free(ctx, dq);
   fg_dev_free(ctx, k), fg_dev_free(ctx, vv), fg_dev_free(ctx, dk), fg_dev_free(ctx, dv);

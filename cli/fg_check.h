@@ -38,6 +38,8 @@ typedef struct fg_check_bwd_result {
   char variant[FG_VARIANT_NAME_MAX];
   char reason[1024];
 } fg_check_bwd_result;
+/* Marks r failed with the reason (printf-style); the first failure's reason wins. */
+void fg_check_bwd_fail(fg_check_bwd_result *r, const char *fmt, ...) FG_PRINTF(2, 3);
 
 typedef struct fg_check_bwd_env {
   fg_context *ctx;
