@@ -12,9 +12,6 @@
 // 64 columns (128-byte rows), 128-byte swizzled (wgmma.cuh). Do not edit.
 {% include("common.cuh") %}
 {% include("wgmma.cuh") %}
-{% local function list(n, f) local t = {} for i = 0, n - 1 do t[#t + 1] = f(i) end return table.concat(t, ", ") end %}
-{% local function regs(n, from) return list(n, function(i) return "%" .. (from + i) end) end %}
-{% local function outs(n) return list(n, function(i) return '"+f"(d[' .. i .. '])' end) end %}
 
 namespace {
 constexpr int D = {{ d }};            // head dimension: 64 or 128 (bwd.lua)
@@ -40,41 +37,16 @@ constexpr unsigned DS_OFF = Q_OFF + STAGES * 2 * QT_BYTES, L_OFF = DS_OFF + BC *
 
 // d (64 x BR, f32) = A B^T over one k-step (16 columns of D), A (64 keys) and B (BR query rows)
 // from shared memory, both K-major: S^T = K Q^T and dP^T = V dO^T. scale_d = 0 starts from zero.
-FG_DEV void wgmma_sdp(float *d, u64 da, u64 db, int scale_d) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %{{ br // 2 + 2 }}, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n{{ br }}k16.f32.{{ dtype }}.{{ dtype }} "
-               "{ {{ regs(br // 2, 0) }} }, %{{ br // 2 }}, %{{ br // 2 + 1 }}, p, 1, 1, 0, 0;\n}\n"
-               : {{ outs(br // 2) }}
-               : "l"(da), "l"(db), "r"(scale_d));
-}
+{% wgmma_ss("wgmma_sdp", br, 0, 0) %}
 // dV (64 x D, f32) += P^T dO over 16 query rows: A = P^T from registers (the mma.sync m16k16
 // fragment, per warp), B = dO (16 x D) from shared memory, D-major (transposed).
-FG_DEV void wgmma_dv(float *d, const u32 *a, u64 db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %{{ d // 2 + 5 }}, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n{{ d }}k16.f32.{{ dtype }}.{{ dtype }} "
-               "{ {{ regs(d // 2, 0) }} }, { {{ regs(4, d // 2) }} }, %{{ d // 2 + 4 }}, p, 1, 1, 1;\n}\n"
-               : {{ outs(d // 2) }}
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-// dK (64 x D, f32) += dS^T Q over 16 query rows: A = dS^T from shared memory (key rows,
-// K-major), B = Q (16 x D) from shared memory, D-major (transposed).
-FG_DEV void wgmma_dk(float *d, u64 da, u64 db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %{{ d // 2 + 2 }}, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n{{ d }}k16.f32.{{ dtype }}.{{ dtype }} "
-               "{ {{ regs(d // 2, 0) }} }, %{{ d // 2 }}, %{{ d // 2 + 1 }}, p, 1, 1, 0, 1;\n}\n"
-               : {{ outs(d // 2) }}
-               : "l"(da), "l"(db), "r"(1));
-}
+{% wgmma_rs("wgmma_dv", d) %}
+// dK (64 x D, f32) += dS^T Q over 16 query rows (called with scale_d = 1): A = dS^T from shared
+// memory (key rows, K-major), B = Q (16 x D) from shared memory, D-major (transposed).
+{% wgmma_ss("wgmma_dk", d, 0, 1) %}
 // d (64 x DQ_N, f32) (+)= dS K over 16 keys: A = dS from dS^T in shared memory (query-major:
 // transposed), B = K (16 x DQ_N) from shared memory, D-major (transposed).
-FG_DEV void wgmma_dq(float *d, u64 da, u64 db, int scale_d) {
-{% local dqn = (br // 64 == warps // 4) and d or d // (warps // 4) %}
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %{{ dqn // 2 + 2 }}, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n{{ dqn }}k16.f32.{{ dtype }}.{{ dtype }} "
-               "{ {{ regs(dqn // 2, 0) }} }, %{{ dqn // 2 }}, %{{ dqn // 2 + 1 }}, p, 1, 1, 1, 1;\n}\n"
-               : {{ outs(dqn // 2) }}
-               : "l"(da), "l"(db), "r"(scale_d));
-}
+{% wgmma_ss("wgmma_dq", (br // 64 == warps // 4) and d or d // (warps // 4), 1, 1) %}
 FG_DEV void ld_shared_f2(u32 a, float &x, float &y) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x), "=f"(y) : "r"(a));
 }
@@ -204,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk)
-      wgmma_dk(dk, dk_a2 + ((kk / 4) * BC * 128 + (kk % 4) * 32) / 16, dk_b + kk * 2048 / 16);
+      wgmma_dk(dk, dk_a2 + ((kk / 4) * BC * 128 + (kk % 4) * 32) / 16, dk_b + kk * 2048 / 16, 1);
     wg_commit();
 
     // dQ (this warpgroup's 64 x DQ_N) = dS K: dS^T is query-major (8-key groups 1024 bytes apart),

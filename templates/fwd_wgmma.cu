@@ -12,9 +12,6 @@
 // blocks above the diagonal skipped. Writes O and the log-sum-exp. Do not edit.
 {% include("common.cuh") %}
 {% include("wgmma.cuh") %}
-{% local function list(n, f) local t = {} for i = 0, n - 1 do t[#t + 1] = f(i) end return table.concat(t, ", ") end %}
-{% local function regs(n, from) return list(n, function(i) return "%" .. (from + i) end) end %}
-{% local function outs(n) return list(n, function(i) return '"+f"(d[' .. i .. '])' end) end %}
 
 namespace {
 constexpr int D = {{ d }};            // head dimension: 64, 128 or 256 (fwd.lua)
@@ -36,22 +33,10 @@ constexpr unsigned K_OFF = Q_BYTES, V_OFF = K_OFF + 2 * STAGE_BYTES;
 
 // d (64 x BC, f32) = Q K^T over one k-step: A (64 x 16) and B (BC x 16) from shared memory, both
 // K-major; scale_d = 0 starts from zero.
-FG_DEV void wgmma_qk(float *d, u64 da, u64 db, int scale_d) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %{{ bc // 2 + 2 }}, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n{{ bc }}k16.f32.{{ dtype }}.{{ dtype }} "
-               "{ {{ regs(bc // 2, 0) }} }, %{{ bc // 2 }}, %{{ bc // 2 + 1 }}, p, 1, 1, 0, 0;\n}\n"
-               : {{ outs(bc // 2) }}
-               : "l"(da), "l"(db), "r"(scale_d));
-}
+{% wgmma_ss("wgmma_qk", bc, 0, 0) %}
 // d (64 x D, f32) += P V over 16 keys: A = P from registers (the mma.sync m16k16 fragment, per
 // warp), B = V (16 x D) from shared memory, D-major (transposed).
-FG_DEV void wgmma_pv(float *d, const u32 *a, u64 db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %{{ d // 2 + 5 }}, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n{{ d }}k16.f32.{{ dtype }}.{{ dtype }} "
-               "{ {{ regs(d // 2, 0) }} }, { {{ regs(4, d // 2) }} }, %{{ d // 2 + 4 }}, p, 1, 1, 1;\n}\n"
-               : {{ outs(d // 2) }}
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
+{% wgmma_rs("wgmma_pv", d) %}
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __grid_constant__ fg_fwd_params p) {

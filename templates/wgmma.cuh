@@ -41,3 +41,32 @@ template <int N> FG_DEV void fence_regs(float *d) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+
+// The wgmma instructions a template uses, rendered for its shapes by the Lua functions below
+// (defined here, called from the including template, which passes the names and shapes):
+//   {% wgmma_ss("name", n, ta, tb) %}  FG_DEV void name(float *d, u64 da, u64 db, int scale_d):
+//       d (64 x n, f32) = (scale_d ? d : 0) + A B over one k-step of 16, A and B from shared
+//       memory through descriptors; ta / tb = 1: A / B stored MN-major (transposed).
+//   {% wgmma_rs("name", n) %}  FG_DEV void name(float *d, const u32 *a, u64 db): d (64 x n) += A B
+//       over 16, A from registers (the mma.sync m16k16 fragment, per warp), B MN-major.
+{% function wgmma_list(n, f) local t = {} for i = 0, n - 1 do t[#t + 1] = f(i) end return table.concat(t, ", ") end %}
+{% function wgmma_regs(n, from) return wgmma_list(n, function(i) return "%" .. (from + i) end) end %}
+{% function wgmma_outs(n) return wgmma_list(n, function(i) return '"+f"(d[' .. i .. '])' end) end %}
+{% function wgmma_ss(fname, n, ta, tb) %}
+FG_DEV void {{ fname }}(float *d, u64 da, u64 db, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %{{ n // 2 + 2 }}, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n{{ n }}k16.f32.{{ dtype }}.{{ dtype }} "
+               "{ {{ wgmma_regs(n // 2, 0) }} }, %{{ n // 2 }}, %{{ n // 2 + 1 }}, p, 1, 1, {{ ta }}, {{ tb }};\n}\n"
+               : {{ wgmma_outs(n // 2) }}
+               : "l"(da), "l"(db), "r"(scale_d));
+}
+{% end %}
+{% function wgmma_rs(fname, n) %}
+FG_DEV void {{ fname }}(float *d, const u32 *a, u64 db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %{{ n // 2 + 5 }}, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n{{ n }}k16.f32.{{ dtype }}.{{ dtype }} "
+               "{ {{ wgmma_regs(n // 2, 0) }} }, { {{ wgmma_regs(4, n // 2) }} }, %{{ n // 2 + 4 }}, p, 1, 1, 1;\n}\n"
+               : {{ wgmma_outs(n // 2) }}
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+{% end %}
