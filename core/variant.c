@@ -207,15 +207,23 @@ int fg_variant_check(const fg_variant *v, char *err, size_t errlen) {
   return 0;
 }
 
-fg_variant fg_portable_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
+/* A variant of the problem (pass, d, dtype, causal) on arch with loop order loop; the block
+ * sizes, warps and stages are the caller's to set. */
+static fg_variant variant_of(fg_pass pass, int d, fg_dtype dtype, int causal, fg_loop_order loop,
+                             fg_arch arch) {
   fg_variant v;
   memset(&v, 0, sizeof v);
-  v.pass = FG_PASS_FWD;
+  v.pass = pass;
   v.d = d;
   v.dtype = dtype;
   v.causal = causal;
-  v.loop = FG_LOOP_Q_OUTER;
+  v.loop = loop;
   v.arch = arch;
+  return v;
+}
+
+fg_variant fg_portable_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
+  fg_variant v = variant_of(FG_PASS_FWD, d, dtype, causal, FG_LOOP_Q_OUTER, arch);
   v.stages = 2;
   /* Up to d = 128: 128 query rows on 4 warps, 32 rows per warp (FlashAttention-2's shape: each K/V
    * fragment read from shared memory feeds two MMAs) and K/V blocks of 64 rows; above, 64 rows on
@@ -244,14 +252,7 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
 int fg_variant_spill_limit(const fg_variant *v) { return v->pass == FG_PASS_BWD ? 128 : 0; }
 
 fg_variant fg_builtin_backward_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
-  fg_variant v;
-  memset(&v, 0, sizeof v);
-  v.pass = FG_PASS_BWD;
-  v.d = d;
-  v.dtype = dtype;
-  v.causal = causal;
-  v.loop = FG_LOOP_KV_OUTER;
-  v.arch = arch;
+  fg_variant v = variant_of(FG_PASS_BWD, d, dtype, causal, FG_LOOP_KV_OUTER, arch);
   const int small_smem = arch == FG_ARCH_SM86 || arch == FG_ARCH_SM89; /* 99 KB per block */
   /* Measured on an H100 (bf16, N = 4k, fg_ab): key blocks of 128 are 1.3-1.5x blocks of 64 at
    * d = 64 and 128 (each Q/dO block and each dQ reduction serves twice the keys). Eight warps;
