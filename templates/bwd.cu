@@ -50,7 +50,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const u32 sbase = smem_addr(smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const u32 bhk = blockIdx.y, b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
-  const i64 k0 = (i64)blockIdx.x * BC, Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
+  const i64 k0 = k0_of(p), Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
   const int G = (int)p.hq_per_hkv;
   const bwd_span sp = bwd_span_of(p, k0);
   const int i0 = sp.i0, per_head = sp.per_head, n_items = sp.n_items;
@@ -149,8 +149,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     // P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)), 0 where masked (keys past Nk; causal:
     // key k0 + r is seen by query q0 + c iff k0 + r <= q0 + c + diag); dS^T = P^T (dP^T - D).
     // Both go to shared memory in the element type.
-    const int kv_left = (int)(Nk - k0 < BC ? Nk - k0 : BC);
-    const i64 dq_off = q0 + diag - k0;  // key r is seen by query c iff r <= c + dq_off
+    const i64 k0i = k0_of(p);  // k0, read anew (see key_block)
+    const int kv_left = (int)(Nk - k0i < BC ? Nk - k0i : BC);
+    const i64 dq_off = q0 + diag - k0i;  // key r is seen by query c iff r <= c + dq_off
     const int dlim = (int)(dq_off > BC ? BC : (dq_off < -BR ? -BR : dq_off));
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -230,7 +231,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       }
     }
     u32 *sem = dq_sem(p, b, h, q0);
-    dq_sem_wait(p, sem, tid);
+    dq_sem_wait(p, sem, q0, tid);
     float *acc = dq_acc(p) + (((i64)b * p.heads_q + h) * Nq + q0) * D;
     const int q_left = (int)(Nq - q0 < BR ? Nq - q0 : BR);
 #pragma unroll
@@ -248,9 +249,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 
   // dK = scale * sum dS^T Q and dV, in the element type, straight from the accumulators.
   const float sc = (float)p.scale;
-  u16 *gdK = (u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh + k0 * p.dk_sn;
-  u16 *gdV = (u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + k0 * p.dv_sn;
-  const int kv_left = (int)(Nk - k0 < BC ? Nk - k0 : BC);
+  const i64 k0e = k0_of(p);  // k0, read anew (see key_block)
+  u16 *gdK = (u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh + k0e * p.dk_sn;
+  u16 *gdV = (u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + k0e * p.dv_sn;
+  const int kv_left = (int)(Nk - k0e < BC ? Nk - k0e : BC);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

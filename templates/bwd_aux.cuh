@@ -68,9 +68,6 @@ FG_DEV u32 ld_acquire(const u32 *a) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
   return v;
 }
-FG_DEV void st_release(u32 *a, u32 v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(a), "r"(v) : "memory");
-}
 
 // The query blocks that see key block k0: all of them, or (causal) from the block of the first
 // query i with k0 <= i + (Nk - Nq). Items are (query head of the group, query block) pairs:
@@ -102,18 +99,47 @@ FG_DEV void load_lse_d(float *sl, const fg_bwd_params &p, u32 b, i64 h, i64 q0, 
   }
 }
 
-// Deterministic mode: before adding its part of the dQ tile of rows q0 ... of head (b, h), a key
-// block waits until the key blocks before it have added theirs (every one of them does: they
-// walk the same tiles in the same order, and a block earlier in x sees at least the tiles of a
-// later one); after, it passes the tile on. Both are called by every thread of the block.
+// The key block (of BC keys) this thread block computes: blockIdx.x, but in deterministic causal
+// mode the blocks go in reverse (the last key block first), because there the dQ tiles are
+// passed from the last key block down (dq_rank): a block then waits only for blocks before it
+// in x, which the GPU starts first.
+// Read anew at every call (volatile ctaid_x): the kernels call it where they need the block's
+// first key (k0_of) rather than keep a value derived from it live across the query-block loop,
+// which spilled at d = 184..240.
+FG_DEV int key_block(const fg_bwd_params &p) {
+  if (CAUSAL && p.deterministic) return (int)(nctaid_x() - 1 - ctaid_x());
+  return (int)ctaid_x();
+}
+FG_DEV i64 k0_of(const fg_bwd_params &p) { return (i64)key_block(p) * BC; }
+// Deterministic mode: the key blocks add their parts of each dQ tile (the rows q0 ... of head
+// (b, h)) in a fixed order, each after the ones before it: rank is how many come before key
+// block kb = key_block(p). Without a mask every key block sees every tile: ascending, rank kb. Causal (bottom-
+// right), the blocks that see tile i are 0 ... jmax(i) (key block j's first query block is the
+// one of query j * BC - diag, bwd_span_of): descending from jmax(i), rank jmax(i) - kb. In that
+// order a block's first tile waits for nobody (it is the last key block that sees it) and every
+// later one for blocks that started one tile earlier, so the additions overlap instead of
+// filling a pipeline of all key blocks (ascending cost 2.2-2.4x the non-deterministic time at
+// N = 4k-16k, H100). Every block of the order does add to the tile: they walk the same tiles in
+// the same order, each from its own first one.
+FG_DEV u32 dq_rank(const fg_bwd_params &p, i64 q0) {
+  const int kb = key_block(p);  // from the block's index again: nothing held across the loop
+  if constexpr (CAUSAL) {
+    const i64 last = (q0 + BR - 1 + p.seqlen_k - p.seqlen_q) / BC;  // jmax: j * BC <= that row + diag
+    return (u32)((last < (i64)gridDim.x - 1 ? last : (i64)gridDim.x - 1) - kb);
+  }
+  return (u32)kb;
+}
 FG_DEV u32 *dq_sem(const fg_bwd_params &p, u32 b, i64 h, i64 q0) {
   return (u32 *)p.sem + ((i64)b * p.heads_q + h) * sems_per_head(p) + q0 / SEM_ROWS;
 }
-FG_DEV void dq_sem_wait(const fg_bwd_params &p, u32 *sem, int tid) {
+// Both are called by every thread of the block, for the tile of rows q0 ...
+FG_DEV void dq_sem_wait(const fg_bwd_params &p, u32 *sem, i64 q0, int tid) {
   if (p.deterministic) {
-    if (tid == 0)
-      while (ld_acquire(sem) != blockIdx.x) {
+    if (tid == 0) {
+      const u32 rank = dq_rank(p, q0);
+      while (ld_acquire(sem) != rank) {
       }
+    }
     __syncthreads();
   }
 }
@@ -121,7 +147,9 @@ FG_DEV void dq_sem_release(const fg_bwd_params &p, u32 *sem, int tid) {
   if (p.deterministic) {
     __threadfence();
     __syncthreads();
-    if (tid == 0) st_release(sem, blockIdx.x + 1);
+    // sem held this block's rank (dq_sem_wait): one more passes the tile on. An add, so that
+    // nothing of the rank's computation stays live across the tile's reductions (that spilled).
+    if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(sem) : "memory");
   }
 }
 }  // namespace

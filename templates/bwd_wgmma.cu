@@ -70,7 +70,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int wg = warp / 4, wr = (warp % 4) * 16;  // warpgroup; the warp's first row in it
   const u32 bhk = blockIdx.y, b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
-  const i64 k0 = (i64)blockIdx.x * BC, Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
+  const i64 k0 = k0_of(p), Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
   const int G = (int)p.hq_per_hkv;
   const bwd_span sp = bwd_span_of(p, k0);
   const int i0 = sp.i0, per_head = sp.per_head, n_items = sp.n_items;
@@ -131,8 +131,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     // of 128-byte rows, 16-byte chunks swizzled: chunk ^ r % 8, as the loads do), where dK and dQ
     // read it: registers for it too spilled (d = 128, Br 64: 32 B; d = 64, Br 128: 104 B).
     u32 pa[BR / 16][4];
-    const int kv_left = (int)(Nk - k0 < BC ? Nk - k0 : BC);
-    const i64 dq_off = q0 + diag - k0;
+    const i64 k0i = k0_of(p);  // k0, read anew (see key_block)
+    const int kv_left = (int)(Nk - k0i < BC ? Nk - k0i : BC);
+    const i64 dq_off = q0 + diag - k0i;
     const int dlim = (int)(dq_off > BC ? BC : (dq_off < -BR ? -BR : dq_off));
     const bool need_mask = kv_left < BC || (CAUSAL && dlim < BC - 1);
 #pragma unroll
@@ -195,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     // dQ tile added to the fp32 accumulator: dq[4 nt + 2 hh + e] is query 64 qb + wr + g + 8 hh,
     // column n0 + 8 nt + 2 t + e (the m16n8 layout add_dq_tile takes).
     u32 *sem = dq_sem(p, b, h, q0);
-    dq_sem_wait(p, sem, tid);
+    dq_sem_wait(p, sem, q0, tid);
     float *acc = dq_acc(p) + (((i64)b * p.heads_q + h) * Nq + q0) * D;
     const int q_left = (int)(Nq - q0 < BR ? Nq - q0 : BR) - (qb * 64 + wr);
 #pragma unroll
@@ -208,9 +209,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   // dK = scale * sum dS^T Q and dV, in the element type, from the accumulators: dk[4 nt + 2 hh +
   // e] is key 64 wg + wr + g + 8 hh, column 8 nt + 2 t + e.
   const float sc = (float)p.scale;
-  u16 *gdK = (u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh + k0 * p.dk_sn;
-  u16 *gdV = (u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + k0 * p.dv_sn;
-  const int kv_left = (int)(Nk - k0 < BC ? Nk - k0 : BC);
+  const i64 k0e = k0_of(p);  // k0, read anew (see key_block)
+  u16 *gdK = (u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh + k0e * p.dk_sn;
+  u16 *gdV = (u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + k0e * p.dv_sn;
+  const int kv_left = (int)(Nk - k0e < BC ? Nk - k0e : BC);
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int r = wg * 64 + wr + g + 8 * hh;
