@@ -1108,8 +1108,12 @@ class Bench:
         {backend: [ms...]}."""
         times = {b: [] for b in timed}
         start = 1 + self.args.warmup
+        order = list(timed.items())
         for r in range(ROUNDS):
-            for b, (fn, ctx, reps, sets) in timed.items():
+            # Each round starts at the next backend: the first calls after a switch run at the
+            # clock the previous backend left (an H100 lowers it within a second under cuDNN's
+            # load), and a fixed order gave that penalty to the same backend in every round.
+            for b, (fn, ctx, reps, sets) in order[r % len(order):] + order[:r % len(order)]:
                 n = reps * (r + 1) // ROUNDS - reps * r // ROUNDS
                 if n == 0:
                     continue
