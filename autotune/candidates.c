@@ -53,12 +53,17 @@ static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg
   /* q_outer: 2 or 3 stages; q_wgmma and q_wgmma_ov: 2 (3 is pruned by their rule); kv_outer: 1
    * (Algorithm 1). The wgmma loops are pruned on every arch but sm_90a by their rule (fwd.lua),
    * so there they count among "rules". */
-  for (int loop = 0; loop < FG_LOOP_COUNT; loop++)
+  /* q_tma (fwd_tma.cu) is not a candidate until it has run `flashgen check` on a GPU. */
+  static const fg_loop_order loops[] = {FG_LOOP_Q_OUTER, FG_LOOP_KV_OUTER, FG_LOOP_Q_WGMMA,
+                                        FG_LOOP_Q_WGMMA_OV};
+  for (size_t li = 0; li < sizeof loops / sizeof loops[0]; li++)
     for (size_t bi = 0; bi < sizeof brs / sizeof brs[0]; bi++)
       for (size_t ci = 0; ci < sizeof bcs / sizeof bcs[0]; ci++)
         for (size_t wi = 0; wi < sizeof warps / sizeof warps[0]; wi++)
-          for (int st = loop == FG_LOOP_KV_OUTER ? 1 : 2; st <= (loop == FG_LOOP_KV_OUTER ? 1 : 3); st++) {
-            fg_variant v = {FG_PASS_FWD, d, brs[bi], bcs[ci], dtype, causal, (fg_loop_order)loop,
+          for (int st = loops[li] == FG_LOOP_KV_OUTER ? 1 : 2;
+               st <= (loops[li] == FG_LOOP_KV_OUTER ? 1 : 3); st++) {
+            const fg_loop_order loop = loops[li];
+            fg_variant v = {FG_PASS_FWD, d, brs[bi], bcs[ci], dtype, causal, loop,
                             warps[wi], st, arch};
             /* too little work per barrier */
             if (loop != FG_LOOP_KV_OUTER && v.bc < 32) continue;

@@ -17,13 +17,16 @@ const char *fg_pass_name(fg_pass p);
  * Hopper's warpgroup matrix instructions (wgmma, sm_90a only: fwd_wgmma.cu), each block's S,
  * softmax and O += P V in order; q_wgmma_ov the same with the softmax of block j+1 overlapping
  * O += P_j V_j on the tensor cores. kv_wgmma is the backward's K/V-outer loop on wgmma (sm_90a only:
- * bwd_wgmma.cu), one warpgroup per 64 keys. */
+ * bwd_wgmma.cu), one warpgroup per 64 keys. q_tma is q_wgmma with a producer warpgroup (sm_90a only:
+ * fwd_tma.cu): TMA loads of Q, K and V completing on mbarriers, the warps of the variant (4 or 8)
+ * consuming them, one warpgroup per 64 query rows; the block has 128 threads more than 32 * warps. */
 typedef enum fg_loop_order {
   FG_LOOP_Q_OUTER = 0,
   FG_LOOP_KV_OUTER = 1,
   FG_LOOP_Q_WGMMA = 2,
   FG_LOOP_Q_WGMMA_OV = 3,
   FG_LOOP_KV_WGMMA = 4,
+  FG_LOOP_Q_TMA = 5,
   FG_LOOP_COUNT
 } fg_loop_order;
 typedef enum fg_arch {

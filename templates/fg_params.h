@@ -1,7 +1,8 @@
 /* fg_params.h: the argument block every generated kernel takes (by value, as its only
  * parameter). Shared word for word by the host (C, runtime/launch.c) and the generated CUDA
  * (pasted in by the template engine), so the two can never disagree on the layout. Only
- * 8-byte fields, so no padding differs between compilers. Append fields; never reorder. */
+ * 8-byte fields (and 64-byte aligned tensor maps at offset 0), so no padding differs between
+ * compilers. Append fields; never reorder. */
 #ifndef FG_PARAMS_H
 #define FG_PARAMS_H
 typedef struct fg_fwd_params {
@@ -16,6 +17,24 @@ typedef struct fg_fwd_params {
   double scale_log2;    /* scale * log2(e): exp(scale*s) = exp2(scale_log2*s) */
   long long causal;     /* read by the reference kernel only; generated kernels fix it */
 } fg_fwd_params;
+
+/* A CUDA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte aligned), encoded on
+ * the host from a call's pointer, shape and strides for the TMA loads of a Hopper kernel. */
+#ifdef __cplusplus
+#define FG_ALIGN64 alignas(64)
+#else
+#define FG_ALIGN64 _Alignas(64)
+#endif
+typedef struct fg_tmap {
+  FG_ALIGN64 unsigned long long opaque[16];
+} fg_tmap;
+
+/* The argument block of forward kernels whose plan declares tensor maps (launch(v).tmaps in
+ * fwd.lua): tmap[i] is the plan's i-th map (unused ones zero), then the usual block. */
+typedef struct fg_fwd_tma_params {
+  fg_tmap tmap[4];
+  fg_fwd_params p;
+} fg_fwd_tma_params;
 
 /* The backward plan's argument block (templates/bwd.cu, runtime/backward.c): the forward's
  * tensors, dO, the gradients dQ, dK, dV, and the fp32 workspace: the dQ accumulator

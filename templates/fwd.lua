@@ -89,6 +89,43 @@ local function wgmma_check(v)
 end
 local function wgmma_loop(v) return v.loop == "q_wgmma" or v.loop == "q_wgmma_ov" end
 
+-- q_tma (fwd_tma.cu, sm_90a): a producer warpgroup (one thread issues the TMA loads of Q, K and V
+-- into 128-byte-swizzled 64-column blocks, completing on mbarriers; `stages` K/V buffers) and
+-- warps / 4 consumer warpgroups of 64 query rows (Br = 16 * warps). With two consumers the block
+-- has 384 threads, whose launch share is 168 registers: the producer gives its registers up
+-- (setmaxnreg 24) and the consumers take 240. A consumer holds O (d/2), S (bc/2), P in fp32
+-- (bc/2), P packed (bc/4) and about 48 more. Shared memory: Q, 2 * stages K/V blocks, 1 KB for
+-- the alignment, 256 B of mbarriers.
+local TMA_CONSUMER_REGS = 240
+local function tma_consumer_regs(v) return v.d // 2 + v.bc + v.bc // 4 + 48 end
+local function tma_resources(v)
+  local consumers = v.warps // 4
+  local regs = tma_consumer_regs(v)
+  if consumers == 2 then regs = (24 * 128 + TMA_CONSUMER_REGS * 256) // 384 end
+  return { threads = 32 * v.warps + 128,
+           smem = (v.br + 2 * v.stages * v.bc) * v.d * 2 + 1024 + 256, regs = regs }
+end
+local function tma_check(v)
+  if v.arch ~= "sm_90a" then
+    return "q_tma needs sm_90a: TMA and wgmma are instructions of Hopper (compute capability 9.0)"
+  end
+  if v.d % 64 ~= 0 then
+    return "q_tma takes d = 64, 128, 192 or 256 (tiles of 64-column blocks, one TMA box each)"
+  end
+  if (v.warps ~= 4 and v.warps ~= 8) or v.br ~= 16 * v.warps then
+    return "q_tma has one or two consumer warpgroups of 64 query rows: warps 4 or 8, Br = 16 * warps"
+  end
+  if v.bc > 256 or v.stages < 2 then
+    return "q_tma takes Bc <= 256 (a TMA box has at most 256 rows) and 2 to 4 K/V stages"
+  end
+  if v.warps == 8 and tma_consumer_regs(v) > TMA_CONSUMER_REGS then
+    return "q_tma with two consumer warpgroups needs about " .. tma_consumer_regs(v) ..
+           " registers per consumer thread, more than the " .. TMA_CONSUMER_REGS ..
+           " setmaxnreg gives them: take a smaller Bc"
+  end
+  return nil
+end
+
 function M.layout(v)
   local L = base_layout(v)
   -- At 32 rows per warp with Q in registers (d <= 64) ptxas fits plain (224-242 registers).
@@ -101,6 +138,7 @@ function M.q_in_regs(v) return q_in_regs(v, base_layout(v)) end
 
 function M.resources(v)
   if wgmma_loop(v) then return wgmma_resources(v) end
+  if v.loop == "q_tma" then return tma_resources(v) end
   local L = base_layout(v)
   local smem
   if v.loop == "q_outer" then
@@ -119,6 +157,7 @@ end
 function M.check(v)
   if v.loop == "kv_wgmma" then return "kv_wgmma is a loop order of the backward pass" end
   if wgmma_loop(v) then return wgmma_check(v) end
+  if v.loop == "q_tma" then return tma_check(v) end
   local L = M.layout(v)
   if v.loop == "q_outer" and L.mt >= 2 and v.bc > 64 and v.d > 32 then
     return "q_outer with " .. 16 * L.mt .. " rows per warp takes Bc <= 64 above d = 32: the S tile " ..
@@ -155,6 +194,15 @@ function M.launch(v)
     return one_step("fwd_q_outer.cu", M.entry(v), "q_tiles", v.br, r.threads, r.smem)
   elseif wgmma_loop(v) then
     return one_step("fwd_wgmma.cu", M.entry(v), "q_tiles", v.br, r.threads, r.smem)
+  elseif v.loop == "q_tma" then
+    -- The runtime encodes the tensor maps (fg_fwd_tma_params.tmap, in this order) from the call:
+    -- [batch, heads, rows, d] of the tensor, boxes of 64 columns x `rows` rows, 128-byte swizzle,
+    -- rows past the end read as zeros.
+    local t = one_step("fwd_tma.cu", M.entry(v), "q_tiles", v.br, r.threads, r.smem)
+    t.params = "fwd_tma"
+    t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "k", rows = v.bc },
+                { tensor = "v", rows = v.bc } }
+    return t
   else
     return one_step("fwd_kv_outer.cu", M.entry(v), "heads", v.br, r.threads, r.smem,
                     { { name = "o_m_l", param = "workspace", bytes = 4 * (v.d + 2), rows = 1 } })
