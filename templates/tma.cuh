@@ -1,0 +1,45 @@
+// tma.cuh: Hopper (sm_90a) helpers of the warp-specialised templates (fwd_tma.cu): mbarriers,
+// TMA tile loads from a tensor map (cp.async.bulk.tensor) and the warpgroup register moves
+// (setmaxnreg). Included after common.cuh and wgmma.cuh with {% include("tma.cuh") %}. The tensor
+// maps are encoded on the host (runtime/forward.c) and reach the kernel inside its
+// __grid_constant__ parameter (fg_fwd_tma_params.tmap), whose generic address the TMA takes.
+
+// An mbarrier (8 bytes of shared memory) expecting `count` arrivals per phase.
+FG_DEV void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialised mbarriers visible to the other threads and to the TMA unit; a
+// __syncthreads() follows.
+FG_DEV void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// One arrival that also announces `bytes` more to be written by the TMA in this phase.
+FG_DEV void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+FG_DEV void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` (0 for the first, 1 for the second, ...) completes.
+FG_DEV void mbar_wait(u32 bar, u32 parity) {
+  asm volatile("{\n.reg .pred p;\nFG_MBAR_WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               "@!p bra FG_MBAR_WAIT;\n}\n" ::"r"(bar), "r"(parity)
+               : "memory");
+}
+
+// Loads the box at coordinates (c0 column, c1 row, c2 head, c3 batch) of the 4-d tensor map at
+// tmap (a generic address) into shared memory at dst, completing `bytes` on the mbarrier bar.
+FG_DEV void tma_load_4d(u32 dst, const void *tmap, int c0, int c1, int c2, int c3, u32 bar) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
+               "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+               "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+               : "memory");
+}
+FG_DEV void tma_prefetch_map(const void *tmap) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(tmap) : "memory");
+}
+
+// Registers of the calling warpgroup (every thread of it executes these): the producer gives
+// registers back, the consumers take them (a multiple of 8 from 24 to 256).
+template <int N> FG_DEV void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N> FG_DEV void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
