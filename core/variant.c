@@ -176,8 +176,11 @@ int fg_variant_check(const fg_variant *v, char *err, size_t errlen) {
     return -1;
   }
   if (v->warps != 1 && v->warps != 2 && v->warps != 4 && v->warps != 8 &&
-      !(v->warps == 16 && v->pass == FG_PASS_BWD)) {
-    snprintf(err, errlen, "warps = %d: must be 1, 2, 4 or 8 (16 too for the backward pass)",
+      !(v->warps == 16 && v->pass == FG_PASS_BWD) &&
+      !(v->warps == 12 && v->pass == FG_PASS_FWD && v->loop == FG_LOOP_Q_TMA)) {
+    snprintf(err, errlen,
+             "warps = %d: must be 1, 2, 4 or 8 (16 too for the backward pass, 12 for q_tma's "
+             "three consumer warpgroups)",
              v->warps);
     return -1;
   }

@@ -91,17 +91,23 @@ local function wgmma_loop(v) return v.loop == "q_wgmma" or v.loop == "q_wgmma_ov
 
 -- q_tma (fwd_tma.cu, sm_90a): a producer warpgroup (one thread issues the TMA loads of Q, K and V
 -- into 128-byte-swizzled 64-column blocks, completing on mbarriers; `stages` K/V buffers) and
--- warps / 4 consumer warpgroups of 64 query rows (Br = 16 * warps). With two consumers the block
--- has 384 threads, whose launch share is 168 registers: the producer gives its registers up
--- (setmaxnreg 24) and the consumers take 240. A consumer holds O (d/2), S (bc/2), P in fp32
--- (bc/2), P packed (bc/4) and about 48 more. Shared memory: Q, 2 * stages K/V blocks, 1 KB for
--- the alignment, 256 B of mbarriers.
-local TMA_CONSUMER_REGS = 240
-local function tma_consumer_regs(v) return v.d // 2 + v.bc + v.bc // 4 + 48 end
+-- warps / 4 consumer warpgroups of 64 query rows (Br = 16 * warps). With two or three consumers
+-- the producer gives its registers up (setmaxnreg 24) and the consumers take what the block's
+-- 64K registers leave them: 240 each of two (launch share 168), 160 each of three (launch share
+-- 128); one consumer runs at the launch share (up to 255). A consumer holds O (d/2), S (bc/2), P
+-- in fp32 (bc/2, in registers ptxas largely shares with S), P packed (bc/4) and about 32 more:
+-- the estimate below counts S and P in fp32 once. Fitted to ptxas (NVRTC 13.0, two consumers):
+-- no spills at d = 128 with Bc up to 176 non-causal and 112 causal (128 causal: 64 B), d = 256 Bc
+-- 80 non-causal and 64 causal (80 causal: 220 B), d = 64 Bc 192 non-causal (causal: 632 B); the
+-- tuner drops a spilling kernel after compiling it (the forward's spill limit is 0), and
+-- tests/test_compile.c keeps the built-in ones spill-free. Shared memory: Q, 2 * stages K/V blocks,
+-- 1 KB for the alignment, 256 B of mbarriers.
+local TMA_CONSUMER_REGS = { 255, 240, 160 }
+local function tma_consumer_regs(v) return v.d // 2 + v.bc // 2 + v.bc // 4 + 32 end
 local function tma_resources(v)
   local consumers = v.warps // 4
   local regs = tma_consumer_regs(v)
-  if consumers == 2 then regs = (24 * 128 + TMA_CONSUMER_REGS * 256) // 384 end
+  if consumers > 1 then regs = 65536 // (128 * (consumers + 1)) // 8 * 8 end
   return { threads = 32 * v.warps + 128,
            smem = (v.br + 2 * v.stages * v.bc) * v.d * 2 + 1024 + 256, regs = regs }
 end
@@ -112,16 +118,18 @@ local function tma_check(v)
   if v.d % 64 ~= 0 then
     return "q_tma takes d = 64, 128, 192 or 256 (tiles of 64-column blocks, one TMA box each)"
   end
-  if (v.warps ~= 4 and v.warps ~= 8) or v.br ~= 16 * v.warps then
-    return "q_tma has one or two consumer warpgroups of 64 query rows: warps 4 or 8, Br = 16 * warps"
+  if (v.warps ~= 4 and v.warps ~= 8 and v.warps ~= 12) or v.br ~= 16 * v.warps then
+    return "q_tma has one to three consumer warpgroups of 64 query rows: warps 4, 8 or 12, " ..
+           "Br = 16 * warps"
   end
   if v.bc > 256 or v.stages < 2 then
     return "q_tma takes Bc <= 256 (a TMA box has at most 256 rows) and 2 to 4 K/V stages"
   end
-  if v.warps == 8 and tma_consumer_regs(v) > TMA_CONSUMER_REGS then
-    return "q_tma with two consumer warpgroups needs about " .. tma_consumer_regs(v) ..
-           " registers per consumer thread, more than the " .. TMA_CONSUMER_REGS ..
-           " setmaxnreg gives them: take a smaller Bc"
+  local cap = TMA_CONSUMER_REGS[v.warps // 4]
+  if tma_consumer_regs(v) > cap then
+    return "q_tma with " .. v.warps // 4 .. " consumer warpgroup(s) needs about " ..
+           tma_consumer_regs(v) .. " registers per consumer thread, more than the " .. cap ..
+           " they get: take a smaller Bc"
   end
   return nil
 end

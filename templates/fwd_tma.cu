@@ -7,8 +7,8 @@
 // S = Q K^T and O += P V on the tensor cores (wgmma) and arrive on its "empty" barrier when the
 // tensor cores are done reading it. Each consumer overlaps the softmax of block j+1 with
 // O += P_j V_j (as q_wgmma_ov). Tiles are 64-column blocks of 128-byte rows, 128-byte swizzled: the
-// TMA's SWIZZLE_128B writes what wgmma's descriptors read. With two consumers the producer gives
-// its registers to them (setmaxnreg). Rows past the end of Q, K or V arrive as zeros. Online
+// TMA's SWIZZLE_128B writes what wgmma's descriptors read. With two or three consumers the producer
+// gives its registers to them (setmaxnreg). Rows past the end of Q, K or V arrive as zeros. Online
 // softmax in exp2 with the scale folded in and a lazy running max; causal blocks above the
 // diagonal skipped. Writes O and the log-sum-exp. Do not edit.
 {% include("common.cuh") %}
@@ -20,13 +20,16 @@ constexpr int D = {{ d }};            // head dimension: a multiple of 64 (fwd.l
 constexpr int BR = {{ br }}, BC = {{ bc }}, STAGES = {{ stages }};
 constexpr int CONSUMERS = {{ warps }} / 4;            // warpgroups of 64 query rows
 constexpr int THREADS = 128 * (CONSUMERS + 1);        // + the producer warpgroup
+// Registers per consumer thread once the producer has given its own up (fwd.lua): the block's
+// 64K less the producer's 24 per thread, in multiples of 8.
+constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 240 : 160;
 constexpr float RESCALE_LOG2 = 8.f;  // lazy-max threshold: P <= 2^8 (fits f16 and bf16)
 constexpr bool CAUSAL = {{ causal }};
 constexpr bool BF16 = {{ dtype == "bf16" }};
 constexpr int CB = D / 64;            // 64-column blocks of a tile (one TMA box each)
 constexpr int KSTEPS = D / 16;        // k-steps of S = Q K^T
 constexpr int NT_S = BC / 8, NT_O = D / 8;
-static_assert(D % 64 == 0 && BR == 64 * CONSUMERS && (CONSUMERS == 1 || CONSUMERS == 2) &&
+static_assert(D % 64 == 0 && BR == 64 * CONSUMERS && CONSUMERS >= 1 && CONSUMERS <= 3 &&
               BC % 16 == 0 && BC <= 256 && STAGES >= 2 && STAGES <= 4, "tile shape (fwd.lua)");
 // Shared memory, from a 1024-byte aligned base: Q (BR rows), STAGES K blocks, STAGES V blocks
 // (BC rows each), then the mbarriers. A tile of R rows is CB column blocks of R rows x 128 bytes.
@@ -76,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 
   if (tid < 128) {
     // The producer warpgroup: one thread issues every load; the others only give registers up.
-    if constexpr (CONSUMERS == 2) regs_dec<24>();
+    if constexpr (CONSUMERS > 1) regs_dec<24>();
     if (tid == 0) {
       const void *tq = &P.tmap[0], *tk = &P.tmap[1], *tv = &P.tmap[2];
       mbar_expect_tx(bars + BAR_Q, Q_BYTES);
@@ -104,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   }
 
   // A consumer warpgroup: query rows 64 wg ... 64 wg + 63 of the block.
-  if constexpr (CONSUMERS == 2) regs_inc<240>();
+  if constexpr (CONSUMERS > 1) regs_inc<CONSUMER_REGS>();
   const int ctid = tid - 128, warp = ctid / 32, lane = ctid % 32;
   const int g = lane / 4, t = lane % 4;
   const int wg = warp / 4;
