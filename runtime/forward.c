@@ -56,8 +56,10 @@ static fg_status fg_tmap_encode(fg_context *ctx, const fg_loaded_kernel *k, cons
       es = el.out;
       break;
     default:
-      return fg_fail(ctx, FG_ERROR_INTERNAL, "kernel %s has a tensor map of an unknown tensor (%d): "
-                     "rebuild or re-export it", k->name, (int)t->tensor);
+      return fg_fail(ctx, FG_ERROR_INTERNAL,
+                     "kernel %s has a tensor map of an unknown tensor (%d): rebuild or re-export "
+                     "it",
+                     k->name, (int)t->tensor);
   }
   const char *name = fg_tmap_tensor_name(t->tensor);
   /* {head_dim, rows, heads, batch}, innermost first, as the TMA counts them. */

@@ -157,7 +157,8 @@ static void template_dir(char dir[64], const char *from, const char *to) {
   snprintf(stub, sizeof stub, "%s/fwd_tma.cu", dir);
   FILE *f = fopen(stub, "w");
   cr_assert_not_null(f);
-  fputs("// a stub of the q_tma kernel for test_tma.c\nextern \"C\" __global__ void {{ entry }}() {}\n",
+  fputs("// a stub of the q_tma kernel for test_tma.c\n"
+        "extern \"C\" __global__ void {{ entry }}() {}\n",
         f);
   fclose(f);
 }
@@ -247,8 +248,9 @@ Test(export_cli, flashgen_export_writes_the_maps_and_the_table_registers_them, .
   fprintf(f, "%s\n", TMA_NAME);
   fclose(f);
   snprintf(env, sizeof env, "FLASHGEN_TEMPLATE_DIR='%s' FLASHGEN_CACHE_DIR='%s/cache'", dir, dir);
-  cr_assert_eq(fg_test_run_cli(dir, env, "export -q --arch sm_90a --variants v.txt --prefix tt -o out"),
-               0, "%s", fg_test_err);
+  cr_assert_eq(
+      fg_test_run_cli(dir, env, "export -q --arch sm_90a --variants v.txt --prefix tt -o out"), 0,
+      "%s", fg_test_err);
   const size_t cap = 1u << 20;
   char *text = malloc(cap);
   cr_assert_not_null(text);
@@ -384,12 +386,20 @@ Test(export, malformed_tensor_maps_are_refused_naming_the_kernel) {
     int params, tensor, rows, tmap_size;
     const char *needle;
   } bad[] = {
-      {2, FG_EXPORT_TENSOR_Q, 128, sizeof(fg_export_tmap), "parameter block 2"},
-      {FG_EXPORT_PARAMS_FWD_TMA, 9, 128, sizeof(fg_export_tmap), "tensor map of its plan is malformed"},
-      {FG_EXPORT_PARAMS_FWD_TMA, FG_EXPORT_TENSOR_Q, 0, sizeof(fg_export_tmap), "tensor map of its plan is malformed"},
-      {FG_EXPORT_PARAMS_FWD_TMA, FG_EXPORT_TENSOR_Q, 300, sizeof(fg_export_tmap), "tensor map of its plan is malformed"},
-      {FG_EXPORT_PARAMS_FWD_TMA, FG_EXPORT_TENSOR_Q, 128, 0, "malformed list of tensor maps"},
-      {FG_EXPORT_PARAMS_DEFAULT, FG_EXPORT_TENSOR_Q, 128, sizeof(fg_export_tmap), "not the parameter block that carries them"},
+#define TMA FG_EXPORT_PARAMS_FWD_TMA
+#define Q FG_EXPORT_TENSOR_Q
+#define SZ sizeof(fg_export_tmap)
+#define MALFORMED "tensor map of its plan is malformed"
+      {2, Q, 128, SZ, "parameter block 2"},
+      {TMA, 9, 128, SZ, MALFORMED},
+      {TMA, Q, 0, SZ, MALFORMED},
+      {TMA, Q, 300, SZ, MALFORMED},
+      {TMA, Q, 128, 0, "malformed list of tensor maps"},
+      {FG_EXPORT_PARAMS_DEFAULT, Q, 128, SZ, "not the parameter block that carries them"},
+#undef TMA
+#undef Q
+#undef SZ
+#undef MALFORMED
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     static fg_export_kernel k[1];
