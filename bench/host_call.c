@@ -1,7 +1,10 @@
 /* host_call.c: host time of one fg_attention_forward call once its kernel is loaded (the
  * dispatcher, validation and launch; not the kernel): the median over 10^4 calls on a small
  * problem, and the time of the first call in this process (cubin from the cache or compiled).
- * Run on a machine with a GPU: build/fg_bench_host [calls] [breakdown]. */
+ * With a forward variant name, that variant's calls (fg_attention_forward_variant: the registry
+ * instead of the dispatcher), e.g. a qtma one, whose launches encode three tensor maps (timed
+ * alone in the breakdown). Run on a machine with a GPU:
+ *   build/fg_bench_host [calls] [breakdown] [VARIANT] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,9 +23,30 @@ static int cmp(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* One call: the public entry point, or the forced variant's. */
+static fg_status call(fg_context *ctx, const fg_attention_args *a, const fg_variant *forced) {
+  return forced ? fg_attention_forward_variant(ctx, a, NULL, forced)
+                : fg_attention_forward(ctx, a, NULL);
+}
+
 int main(int argc, char **argv) {
   int calls = argc > 1 ? atoi(argv[1]) : 10000;
   if (calls < 10) calls = 10;
+  int breakdown = 0;
+  fg_variant forced_v, *forced = NULL;
+  for (int i = 2; i < argc; i++) {
+    char err[256];
+    if (strcmp(argv[i], "breakdown") == 0) {
+      breakdown = 1;
+    } else if (fg_variant_parse(argv[i], &forced_v, err, sizeof err) == 0 &&
+               forced_v.pass == FG_PASS_FWD) {
+      forced = &forced_v;
+    } else {
+      fprintf(stderr, "fg_bench_host: '%s' is neither 'breakdown' nor a forward variant (%s)\n"
+              "usage: fg_bench_host [calls] [breakdown] [fwd_... variant]\n", argv[i], err);
+      return 2;
+    }
+  }
   double t0 = now_us();
   fg_context *ctx;
   if (fg_context_create(&ctx, NULL) != FG_OK) {
@@ -30,7 +54,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   double t_ctx = now_us() - t0;
-  const int64_t B = 1, H = 2, N = 128, d = 64;
+  const int64_t B = 1, H = 2, N = 128, d = forced ? forced->d : 64;
   size_t n = (size_t)(B * H * N * d);
   CUdeviceptr q, k, v, o;
   if (fg_dev_alloc(ctx, &q, n * 2) || fg_dev_alloc(ctx, &k, n * 2) || fg_dev_alloc(ctx, &v, n * 2) ||
@@ -40,10 +64,11 @@ int main(int argc, char **argv) {
     return 1;
   }
   fg_attention_args a = {0};
-  a.dtype = FG_DTYPE_F16;
+  a.dtype = forced ? forced->dtype : FG_DTYPE_F16;
+  a.causal = forced ? forced->causal : 0;
   a.batch = B; a.heads_q = H; a.heads_kv = H; a.seqlen_q = N; a.seqlen_k = N; a.head_dim = d;
   a.q = (void *)q; a.k = (void *)k; a.v = (void *)v; a.o = (void *)o;
-  if (argc > 2 && strcmp(argv[2], "breakdown") == 0) {
+  if (breakdown) {
     /* The lazy work of a first call, each part timed alone before the call does it. */
     char err[2048];
     double s = now_us();
@@ -60,7 +85,7 @@ int main(int argc, char **argv) {
            "cache open %.2f ms\n", t_nvrtc / 1e3, t_gen / 1e3, t_cache / 1e3);
   }
   double t1 = now_us();
-  if (fg_attention_forward(ctx, &a, NULL) != FG_OK || fg_dev_synchronize(ctx) != FG_OK) {
+  if (call(ctx, &a, forced) != FG_OK || fg_dev_synchronize(ctx) != FG_OK) {
     fprintf(stderr, "fg_bench_host: %s\n", fg_context_last_error(ctx));
     return 1;
   }
@@ -68,7 +93,7 @@ int main(int argc, char **argv) {
   double *t = malloc(sizeof(double) * (size_t)calls);
   for (int i = 0; i < calls; i++) {
     double s = now_us();
-    if (fg_attention_forward(ctx, &a, NULL) != FG_OK) {
+    if (call(ctx, &a, forced) != FG_OK) {
       fprintf(stderr, "fg_bench_host: %s\n", fg_context_last_error(ctx));
       return 1;
     }
@@ -85,13 +110,18 @@ int main(int argc, char **argv) {
   char err[512];
   fg_validate_args(&a, FG_VALIDATE_CALL, &norm, err, sizeof err);
   const fg_dispatch *dsp;
-  const fg_loaded_kernel *kern;
-  fg_dispatch_choose(ctx, &norm, 1, &dsp, &kern);
+  const fg_loaded_kernel *kern = NULL;
+  if (forced) fg_registry_get(ctx, forced, &kern);
+  else fg_dispatch_choose(ctx, &norm, 1, &dsp, &kern);
   fg_fwd_params prm;
   fg_params_from_args(&norm, &prm);
+  const int tma = kern->meta.params == FG_PARAMS_FWD_TMA;
+  fg_fwd_tma_params tp;
   double *u = malloc(sizeof(double) * (size_t)calls);
-  const char *part[4] = {"validate_args", "validate_pointers", "dispatch", "kernel_launch"};
-  for (int which = 0; which < 4; which++) {
+  const char *part[5] = {"validate_args", "validate_pointers", forced ? "registry_get" : "dispatch",
+                         "kernel_launch", "tensor maps (encode)"};
+  for (int which = 0; which < (tma ? 5 : 4); which++) {
+    if (which == 4) fg_ctx_push(ctx); /* as the launch has it */
     for (int i = 0; i < calls; i++) {
       double s = now_us();
       if (which == 0) fg_validate_args(&a, FG_VALIDATE_CALL, &norm, err, sizeof err);
@@ -99,21 +129,37 @@ int main(int argc, char **argv) {
         fg_ctx_push(ctx);
         fg_validate_pointers(ctx, &norm, err, sizeof err);
         fg_ctx_pop(ctx);
-      } else if (which == 2) fg_dispatch_choose(ctx, &norm, 1, &dsp, &kern);
-      else fg_kernel_launch(ctx, kern, &prm, FG_ELEMS_FORWARD, NULL);
+      } else if (which == 2) {
+        if (forced) fg_registry_get(ctx, forced, &kern);
+        else fg_dispatch_choose(ctx, &norm, 1, &dsp, &kern);
+      } else if (which == 3) {
+        fg_kernel_launch(ctx, kern, &prm, FG_ELEMS_FORWARD, NULL);
+      } else if (fg_fwd_tma_params_fill(ctx, kern, &prm, FG_ELEMS_FORWARD, &tp) != FG_OK) {
+        fprintf(stderr, "fg_bench_host: %s\n", fg_context_last_error(ctx));
+        return 1;
+      }
       u[i] = now_us() - s;
       if (which == 3 && i % 256 == 255) fg_dev_synchronize(ctx);
     }
+    if (which == 4) fg_ctx_pop(ctx);
     fg_dev_synchronize(ctx);
     qsort(u, (size_t)calls, sizeof(double), cmp);
-    printf("  part %-18s median %.2f us\n", part[which], u[calls / 2]);
+    printf("  part %-20s median %.2f us\n", part[which], u[calls / 2]);
   }
-  /* The floor: cuLaunchKernel alone, same kernel and arguments, context already current. */
+  /* The floor: cuLaunchKernel alone, same kernel and arguments (its tensor maps encoded once),
+   * context already current. */
   fg_ctx_push(ctx);
   {
     uint64_t g[3];
     fg_launch_grid(fg_kernel_main(&kern->meta), &prm, g);
     void *kp[] = {&prm};
+    if (tma) {
+      if (fg_fwd_tma_params_fill(ctx, kern, &prm, FG_ELEMS_FORWARD, &tp) != FG_OK) {
+        fprintf(stderr, "fg_bench_host: %s\n", fg_context_last_error(ctx));
+        return 1;
+      }
+      kp[0] = &tp;
+    }
     for (int i = 0; i < calls; i++) {
       double s = now_us();
       fg_cu.cuLaunchKernel(kern->fn[kern->meta.main_step], (unsigned)g[0], (unsigned)g[1],

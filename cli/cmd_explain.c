@@ -14,7 +14,9 @@ static void explain_usage(FILE *f) {
   fprintf(f,
           "usage: flashgen explain [options]\n\n"
           "Says which kernel fg_attention_forward (with --backward: which plan\n"
-          "fg_attention_backward) would run for a problem, and why.\n\n"
+          "fg_attention_backward) would run for a problem, and why: the key, the record or\n"
+          "rule, the variant, where its binary comes from, the launch (and the tensor maps of a\n"
+          "TMA kernel).\n\n"
           "  --backward       the backward pass (dQ, dK, dV): key bwd_..., its plan's launches\n"
           "  --d N            head dimension (32..256, multiple of 8; default 128)\n"
           "  --dtype T        f16 or bf16 (default bf16)\n"

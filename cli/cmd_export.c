@@ -564,6 +564,24 @@ static int ptx_has_entry(const char *ptx, const char *name) {
   return 0;
 }
 
+/* The names flashgen_export.h gives a parameter block and a map's tensor (NULL: none). */
+static const char *params_name(fg_param_block p) {
+  switch (p) {
+    case FG_PARAMS_DEFAULT: return "FG_EXPORT_PARAMS_DEFAULT";
+    case FG_PARAMS_FWD_TMA: return "FG_EXPORT_PARAMS_FWD_TMA";
+  }
+  return NULL;
+}
+static const char *tensor_name(fg_tmap_tensor t) {
+  switch (t) {
+    case FG_TMAP_Q: return "FG_EXPORT_TENSOR_Q";
+    case FG_TMAP_K: return "FG_EXPORT_TENSOR_K";
+    case FG_TMAP_V: return "FG_EXPORT_TENSOR_V";
+    case FG_TMAP_O: return "FG_EXPORT_TENSOR_O";
+  }
+  return NULL;
+}
+
 /* Checks a compiled kernel's plan before it is written: well formed, grid kinds the layout
  * names, the main kernel's grid the pass's (the backward's K/V tiles), and every step's entry in
  * the module. NULL, or what is wrong. */
@@ -581,6 +599,11 @@ static const char *check_contract(const export_kernel *k, char *why, size_t whyl
       return why;
     }
   const int bwd = k->v.pass == FG_PASS_BWD;
+  if (!params_name(m->params) || (bwd && m->params != FG_PARAMS_DEFAULT)) {
+    snprintf(why, whylen, "is a %s variant but its template declared parameter block %d",
+             bwd ? "backward" : "forward", (int)m->params);
+    return why;
+  }
   const fg_plan_step *mk = fg_kernel_main(m);
   if (bwd != (mk->grid == FG_GRID_KV_TILES)) {
     snprintf(why, whylen, "is a %s variant but its template declared grid kind %d",
@@ -641,6 +664,13 @@ static int write_source(FILE *f, const char *file, const char *hfile, const expo
       }
       fprintf(f, "};\n");
     }
+    if (m->n_tmaps) {
+      fprintf(f, "static const fg_export_tmap %s_%s_tmaps[%d] = {\n", P, k->name, m->n_tmaps);
+      for (int j = 0; j < m->n_tmaps; j++)
+        fprintf(f, "    {.tensor = %s, .rows = %d},\n", tensor_name(m->tmaps[j].tensor),
+                m->tmaps[j].rows);
+      fprintf(f, "};\n");
+    }
     fprintf(f, "static const unsigned char %s_%s_cubin[%zu] = {\n", P, k->name, k->img.cubin_size);
     write_bytes(f, k->img.cubin, k->img.cubin_size, 0);
     fprintf(f, "};\n");
@@ -675,10 +705,15 @@ static int write_source(FILE *f, const char *file, const char *hfile, const expo
     fprintf(f, "     .steps = %s_%s_steps,\n     .n_steps = %d,\n     .main_step = %d,\n", P,
             k->name, m->n_steps, m->main_step);
     if (m->n_workspaces)
-      fprintf(f, "     .workspaces = %s_%s_workspaces,\n     .n_workspaces = %d},\n", P, k->name,
+      fprintf(f, "     .workspaces = %s_%s_workspaces,\n     .n_workspaces = %d,\n", P, k->name,
               m->n_workspaces);
     else
-      fprintf(f, "     .workspaces = 0,\n     .n_workspaces = 0},\n");
+      fprintf(f, "     .workspaces = 0,\n     .n_workspaces = 0,\n");
+    fprintf(f, "     .params = %s,\n", params_name(m->params));
+    if (m->n_tmaps)
+      fprintf(f, "     .tmaps = %s_%s_tmaps,\n     .n_tmaps = %d},\n", P, k->name, m->n_tmaps);
+    else
+      fprintf(f, "     .tmaps = 0,\n     .n_tmaps = 0},\n");
   }
   fprintf(f, "};\n\n");
   if (s->nc) {
@@ -708,7 +743,8 @@ static int write_source(FILE *f, const char *file, const char *hfile, const expo
   else
     fprintf(f, "    .choices = 0,\n    .n_choices = 0,\n");
   fprintf(f, "    .step_size = sizeof(fg_export_step),\n"
-             "    .workspace_desc_size = sizeof(fg_export_workspace)};\n\n");
+             "    .workspace_desc_size = sizeof(fg_export_workspace),\n"
+             "    .tmap_size = sizeof(fg_export_tmap)};\n\n");
   fprintf(f, "const fg_export *%s_flashgen_export(void) { return &%s_export; }\n", P, P);
   return ferror(f) ? -1 : 0;
 }

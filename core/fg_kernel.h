@@ -43,6 +43,28 @@ typedef struct fg_plan_workspace {
   int deterministic_only; /* only in deterministic mode (the backward's semaphores) */
 } fg_plan_workspace;
 
+/* The parameter block a plan's kernels take (launch(v).params): the pass's usual block
+ * (fg_fwd_params, fg_bwd_params of templates/fg_params.h), or fg_fwd_tma_params: the plan's tensor
+ * maps, encoded by the runtime from the call, then the forward's block. */
+typedef enum fg_param_block {
+  FG_PARAMS_DEFAULT = 0, /* "fwd" (or absent) */
+  FG_PARAMS_FWD_TMA = 1  /* "fwd_tma" */
+} fg_param_block;
+
+/* One tensor map of a plan (launch(v).tmaps[i], passed in fg_fwd_tma_params.tmap[i]): which
+ * tensor of the call it views and the rows of its box (templates/fwd.lua, launch). */
+#define FG_PLAN_MAX_TMAPS 4
+typedef enum fg_tmap_tensor {
+  FG_TMAP_Q = 1,
+  FG_TMAP_K = 2,
+  FG_TMAP_V = 3,
+  FG_TMAP_O = 4
+} fg_tmap_tensor;
+typedef struct fg_plan_tmap {
+  fg_tmap_tensor tensor;
+  int rows;              /* rows of the box, 1 .. 256 (a TMA box's limit) */
+} fg_plan_tmap;
+
 /* The launch contract a template declares for a variant: its plan. */
 typedef struct fg_kernel_meta {
   int n_steps;           /* 1 .. FG_PLAN_MAX_STEPS */
@@ -52,6 +74,9 @@ typedef struct fg_kernel_meta {
   fg_plan_workspace workspaces[FG_PLAN_MAX_WORKSPACES];
   /* Resource usage reported by ptxas when it was compiled (-1 when unknown). */
   int regs, spill_store_bytes, spill_load_bytes, stack_bytes;
+  fg_param_block params; /* FG_PARAMS_DEFAULT unless the plan says otherwise */
+  int n_tmaps;           /* 0 .. FG_PLAN_MAX_TMAPS; only with FG_PARAMS_FWD_TMA */
+  fg_plan_tmap tmaps[FG_PLAN_MAX_TMAPS];
 } fg_kernel_meta;
 
 /* The step named after the variant (steps[main_step]). */
@@ -66,8 +91,17 @@ void fg_kernel_meta_single(fg_kernel_meta *m, const char *entry, fg_grid_kind gr
 
 /* NULL when m is a well-formed plan (counts in range, entries set and NUL-terminated, grid kinds
  * known, br > 0 where the grid uses it, threads > 0, shared memory >= 0, workspaces with a name,
- * a param, bytes > 0 and rows >= 1), else what is wrong (a static string). */
+ * a param, bytes > 0 and rows >= 1, a known parameter block, tensor maps only with
+ * FG_PARAMS_FWD_TMA, each of a known tensor with 1 .. 256 rows), else what is wrong (a static
+ * string). */
 const char *fg_kernel_meta_invalid(const fg_kernel_meta *m);
+
+/* The names of parameter blocks and tensor-map tensors in manifests and plans ("fwd",
+ * "fwd_tma"; "q", "k", "v", "o"), and back (-1, 0 when unknown). */
+const char *fg_param_block_name(fg_param_block p);
+int fg_param_block_parse(const char *s);
+const char *fg_tmap_tensor_name(fg_tmap_tensor t);
+fg_tmap_tensor fg_tmap_tensor_parse(const char *s);
 
 /* The grid kind's name in manifests and plans ("q_tiles", "heads", "rows", "kv_tiles"), and
  * back (0 when unknown). */
@@ -86,7 +120,9 @@ int fg_plan_workspace_bytes(const fg_kernel_meta *m, int64_t batch, int64_t head
                             uint64_t offsets[FG_PLAN_MAX_WORKSPACES]);
 
 /* The plan as text, one line per item ("main 1", "step <entry> <grid> <br> <threads> <smem>",
- * "workspace <name> <param> <bytes> <rows> <deterministic_only>"): what the cache stores.
+ * "workspace <name> <param> <bytes> <rows> <deterministic_only>", then only when the plan has
+ * them "params <block>" and "tmap <tensor> <rows>", so the text of a plan without them is what it
+ * was before they existed): what the cache stores.
  * Returns the length (snprintf's), the text truncated at len. */
 int fg_kernel_plan_format(const fg_kernel_meta *m, char *buf, size_t len);
 /* Reads such text into m's plan (the other fields untouched). NULL, or what is wrong. */

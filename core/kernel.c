@@ -41,6 +41,29 @@ fg_grid_kind fg_grid_kind_parse(const char *s) {
   return (fg_grid_kind)0;
 }
 
+static const char *const param_names[] = {"fwd", "fwd_tma"};
+static const char *const tmap_names[] = {NULL, "q", "k", "v", "o"};
+
+const char *fg_param_block_name(fg_param_block p) {
+  return p >= FG_PARAMS_DEFAULT && p <= FG_PARAMS_FWD_TMA ? param_names[p] : "?";
+}
+
+int fg_param_block_parse(const char *s) {
+  for (int p = FG_PARAMS_DEFAULT; s && p <= FG_PARAMS_FWD_TMA; p++)
+    if (strcmp(s, param_names[p]) == 0) return p;
+  return -1;
+}
+
+const char *fg_tmap_tensor_name(fg_tmap_tensor t) {
+  return t >= FG_TMAP_Q && t <= FG_TMAP_O ? tmap_names[t] : "?";
+}
+
+fg_tmap_tensor fg_tmap_tensor_parse(const char *s) {
+  for (int t = FG_TMAP_Q; s && t <= FG_TMAP_O; t++)
+    if (strcmp(s, tmap_names[t]) == 0) return (fg_tmap_tensor)t;
+  return (fg_tmap_tensor)0;
+}
+
 const char *fg_kernel_meta_invalid(const fg_kernel_meta *m) {
   if (m->n_steps < 1 || m->n_steps > FG_PLAN_MAX_STEPS) return "its plan has no steps, or too many";
   if (m->main_step < 0 || m->main_step >= m->n_steps) return "its plan's main step is not a step";
@@ -63,6 +86,16 @@ const char *fg_kernel_meta_invalid(const fg_kernel_meta *m) {
         !memchr(w->param, 0, sizeof w->param) || w->bytes <= 0 || w->rows < 1)
       return "a workspace of its plan is malformed (name, param, bytes or rows)";
   }
+  if (m->params < FG_PARAMS_DEFAULT || m->params > FG_PARAMS_FWD_TMA)
+    return "its plan has an unknown parameter block";
+  if (m->n_tmaps < 0 || m->n_tmaps > FG_PLAN_MAX_TMAPS)
+    return "its plan has more tensor maps than fg_fwd_tma_params holds (4)";
+  if (m->n_tmaps && m->params != FG_PARAMS_FWD_TMA)
+    return "its plan has tensor maps but not the parameter block that carries them (fwd_tma)";
+  for (int i = 0; i < m->n_tmaps; i++)
+    if (m->tmaps[i].tensor < FG_TMAP_Q || m->tmaps[i].tensor > FG_TMAP_O ||
+        m->tmaps[i].rows < 1 || m->tmaps[i].rows > 256)
+      return "a tensor map of its plan is malformed (tensor q, k, v or o; rows 1 to 256)";
   return NULL;
 }
 
@@ -112,13 +145,26 @@ int fg_kernel_plan_format(const fg_kernel_meta *m, char *buf, size_t len) {
                  w->deterministic_only);
     FG_ADVANCE();
   }
+  /* Only plans that have them carry these lines: older plans' text (and checksums) stay as they
+   * were. */
+  if (m->params != FG_PARAMS_DEFAULT || m->n_tmaps > 0) {
+    r = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, "params %s\n",
+                 fg_param_block_name(m->params));
+    FG_ADVANCE();
+  }
+  for (int i = 0; i < m->n_tmaps && i < FG_PLAN_MAX_TMAPS; i++) {
+    r = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, "tmap %s %d\n",
+                 fg_tmap_tensor_name(m->tmaps[i].tensor), m->tmaps[i].rows);
+    FG_ADVANCE();
+  }
 #undef FG_ADVANCE
   return (int)n;
 }
 
 const char *fg_kernel_plan_parse(const char *text, fg_kernel_meta *m) {
-  m->n_steps = m->n_workspaces = 0;
+  m->n_steps = m->n_workspaces = m->n_tmaps = 0;
   m->main_step = -1;
+  m->params = FG_PARAMS_DEFAULT; /* plans from before parameter blocks: the pass's own */
   for (const char *p = text; p && *p;) {
     const char *nl = strchr(p, '\n');
     size_t n = nl ? (size_t)(nl - p) : strlen(p);
@@ -152,8 +198,18 @@ const char *fg_kernel_plan_parse(const char *text, fg_kernel_meta *m) {
       w->bytes = x;
       w->rows = y;
       w->deterministic_only = z;
+    } else if (sscanf(line, "params %63s%n", a, &end) == 1 && !line[end]) {
+      const int pb = fg_param_block_parse(a);
+      if (pb < 0) return "its plan names a parameter block this flashgen does not know";
+      m->params = (fg_param_block)pb;
+    } else if (sscanf(line, "tmap %63s %d%n", a, &x, &end) == 2 && !line[end]) {
+      if (m->n_tmaps == FG_PLAN_MAX_TMAPS) return "its plan has too many tensor maps";
+      fg_plan_tmap *t = &m->tmaps[m->n_tmaps++];
+      if (!(t->tensor = fg_tmap_tensor_parse(a)))
+        return "a tensor map of its plan names a tensor other than q, k, v or o";
+      t->rows = x;
     } else {
-      return "its plan has a line that is not main, step or workspace";
+      return "its plan has a line that is not main, step, workspace, params or tmap";
     }
   }
   return fg_kernel_meta_invalid(m);

@@ -138,7 +138,11 @@ FG_API const char *fg_context_last_error(const fg_context *ctx);
  * zero and lse to -inf (the limit of an empty softmax sum); k and v may then be NULL.
  *
  * Sizes: all index arithmetic is 64-bit; batch * heads_q may exceed the grid's 65535 (the call
- * is split into several launches), a tensor may have more than 2^31 elements.
+ * is split into several launches), a tensor may have more than 2^31 elements. Kernels that load
+ * through TMA tensor maps (Hopper, loop order qtma; their plan says so) take strides below 2^40
+ * bytes (a dimension of size 1 may have any stride) and a driver with cuTensorMapEncodeTiled
+ * (CUDA 12.0 or newer); otherwise the call fails with FG_ERROR_UNSUPPORTED naming the tensor and
+ * launches nothing.
  *
  * scale: the softmax scale; 0 means 1/sqrt(head_dim). Must be finite and positive otherwise. */
 typedef struct fg_attention_args {
@@ -232,7 +236,8 @@ FG_API fg_status fg_attention_backward_workspace_size(fg_context *ctx,
 
 /* Writes into buf (at most len bytes, always NUL-terminated when len > 0) which kernel
  * fg_attention_forward would run for args and why (the key, the tuning record or rule, the
- * variant, where its binary comes from, the launch shape). Launches and compiles nothing; the
+ * variant, where its binary comes from, the launch shape, the tensor maps a TMA kernel is passed:
+ * "TMA: q 128 rows, k 128, v 128"). Launches and compiles nothing; the
  * pointers in args may be NULL (only the shapes matter). Returns FG_OK, or the error the call
  * would fail with before launching (invalid arguments; FG_ERROR_KERNEL_MISSING when the policy
  * forbids compiling and no binary is available), with buf explaining it as well. */

@@ -69,6 +69,26 @@ typedef struct fg_export_workspace {
   int deterministic_only;       /* only in deterministic mode */
 } fg_export_workspace;
 
+/* The parameter block a kernel's plan takes (fg_export_kernel.params; the runtime's
+ * fg_param_block): the pass's usual block, or the forward's behind four CUDA tensor maps that the
+ * runtime encodes from each call (templates/fg_params.h: fg_fwd_tma_params; Hopper's TMA loads). */
+#define FG_EXPORT_PARAMS_DEFAULT 0
+#define FG_EXPORT_PARAMS_FWD_TMA 1
+
+/* The tensor a map views (fg_export_tmap.tensor; the runtime's fg_tmap_tensor). */
+#define FG_EXPORT_TENSOR_Q 1
+#define FG_EXPORT_TENSOR_K 2
+#define FG_EXPORT_TENSOR_V 3
+#define FG_EXPORT_TENSOR_O 4
+
+/* One tensor map of a kernel's plan, passed as the i-th map of its parameter block: the tensor
+ * viewed as {head_dim, rows, heads, batch}, loaded in boxes of 64 columns x `rows` rows.
+ * fg_export.tmap_size records its size. */
+typedef struct fg_export_tmap {
+  int tensor;                   /* FG_EXPORT_TENSOR_* */
+  int rows;                     /* rows of its box, 1 .. 256 */
+} fg_export_tmap;
+
 /* One compiled kernel: the binary for one arch and its launch contract. */
 typedef struct fg_export_kernel {
   const char *variant;          /* canonical variant name, e.g.
@@ -98,6 +118,13 @@ typedef struct fg_export_kernel {
   int main_step;                /* index into steps */
   const fg_export_workspace *workspaces;
   int n_workspaces;             /* 0 .. 4 */
+  /* Tensor maps (came later in version 1; kernels of tables written before them read as
+   * FG_EXPORT_PARAMS_DEFAULT with no maps). A runtime from before them does not read these
+   * fields and would launch an FG_EXPORT_PARAMS_FWD_TMA kernel with the plain block: tables that
+   * hold one (a qtma variant) are for the runtime of the flashgen that exported them, or newer. */
+  int params;                   /* FG_EXPORT_PARAMS_* */
+  const fg_export_tmap *tmaps;  /* tmap[i] of the parameter block, in order */
+  int n_tmaps;                  /* 0 .. 4; only with FG_EXPORT_PARAMS_FWD_TMA */
 } fg_export_kernel;
 
 /* A tuned choice: for problems of this key, run this variant. The key is the runtime's problem
@@ -133,6 +160,8 @@ struct fg_export {
   uint32_t step_size;            /* sizeof(fg_export_step) as written; 0 in tables written before
                                     plans, which this runtime refuses (export them again) */
   uint32_t workspace_desc_size;  /* sizeof(fg_export_workspace) as written */
+  uint32_t tmap_size;            /* sizeof(fg_export_tmap) as written; 0 in tables written
+                                    before tensor maps (whose kernels have none) */
 };
 
 #ifdef __cplusplus

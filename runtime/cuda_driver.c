@@ -72,6 +72,7 @@ static const fg_cuda_sym fg_cuda_syms[] = {
     FG_SYM(cuEventSynchronize, 1, "cuEventSynchronize"),
     FG_SYM(cuEventElapsedTime, 1, "cuEventElapsedTime_v2", "cuEventElapsedTime"),
     FG_SYM(cuEventDestroy, 1, "cuEventDestroy_v2"),
+    FG_SYM(cuTensorMapEncodeTiled, 0, "cuTensorMapEncodeTiled"),
     FG_SYM(cuGetErrorName, 1, "cuGetErrorName"),
     FG_SYM(cuGetErrorString, 1, "cuGetErrorString"),
 };

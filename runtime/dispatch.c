@@ -332,6 +332,11 @@ FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char
                   ((uint64_t)a.batch + per - 1) / per, per);
     }
     fg_text_add(&t, "\n");
+    /* The tensor maps the runtime encodes for each launch (runtime/forward.c), box rows each. */
+    for (int i = 0; i < meta.n_tmaps && i < FG_PLAN_MAX_TMAPS; i++)
+      fg_text_add(&t, i ? ", %s %d" : "TMA: %s %d rows", fg_tmap_tensor_name(meta.tmaps[i].tensor),
+                  meta.tmaps[i].rows);
+    if (meta.n_tmaps > 0) fg_text_add(&t, "\n");
   }
   return st;
 }

@@ -2,7 +2,8 @@
  * the stable layout of flashgen_export.h (by the sizes it records, so older and newer tables
  * both read, but a table from before kernel plans is refused: export it again), checks it (a
  * kernel's plan against its variant name: backward variants, and only they, with the K/V-tile
- * grid for their main kernel), turns it into the registry's
+ * grid for their main kernel; tensor maps, in tables that have them, for forward variants only),
+ * turns it into the registry's
  * fg_exported_table and hands that to fg_register_exported. The converted tables live as long as
  * the process, like the tables. */
 #include <pthread.h>
@@ -49,8 +50,8 @@ static fg_status fg_export_fail(char *err, size_t errlen, const char *desc, cons
 
 /* Fills img from the producer's kernel k; returns NULL or what is wrong with it. */
 static const char *fg_export_convert_kernel(const fg_export_kernel *k, size_t step_size,
-                                            size_t ws_size, fg_kernel_image *img, char *why,
-                                            size_t whylen) {
+                                            size_t ws_size, size_t tmap_size,
+                                            fg_kernel_image *img, char *why, size_t whylen) {
   memset(img, 0, sizeof *img);
   fg_variant v;
   char perr[256];
@@ -116,6 +117,26 @@ static const char *fg_export_convert_kernel(const fg_export_kernel *k, size_t st
     o->rows = w.rows;
     o->deterministic_only = w.deterministic_only != 0;
   }
+  /* Its parameter block and tensor maps (zero in tables from before them: none). */
+  if (k->params != FG_EXPORT_PARAMS_DEFAULT && k->params != FG_EXPORT_PARAMS_FWD_TMA) {
+    snprintf(why, whylen,
+             "has parameter block %d, which this runtime (flashgen %s) does not know (it knows "
+             "0 and 1: DEFAULT, FWD_TMA): the table is damaged or from a newer flashgen; export "
+             "it again with flashgen %s",
+             k->params, fg_version(), fg_version());
+    return why;
+  }
+  m->params = (fg_param_block)k->params;
+  if (k->n_tmaps < 0 || k->n_tmaps > FG_PLAN_MAX_TMAPS || (k->n_tmaps && (!k->tmaps || !tmap_size)))
+    return "has a malformed list of tensor maps (n_tmaps, tmaps, or the table's tmap_size): the "
+           "table is damaged, export it again";
+  m->n_tmaps = k->n_tmaps;
+  for (int i = 0; i < k->n_tmaps; i++) {
+    fg_export_tmap t;
+    fg_read_sized(&t, sizeof t, (const char *)k->tmaps + (size_t)i * tmap_size, tmap_size);
+    m->tmaps[i].tensor = (fg_tmap_tensor)t.tensor;
+    m->tmaps[i].rows = t.rows;
+  }
   const char *bad = fg_kernel_meta_invalid(m);
   if (bad) {
     snprintf(why, whylen, "has a malformed launch contract: %s; export it again", bad);
@@ -140,6 +161,9 @@ static const char *fg_export_convert_kernel(const fg_export_kernel *k, size_t st
              mk->br, v.bc);
     return why;
   }
+  if (bwd && m->params == FG_PARAMS_FWD_TMA)
+    return "is a backward variant whose plan takes the forward's tensor-map block (FWD_TMA): the "
+           "table is damaged, export it again";
   snprintf(img->variant, sizeof img->variant, "%s", k->variant);
   /* The registry never writes through these: the arrays stay in read-only storage. */
   img->cubin = k->cubin && k->cubin_size ? (unsigned char *)(uintptr_t)k->cubin : NULL;
@@ -208,7 +232,8 @@ FG_API fg_status fg_register_export(const fg_export *table, char *err, size_t er
     fg_read_sized(&k, sizeof k, (const char *)e.kernels + i * e.kernel_size, e.kernel_size);
     char why[512];
     const char *bad =
-        fg_export_convert_kernel(&k, e.step_size, e.workspace_desc_size, &imgs[i], why, sizeof why);
+        fg_export_convert_kernel(&k, e.step_size, e.workspace_desc_size, e.tmap_size, &imgs[i],
+                                 why, sizeof why);
     if (bad)
       st = fg_export_fail(err, errlen, desc, "kernel %zu ('%s') %s", i,
                           k.variant ? k.variant : "(null)", bad);

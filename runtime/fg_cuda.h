@@ -94,6 +94,24 @@ enum { FG_CU_EVENT_DEFAULT = 0, FG_CU_EVENT_DISABLE_TIMING = 2 };
 /* Stream flags. */
 enum { FG_CU_STREAM_DEFAULT = 0, FG_CU_STREAM_NON_BLOCKING = 1 };
 
+/* Tensor maps (cuTensorMapEncodeTiled; cuda.h 13.0: CUtensorMapDataType, CUtensorMapInterleave,
+ * CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill, all int-sized enums). The
+ * map itself is 128 opaque bytes, 64-byte aligned: fg_tmap of templates/fg_params.h. */
+enum {
+  FG_CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6,
+  FG_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9,
+  FG_CU_TENSOR_MAP_INTERLEAVE_NONE = 0,
+  FG_CU_TENSOR_MAP_SWIZZLE_128B = 3,
+  FG_CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3,
+  FG_CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0 /* out-of-bounds elements read as zeros */
+};
+/* What the driver accepts (cuTensorMapEncodeTiled's documentation): ranks 1..5, each dimension
+ * 1..2^32, global strides (bytes, of dims 1..rank-1) multiples of 16 below 2^40, box sides 1..256,
+ * a base address 16-byte aligned. */
+#define FG_TMA_MAX_DIM (1ull << 32)
+#define FG_TMA_MAX_STRIDE (1ull << 40)
+#define FG_TMA_MAX_BOX 256
+
 /* The driver entry points. Members are named after the driver API (cuda.h's names, without the
  * _v2 suffixes cuda.h adds by macro; the _v2 symbols are what is loaded where the driver has
  * them). Required entries are never NULL after a successful fg_cuda_load; optional ones (marked)
@@ -153,6 +171,14 @@ typedef struct fg_cuda_api {
   CUresult (*cuEventSynchronize)(CUevent ev);
   CUresult (*cuEventElapsedTime)(float *ms, CUevent start, CUevent end);
   CUresult (*cuEventDestroy)(CUevent ev);
+  /* Encodes a tiled tensor map into map (a 64-byte aligned CUtensorMap: fg_tmap); optional
+   * (CUDA 12.0 and newer drivers have it). cuuint32_t / cuuint64_t are unsigned int and
+   * unsigned long long (cuda.h). */
+  CUresult (*cuTensorMapEncodeTiled)(void *map, int data_type, unsigned int rank, void *address,
+                                     const unsigned long long *dims,
+                                     const unsigned long long *strides, const unsigned int *box,
+                                     const unsigned int *element_strides, int interleave,
+                                     int swizzle, int l2_promotion, int oob_fill);
   CUresult (*cuGetErrorName)(CUresult r, const char **name);
   CUresult (*cuGetErrorString)(CUresult r, const char **text);
 } fg_cuda_api;

@@ -152,13 +152,16 @@ typedef struct fg_loaded_kernel {
   CUfunction fn[FG_PLAN_MAX_STEPS]; /* the plan's steps (meta.steps), resolved in module */
   fg_kernel_meta meta;
   int from_ptx;                    /* the driver JIT-compiled the PTX (no cubin for this GPU) */
+  fg_dtype dtype;                  /* of its variant; 0 for references (the tensor maps' type) */
   char source[256];                /* where the binary came from, for fg_explain */
 } fg_loaded_kernel;
 
 /* Loads img into ctx's CUDA context: the cubin, or the PTX when the cubin does not run on this
  * GPU; resolves the entry of every step of its plan; opts each into its dynamic shared memory
  * when above 48 KB. Fails with FG_ERROR_UNSUPPORTED when a step exceeds the device (threads,
- * shared memory). out->source is left empty for the caller. */
+ * shared memory) or its plan takes tensor maps the driver cannot encode (no
+ * cuTensorMapEncodeTiled); FG_ERROR_INTERNAL when such a plan is not a forward variant's.
+ * out->source is left empty for the caller. */
 fg_status fg_kernel_load(fg_context *ctx, const fg_kernel_image *img, fg_loaded_kernel *out);
 void fg_kernel_unload(fg_context *ctx, fg_loaded_kernel *k);
 
@@ -182,6 +185,18 @@ void fg_launch_grid(const fg_plan_step *s, const fg_fwd_params *p, uint64_t grid
  * unless p->workspace is already set. Does not synchronise. Makes ctx current itself. */
 fg_status fg_kernel_launch(fg_context *ctx, const fg_loaded_kernel *k, const fg_fwd_params *p,
                            fg_launch_elems elems, CUstream s);
+
+/* The parameter block of a plan that takes tensor maps (k->meta.params == FG_PARAMS_FWD_TMA):
+ * out->p = *p, and out->tmap[i] encoded (cuTensorMapEncodeTiled) from the plan's i-th map and p's
+ * pointers, sizes and strides (elems: their element sizes), the unused ones zero. Each map views
+ * its tensor as {head_dim, rows, heads, batch} (p->batch: one launch's batches) in k->dtype, box
+ * {64, the map's rows, 1, 1}, 128-byte swizzle; the stride of a dimension of size 1 is taken as
+ * the contiguous one. FG_ERROR_UNSUPPORTED, nothing written to the context's state but the last
+ * error, for a stride the TMA cannot take (not a multiple of 16 bytes, 2^40 bytes or more) or an
+ * encode the driver refuses, naming the tensor and what to do. No allocation. The caller has made
+ * ctx current. (forward.c) */
+fg_status fg_fwd_tma_params_fill(fg_context *ctx, const fg_loaded_kernel *k, const fg_fwd_params *p,
+                                 fg_launch_elems elems, fg_fwd_tma_params *out);
 
 /* ---- exported tables (registry.c) ---- */
 /* A tuned choice of an exported table: the problem key (fg_problem_format) and the variant. */

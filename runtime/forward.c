@@ -1,6 +1,7 @@
 /* forward.c: fg_attention_forward (validate, empty problems, dispatch, launch) and launching a
  * loaded kernel from its contract: the grid, splitting along the batch past the grid's y limit,
- * the stream-ordered workspace. */
+ * the stream-ordered workspace, and the tensor maps of plans that take them (fwd_tma: encoded
+ * per launch from the call's pointers and strides). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -32,6 +33,127 @@ void fg_plan_grid(const fg_plan_step *s, int64_t batch, int64_t heads_q, int64_t
 
 void fg_launch_grid(const fg_plan_step *s, const fg_fwd_params *p, uint64_t grid[3]) {
   fg_plan_grid(s, p->batch, p->heads_q, p->heads_kv, p->seqlen_q, p->seqlen_k, grid);
+}
+
+/* ---- tensor maps (plans with params fwd_tma) ---- */
+
+static const char *fg_tmap_dim_names[4] = {"head_dim", "row", "head", "batch"};
+
+/* Encodes map t of kernel k for the launch block c into out. */
+static fg_status fg_tmap_encode(fg_context *ctx, const fg_loaded_kernel *k, const fg_plan_tmap *t,
+                                const fg_fwd_params *c, fg_launch_elems el, fg_tmap *out) {
+  unsigned long long addr;
+  long long sb, sh, sn, heads = c->heads_kv, rows = c->seqlen_k;
+  int es = el.in;
+  switch (t->tensor) {
+    case FG_TMAP_Q:
+      addr = c->q, sb = c->q_sb, sh = c->q_sh, sn = c->q_sn, heads = c->heads_q, rows = c->seqlen_q;
+      break;
+    case FG_TMAP_K: addr = c->k, sb = c->k_sb, sh = c->k_sh, sn = c->k_sn; break;
+    case FG_TMAP_V: addr = c->v, sb = c->v_sb, sh = c->v_sh, sn = c->v_sn; break;
+    case FG_TMAP_O:
+      addr = c->o, sb = c->o_sb, sh = c->o_sh, sn = c->o_sn, heads = c->heads_q, rows = c->seqlen_q;
+      es = el.out;
+      break;
+    default:
+      return fg_fail(ctx, FG_ERROR_INTERNAL,
+                     "kernel %s has a tensor map of an unknown tensor (%d): rebuild or re-export "
+                     "it",
+                     k->name, (int)t->tensor);
+  }
+  const char *name = fg_tmap_tensor_name(t->tensor);
+  /* {head_dim, rows, heads, batch}, innermost first, as the TMA counts them. */
+  const unsigned long long dims[4] = {(unsigned long long)c->head_dim, (unsigned long long)rows,
+                                      (unsigned long long)heads, (unsigned long long)c->batch};
+  const long long elem_strides[3] = {sn, sh, sb};
+  unsigned long long strides[3], contiguous = (unsigned long long)es;
+  for (int i = 0; i < 4; i++) {
+    if (dims[i] < 1 || dims[i] > FG_TMA_MAX_DIM)
+      return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                     "kernel %s (TMA) cannot read %s: its %s dimension is %llu, more than a "
+                     "tensor map holds (2^32); split the call, or use a variant without TMA (a "
+                     "loop order other than qtma)",
+                     k->name, name, fg_tmap_dim_names[i], dims[i]);
+    if (i == 3) break;
+    /* A dimension of size 1 is never stepped over: its stride is the contiguous one (whatever
+     * the caller's tensor library left there). The contiguous stride of the next dimension. */
+    if (__builtin_mul_overflow(contiguous, dims[i], &contiguous)) contiguous = ~0ull;
+    const unsigned long long b = (unsigned long long)elem_strides[i] * (unsigned long long)es;
+    strides[i] = dims[i + 1] == 1 ? contiguous : b;
+    if (dims[i + 1] == 1) continue;
+    if (elem_strides[i] < 0 || b % 16 != 0 || b >= FG_TMA_MAX_STRIDE)
+      return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                     "kernel %s (TMA) cannot read %s: its %s stride is %lld elements (%llu bytes), "
+                     "%s; make %s contiguous (or pass strides that are multiples of 8 elements), "
+                     "or use a variant without TMA (a loop order other than qtma)",
+                     k->name, name, fg_tmap_dim_names[i + 1], elem_strides[i], b,
+                     b % 16 ? "not a multiple of 16 bytes as a tensor map needs"
+                            : "2^40 bytes or more, past what a tensor map holds",
+                     name);
+  }
+  for (int i = 0; i < 3; i++)
+    if (strides[i] >= FG_TMA_MAX_STRIDE) /* the contiguous stride of a dimension of size 1 */
+      return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                     "kernel %s (TMA) cannot read %s: it spans 2^40 bytes or more per %s, past "
+                     "what a tensor map holds; split the call, or use a variant without TMA (a "
+                     "loop order other than qtma)",
+                     k->name, name, fg_tmap_dim_names[i + 2]);
+  const unsigned int box[4] = {64, (unsigned)t->rows, 1, 1}, ones[4] = {1, 1, 1, 1};
+  const int type = k->dtype == FG_DTYPE_BF16 ? FG_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                              : FG_CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  if (!fg_cu.cuTensorMapEncodeTiled) /* fg_kernel_load refuses such kernels; never reached */
+    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                   "kernel %s loads through TMA, but the CUDA driver has no "
+                   "cuTensorMapEncodeTiled: update the NVIDIA driver",
+                   k->name);
+  const CUresult r = fg_cu.cuTensorMapEncodeTiled(
+      out, type, 4, (void *)(uintptr_t)addr, dims, strides, box, ones,
+      FG_CU_TENSOR_MAP_INTERLEAVE_NONE, FG_CU_TENSOR_MAP_SWIZZLE_128B,
+      FG_CU_TENSOR_MAP_L2_PROMOTION_L2_256B, FG_CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != FG_CUDA_SUCCESS) {
+    char d[512];
+    fg_cuda_describe(d, sizeof d, "cuTensorMapEncodeTiled", r);
+    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                   "kernel %s (TMA): the tensor map of %s (address 0x%llx, dims {%llu, %llu, "
+                   "%llu, %llu}, strides {%llu, %llu, %llu} B, box {64, %d, 1, 1}) was refused: "
+                   "%s; make %s contiguous, or use a variant without TMA (a loop order other "
+                   "than qtma)",
+                   k->name, name, addr, dims[0], dims[1], dims[2], dims[3], strides[0],
+                   strides[1], strides[2], t->rows, d, name);
+  }
+  return FG_OK;
+}
+
+fg_status fg_fwd_tma_params_fill(fg_context *ctx, const fg_loaded_kernel *k, const fg_fwd_params *p,
+                                 fg_launch_elems elems, fg_fwd_tma_params *out) {
+  const fg_kernel_meta *m = &k->meta;
+  out->p = *p;
+  for (int i = 0; i < FG_PLAN_MAX_TMAPS; i++) {
+    if (i >= m->n_tmaps) {
+      memset(&out->tmap[i], 0, sizeof out->tmap[i]);
+      continue;
+    }
+    const fg_status st = fg_tmap_encode(ctx, k, &m->tmaps[i], p, elems, &out->tmap[i]);
+    if (st != FG_OK) return st;
+  }
+  return FG_OK;
+}
+
+/* The parameter block of the launch of batches b0 .. b0 + chunk - 1 (fewer at the end): the
+ * base addresses of its batches, its batch count, its part of the workspace ws. */
+static void fg_launch_chunk(const fg_fwd_params *p, int64_t b0, int64_t chunk, fg_launch_elems el,
+                            CUdeviceptr ws, uint64_t ws_per_batch, fg_fwd_params *c) {
+  *c = *p;
+  c->batch = p->batch - b0 < chunk ? p->batch - b0 : chunk;
+  if (b0 > 0) {
+    c->q += (unsigned long long)(b0 * p->q_sb * el.in);
+    c->k += (unsigned long long)(b0 * p->k_sb * el.in);
+    c->v += (unsigned long long)(b0 * p->v_sb * el.in);
+    c->o += (unsigned long long)(b0 * p->o_sb * el.out);
+    if (c->lse) c->lse += (unsigned long long)(b0 * p->heads_q * p->seqlen_q * el.lse);
+  }
+  if (ws) c->workspace = ws;
+  if (c->workspace && b0 > 0) c->workspace += (unsigned long long)((uint64_t)b0 * ws_per_batch);
 }
 
 /* Launches with the context already current. */
@@ -86,23 +208,27 @@ static fg_status fg_launch_current(fg_context *ctx, const fg_loaded_kernel *k,
   const CUdeviceptr ws = own.ptr;
 
   fg_status st = FG_OK;
-  for (int64_t b0 = 0; b0 < p->batch; b0 += chunk) {
-    fg_fwd_params c = *p;
-    const int64_t nb = p->batch - b0 < chunk ? p->batch - b0 : chunk;
-    c.batch = nb;
-    if (b0 > 0) {
-      c.q += (unsigned long long)(b0 * p->q_sb * el.in);
-      c.k += (unsigned long long)(b0 * p->k_sb * el.in);
-      c.v += (unsigned long long)(b0 * p->v_sb * el.in);
-      c.o += (unsigned long long)(b0 * p->o_sb * el.out);
-      if (c.lse) c.lse += (unsigned long long)(b0 * p->heads_q * p->seqlen_q * el.lse);
-    }
-    if (ws) c.workspace = ws;
-    if (c.workspace && b0 > 0)
-      c.workspace += (unsigned long long)((uint64_t)b0 * ws_per_batch);
+  fg_fwd_tma_params tp; /* 64-byte aligned (fg_tmap), as the driver's CUtensorMap must be */
+  const int tma = m->params == FG_PARAMS_FWD_TMA;
+  if (tma && chunk < p->batch) {
+    /* Every launch encodes its own maps; all but the last have the first's shape, which fails
+     * (if it does) before anything runs. The last's is tried first, so that a refusal launches
+     * nothing either. */
+    fg_fwd_params c;
+    fg_launch_chunk(p, (p->batch - 1) / chunk * chunk, chunk, el, ws, ws_per_batch, &c);
+    st = fg_fwd_tma_params_fill(ctx, k, &c, el, &tp);
+  }
+  for (int64_t b0 = 0; st == FG_OK && b0 < p->batch; b0 += chunk) {
+    fg_fwd_params c;
+    fg_launch_chunk(p, b0, chunk, el, ws, ws_per_batch, &c);
     uint64_t g[3];
     fg_launch_grid(sp, &c, g);
     void *params[] = {&c};
+    if (tma) {
+      /* Each launch's own maps: its batches' base addresses, batch dimension = its batches. */
+      if ((st = fg_fwd_tma_params_fill(ctx, k, &c, el, &tp)) != FG_OK) break;
+      params[0] = &tp;
+    }
     CUresult r = fg_cu.cuLaunchKernel(k->fn[0], (unsigned)g[0], (unsigned)g[1], (unsigned)g[2],
                                       (unsigned)sp->threads, 1, 1, (unsigned)sp->smem_bytes, s,
                                       params, NULL);

@@ -331,6 +331,23 @@ fg_status fg_kernel_load(fg_context *ctx, const fg_kernel_image *img, fg_loaded_
                      "block",
                      img->variant, s->smem_bytes, s->entry, lim->name, lim->smem_optin_per_block);
   }
+  if (m->params == FG_PARAMS_FWD_TMA) {
+    /* The maps are encoded per call in the variant's dtype (runtime/forward.c). */
+    fg_variant v;
+    char perr[256];
+    if (fg_variant_parse(img->variant, &v, perr, sizeof perr) != 0 || v.pass != FG_PASS_FWD)
+      return fg_fail(ctx, FG_ERROR_INTERNAL,
+                     "kernel %s takes tensor maps (parameter block fwd_tma), which only forward "
+                     "variants do: its plan is damaged (rebuild or re-export it)",
+                     img->variant);
+    if (!fg_cu.cuTensorMapEncodeTiled)
+      return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
+                     "kernel %s loads through TMA tensor maps, but the CUDA driver %s has no "
+                     "cuTensorMapEncodeTiled (it is older than CUDA 12.0): update the NVIDIA "
+                     "driver, or use a variant without TMA (a loop order other than qtma)",
+                     img->variant, fg_cuda_library_path());
+    out->dtype = v.dtype;
+  }
   int compat = fg_arch_compat(img->arch, lim->cc_major, lim->cc_minor);
   int has_cubin = img->cubin && img->cubin_size, has_ptx = img->ptx && img->ptx_size;
   if (!has_cubin && !has_ptx)

@@ -13,7 +13,15 @@
  * tests read the record through fake_launch_count, fake_launch_get, fake_mem_counts and
  * fake_async_counts (dlopen the same library) and clear it with fake_reset
  * (tests/test_backward.c). Then the plan is emulated by fake_backward.c, unless
- * FAKE_CUDA_BACKWARD_RECORD_ONLY is set (tests whose tensors are made-up addresses). */
+ * FAKE_CUDA_BACKWARD_RECORD_ONLY is set (tests whose tensors are made-up addresses).
+ * Tensor maps: cuTensorMapEncodeTiled checks what the real driver's documentation requires (rank,
+ * dims, strides, box, alignment), records its arguments (fake_tmap_count, fake_tmap_get) and
+ * writes them into the map's 128 bytes (fake_tmap_encoded; it fails when FAKE_CUDA_TMAP_FAIL is
+ * set, and is left out when built with -DFAKE_CUDA_NO_TENSOR_MAP, as from a driver older than
+ * CUDA 12). A forward kernel whose entry says qtma takes fg_fwd_tma_params: its launch is
+ * recorded with the block (fake_tma_launch_count, fake_tma_launch_get) and computed reading Q, K
+ * and V through its maps 0, 1 and 2 (rows past a map's end read as zeros), so a map that
+ * describes its tensor wrongly gives a wrong O (tests/test_tma.c). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -133,8 +141,10 @@ static int fake_n_allocs, fake_n_frees, fake_n_async_allocs, fake_n_async_frees;
 static size_t fake_last_alloc_bytes;
 static void *fake_last_async_stream;
 
+static int fake_n_tmaps, fake_n_tma_launches;
 API void fake_reset(void) {
   fake_n_launches = fake_n_allocs = fake_n_frees = fake_n_async_allocs = fake_n_async_frees = 0;
+  fake_n_tmaps = fake_n_tma_launches = 0;
   fake_last_alloc_bytes = 0;
   fake_last_async_stream = NULL;
 }
@@ -254,6 +264,102 @@ static uint16_t from_double(int bf16, double v) {
 
 #include "fake_backward.c" /* fake_backward: the fg_bwd_* kernels */
 
+/* ---- tensor maps ---- */
+/* A call of cuTensorMapEncodeTiled, and what the fake writes into the map's opaque bytes (the
+ * first fields of this struct; 128 bytes at most). */
+typedef struct fake_tmap {
+  unsigned long long magic; /* FAKE_TMAP_MAGIC */
+  int data_type;
+  unsigned rank;
+  unsigned long long address;
+  unsigned long long dims[5], strides[4];
+  unsigned short box[5];
+  unsigned char element_strides[5];
+  signed char interleave, swizzle, l2_promotion, oob_fill;
+} fake_tmap;
+_Static_assert(sizeof(fake_tmap) <= sizeof(fg_tmap), "a fake map must fit in a CUtensorMap");
+#define FAKE_TMAP_MAGIC 0x70616d746b6166ull /* "faketmap" */
+#define FAKE_TMAP_MAX 64
+static fake_tmap fake_tmaps[FAKE_TMAP_MAX];
+API int fake_tmap_count(void) { return fake_n_tmaps; }
+API const fake_tmap *fake_tmap_get(int i) {
+  return i >= 0 && i < fake_n_tmaps && i < FAKE_TMAP_MAX ? &fake_tmaps[i] : NULL;
+}
+/* The map as encoded into an fg_tmap, or NULL if it holds none. */
+API const fake_tmap *fake_tmap_encoded(const fg_tmap *m) {
+  const fake_tmap *t = (const fake_tmap *)m;
+  return t->magic == FAKE_TMAP_MAGIC ? t : NULL;
+}
+
+#ifndef FAKE_CUDA_NO_TENSOR_MAP
+API CUresult cuTensorMapEncodeTiled(void *map, int type, unsigned rank, void *address,
+                                    const unsigned long long *dims,
+                                    const unsigned long long *strides, const unsigned *box,
+                                    const unsigned *estrides, int interleave, int swizzle,
+                                    int l2, int oob) {
+  if (getenv("FAKE_CUDA_TMAP_FAIL")) return 1;
+  /* What the documentation of cuda.h 13.0 requires (the parts flashgen's maps touch). */
+  const unsigned esize = type == 6 || type == 9 || type == 1 ? 2 : type == 0 ? 1 : 4;
+  if (!map || ((uintptr_t)map & 63) || rank < 1 || rank > 5 || ((uintptr_t)address & 15) ||
+      interleave != 0 || swizzle < 0 || swizzle > 3 || l2 < 0 || l2 > 3 || oob < 0 || oob > 1)
+    return 1;
+  for (unsigned i = 0; i < rank; i++) {
+    if (dims[i] < 1 || dims[i] > (1ull << 32) || box[i] < 1 || box[i] > 256 || estrides[i] < 1 ||
+        estrides[i] > 8)
+      return 1;
+    if (i + 1 < rank && (strides[i] % 16 || strides[i] >= (1ull << 40))) return 1;
+  }
+  if ((box[0] * esize) % 16 || (swizzle == 3 && box[0] * esize > 128)) return 1;
+  fake_tmap t;
+  memset(&t, 0, sizeof t);
+  t.magic = FAKE_TMAP_MAGIC;
+  t.data_type = type;
+  t.rank = rank;
+  t.address = (unsigned long long)(uintptr_t)address;
+  for (unsigned i = 0; i < rank; i++) {
+    t.dims[i] = dims[i];
+    t.box[i] = (unsigned short)box[i];
+    t.element_strides[i] = (unsigned char)estrides[i];
+    if (i + 1 < rank) t.strides[i] = strides[i];
+  }
+  t.interleave = (signed char)interleave, t.swizzle = (signed char)swizzle;
+  t.l2_promotion = (signed char)l2, t.oob_fill = (signed char)oob;
+  if (fake_n_tmaps < FAKE_TMAP_MAX) fake_tmaps[fake_n_tmaps] = t;
+  fake_n_tmaps++;
+  memset(map, 0, sizeof(fg_tmap));
+  memcpy(map, &t, sizeof t);
+  return 0;
+}
+#endif
+
+/* Element (c, row, head, batch) of a rank-4 map's tensor; 0 past its end (OOB fill none). */
+static uint16_t fake_tmap_read(const fake_tmap *t, long long c, long long r, long long h,
+                               long long b) {
+  if (c >= (long long)t->dims[0] || r >= (long long)t->dims[1] || h >= (long long)t->dims[2] ||
+      b >= (long long)t->dims[3])
+    return 0;
+  const unsigned char *p = (const unsigned char *)(uintptr_t)t->address + c * 2 +
+                           r * (long long)t->strides[0] + h * (long long)t->strides[1] +
+                           b * (long long)t->strides[2];
+  uint16_t x;
+  memcpy(&x, p, 2);
+  return x;
+}
+
+/* Forward launches of kernels that take tensor maps (entries with _qtma_). */
+typedef struct fake_tma_launch {
+  char entry[160];
+  unsigned grid[3], block[3], smem;
+  fg_fwd_tma_params params;
+} fake_tma_launch;
+#define FAKE_TMA_LAUNCH_MAX 16
+static fake_tma_launch fake_tma_launches[FAKE_TMA_LAUNCH_MAX];
+API int fake_tma_launch_count(void) { return fake_n_tma_launches; }
+API const fake_tma_launch *fake_tma_launch_get(int i) {
+  return i >= 0 && i < fake_n_tma_launches && i < FAKE_TMA_LAUNCH_MAX ? &fake_tma_launches[i]
+                                                                        : NULL;
+}
+
 API CUresult cuLaunchKernel(void *fnp, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                             unsigned by, unsigned bz, unsigned smem, void *st, void **params,
                             void **extra) {
@@ -273,6 +379,28 @@ API CUresult cuLaunchKernel(void *fnp, unsigned gx, unsigned gy, unsigned gz, un
     return fake_backward(f->name, params[0]);
   }
   const fg_fwd_params *p = params[0];
+  /* Q, K, V through maps 0, 1, 2 of an fg_fwd_tma_params block (NULL: through p's pointers). */
+  const fake_tmap *mq = NULL, *mk = NULL, *mv = NULL;
+  if (strstr(f->name, "_qtma_")) {
+    const fg_fwd_tma_params *tp = params[0];
+    if (fake_n_tma_launches < FAKE_TMA_LAUNCH_MAX) {
+      fake_tma_launch *l = &fake_tma_launches[fake_n_tma_launches];
+      strncpy(l->entry, f->name, sizeof l->entry - 1);
+      l->grid[0] = gx, l->grid[1] = gy, l->grid[2] = gz;
+      l->block[0] = bx, l->block[1] = by, l->block[2] = bz;
+      l->smem = smem;
+      memcpy(&l->params, tp, sizeof l->params);
+    }
+    fake_n_tma_launches++;
+    p = &tp->p;
+    mq = fake_tmap_encoded(&tp->tmap[0]), mk = fake_tmap_encoded(&tp->tmap[1]);
+    mv = fake_tmap_encoded(&tp->tmap[2]);
+    /* The kernel's grid is the block's; its maps must cover its batches (and no more). */
+    if (!mq || !mk || !mv || mq->rank != 4 || mk->rank != 4 || mv->rank != 4 ||
+        mq->dims[3] != (unsigned long long)p->batch || mk->dims[3] != (unsigned long long)p->batch ||
+        mv->dims[3] != (unsigned long long)p->batch)
+      return 1;
+  }
   const double t0 = now_ms();
   const int is_ref = strncmp(f->name, "fg_ref_", 7) == 0;
   const int exact = strncmp(f->name, "fg_ref_f64_", 11) == 0;
@@ -291,14 +419,15 @@ API CUresult cuLaunchKernel(void *fnp, unsigned gx, unsigned gy, unsigned gz, un
       const uint16_t *v = (const uint16_t *)(uintptr_t)p->v + b * p->v_sb + hk * p->v_sh;
       for (long long j = 0; j < nk; j++)
         for (long long c = 0; c < d; c++) {
-          kd[j * d + c] = to_double(bf16, k[j * p->k_sn + c]);
-          vd[j * d + c] = to_double(bf16, v[j * p->v_sn + c]);
+          kd[j * d + c] = to_double(bf16, mk ? fake_tmap_read(mk, c, j, hk, b) : k[j * p->k_sn + c]);
+          vd[j * d + c] = to_double(bf16, mv ? fake_tmap_read(mv, c, j, hk, b) : v[j * p->v_sn + c]);
         }
       for (long long i = 0; i < nq; i++) {
         long long n = nk;
         if ((is_ref && p->causal) || (!is_ref && strstr(f->name, "_causal_")))
           n = i + nk - nq + 1 < nk ? i + nk - nq + 1 : nk;
-        for (long long c = 0; c < d; c++) qd[c] = to_double(bf16, q[i * p->q_sn + c]);
+        for (long long c = 0; c < d; c++)
+          qd[c] = to_double(bf16, mq ? fake_tmap_read(mq, c, i, h, b) : q[i * p->q_sn + c]);
         double mx = -INFINITY, sum = 0;
         for (long long j = 0; j < n; j++) {
           double acc = 0;

@@ -1,0 +1,861 @@
+/* test_tma.c: the host side of kernels that load through TMA tensor maps (issue 13), without a
+ * GPU. A plan's parameter block and tensor maps: fwd.lua's q_tma plan as the generator reads it
+ * (and its refusals of malformed ones), the plan's text (round trip, older text unchanged,
+ * malformed lines refused), the cache and exported tables carrying them (older tables as "no
+ * maps"), explain's line. Then the launch on the fake driver (tests/fake_cuda/libcuda.c, whose
+ * cuTensorMapEncodeTiled records its arguments and whose qtma kernels read Q, K and V through
+ * the maps): the encoded dims, strides, box, swizzle and data type for GQA, Nq != Nk, (B, N, H, d)
+ * strides, dimensions of size 1 and batch chunks, the output equal to the same kernel reading
+ * through pointers, and the refusals (a stride the TMA cannot take, an encode the driver refuses,
+ * a driver without cuTensorMapEncodeTiled), none of which launches anything. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+
+#include "cache_support.h"
+#include "cli_runner.h"
+#include "fg_gen.h"
+#include "fg_params.h"
+#include "fg_runtime_internal.h"
+#include "flashgen_export.h"
+
+/* ---- the plan's text (core/kernel.c) ------------------------------------------------------ */
+
+static const char *const TMA_NAME = "fwd_d64_br128_bc64_bf16_noncausal_qtma_w8_s2_sm90a";
+
+/* The q_tma plan of fwd.lua for a variant of Br = br, Bc = bc (entry fg_<name>). */
+static void tma_plan(fg_kernel_meta *m, const char *name, int br, int bc) {
+  char e[64];
+  snprintf(e, sizeof e, "fg_%.60s", name);
+  fg_kernel_meta_single(m, e, FG_GRID_Q_TILES, br, 384, 99584);
+  m->params = FG_PARAMS_FWD_TMA;
+  m->n_tmaps = 3;
+  m->tmaps[0] = (fg_plan_tmap){FG_TMAP_Q, br};
+  m->tmaps[1] = (fg_plan_tmap){FG_TMAP_K, bc};
+  m->tmaps[2] = (fg_plan_tmap){FG_TMAP_V, bc};
+}
+
+static void expect_tma_plan(const fg_kernel_meta *m, int br, int bc) {
+  cr_assert_eq(m->params, FG_PARAMS_FWD_TMA);
+  cr_assert_eq(m->n_tmaps, 3);
+  const fg_tmap_tensor t[3] = {FG_TMAP_Q, FG_TMAP_K, FG_TMAP_V};
+  const int rows[3] = {br, bc, bc};
+  for (int i = 0; i < 3; i++)
+    cr_assert(m->tmaps[i].tensor == t[i] && m->tmaps[i].rows == rows[i],
+              "map %d: tensor %d, %d rows; want %d, %d", i, (int)m->tmaps[i].tensor,
+              m->tmaps[i].rows, (int)t[i], rows[i]);
+}
+
+Test(plan_text, tensor_maps_round_trip) {
+  fg_kernel_meta m, back;
+  tma_plan(&m, TMA_NAME, 128, 64);
+  char text[1024];
+  const int n = fg_kernel_plan_format(&m, text, sizeof text);
+  cr_assert(n > 0 && (size_t)n < sizeof text);
+  cr_assert(strstr(text, "params fwd_tma\ntmap q 128\ntmap k 64\ntmap v 64\n"), "%s", text);
+  memset(&back, 0x5a, sizeof back);
+  const char *why = fg_kernel_plan_parse(text, &back);
+  cr_assert_null(why, "%s", why);
+  expect_tma_plan(&back, 128, 64);
+  cr_assert_eq(back.steps[0].br, 128);
+}
+
+Test(plan_text, a_plan_without_maps_reads_and_writes_as_before) {
+  fg_kernel_meta m;
+  fg_kernel_meta_single(&m, "fg_x", FG_GRID_Q_TILES, 64, 128, 1024);
+  char text[1024];
+  fg_kernel_plan_format(&m, text, sizeof text);
+  cr_assert_str_eq(text, "main 0\nstep fg_x q_tiles 64 128 1024\n",
+                   "the text (and so the checksum) of a plan without maps must not change");
+  /* Text written before parameter blocks: the pass's own block, no maps (whatever m held). */
+  fg_kernel_meta back;
+  tma_plan(&back, TMA_NAME, 128, 64);
+  cr_assert_null(fg_kernel_plan_parse(text, &back));
+  cr_assert_eq(back.params, FG_PARAMS_DEFAULT);
+  cr_assert_eq(back.n_tmaps, 0);
+}
+
+Test(plan_text, malformed_lines_are_refused) {
+  static const struct {
+    const char *tail, *needle;
+  } bad[] = {
+      {"params fwd_tmx\n", "parameter block"},
+      {"params fwd_tma\ntmap x 64\n", "other than q, k, v or o"},
+      {"params fwd_tma\ntmap q 0\n", "tensor map of its plan is malformed"},
+      {"params fwd_tma\ntmap q 257\n", "tensor map of its plan is malformed"},
+      {"params fwd_tma\ntmap q 64 1\n", "not main, step, workspace, params or tmap"},
+      {"tmap q 64\n", "not the parameter block that carries them"},
+      {"params fwd_tma\ntmap q 1\ntmap k 1\ntmap v 1\ntmap o 1\ntmap q 1\n", "too many tensor maps"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char text[512];
+    snprintf(text, sizeof text, "main 0\nstep fg_x q_tiles 64 128 0\n%s", bad[i].tail);
+    fg_kernel_meta m;
+    const char *why = fg_kernel_plan_parse(text, &m);
+    cr_assert_not_null(why, "accepted: %s", text);
+    cr_assert(strstr(why, bad[i].needle), "'%s' for %s; want '%s'", why, bad[i].tail,
+              bad[i].needle);
+  }
+  /* Four maps, one of each tensor, are fine. */
+  fg_kernel_meta m;
+  cr_assert_null(fg_kernel_plan_parse("main 0\nstep fg_x q_tiles 64 128 0\nparams fwd_tma\n"
+                                      "tmap q 1\ntmap k 2\ntmap v 3\ntmap o 256\n",
+                                      &m));
+  cr_assert(m.n_tmaps == 4 && m.tmaps[3].tensor == FG_TMAP_O && m.tmaps[3].rows == 256);
+}
+
+/* ---- the generator: fwd.lua's plan (generator/render.c) ----------------------------------- */
+
+/* A copy of templates/ in dir, with fwd_tma.cu a stub (the kernel is the lead's; the plan is
+ * what is read here) and fwd.lua's text `from` replaced by `to` (NULL: unchanged). */
+static void template_dir(char dir[64], const char *from, const char *to) {
+  strcpy(dir, "/tmp/fg-tma-tpl-XXXXXX");
+  cr_assert_not_null(mkdtemp(dir));
+  const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
+  if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
+  char tdir[1024];
+  snprintf(tdir, sizeof tdir, "%s/templates", src);
+  DIR *d = opendir(tdir);
+  cr_assert_not_null(d, "cannot list %s", tdir);
+  for (struct dirent *e; (e = readdir(d));) {
+    char in[2048], out[2048];
+    snprintf(in, sizeof in, "%s/%s", tdir, e->d_name);
+    struct stat st;
+    if (stat(in, &st) || !S_ISREG(st.st_mode)) continue;
+    FILE *fi = fopen(in, "rb");
+    cr_assert_not_null(fi);
+    char *text = calloc(1, (size_t)st.st_size + 1);
+    cr_assert_eq(fread(text, 1, (size_t)st.st_size, fi), (size_t)st.st_size);
+    fclose(fi);
+    snprintf(out, sizeof out, "%s/%s", dir, e->d_name);
+    FILE *fo = fopen(out, "wb");
+    cr_assert_not_null(fo);
+    char *at = from && strcmp(e->d_name, "fwd.lua") == 0 ? strstr(text, from) : NULL;
+    if (from && strcmp(e->d_name, "fwd.lua") == 0)
+      cr_assert_not_null(at, "fwd.lua no longer holds '%s': update this test", from);
+    if (at) {
+      fwrite(text, 1, (size_t)(at - text), fo);
+      fputs(to, fo);
+      fputs(at + strlen(from), fo);
+    } else {
+      fputs(text, fo);
+    }
+    fclose(fo);
+    free(text);
+  }
+  closedir(d);
+  char stub[1024];
+  snprintf(stub, sizeof stub, "%s/fwd_tma.cu", dir);
+  FILE *f = fopen(stub, "w");
+  cr_assert_not_null(f);
+  fputs("// a stub of the q_tma kernel for test_tma.c\n"
+        "extern \"C\" __global__ void {{ entry }}() {}\n",
+        f);
+  fclose(f);
+}
+
+static void remove_dir(const char *dir) { fgt_rm_rf(dir); }
+
+/* Renders name with the templates in dir: 0 with *meta, or -1 with err. */
+static int render_in(const char *dir, const char *name, fg_kernel_meta *meta, char *err,
+                     size_t errlen) {
+  setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
+  fg_generator *g = NULL;
+  cr_assert_eq(fg_generator_create(&g, err, errlen), 0, "generator: %s", err);
+  fg_variant v;
+  cr_assert_eq(fg_variant_parse(name, &v, err, errlen), 0, "%s", err);
+  char *src = NULL;
+  const int rc = fg_generator_render(g, &v, &src, meta, err, errlen);
+  free(src);
+  fg_generator_destroy(g);
+  unsetenv("FLASHGEN_TEMPLATE_DIR");
+  return rc;
+}
+
+Test(generator, reads_the_q_tma_plan_of_fwd_lua) {
+  char dir[64], err[4096];
+  template_dir(dir, NULL, NULL);
+  fg_kernel_meta m;
+  cr_assert_eq(render_in(dir, TMA_NAME, &m, err, sizeof err), 0, "%s", err);
+  expect_tma_plan(&m, 128, 64);
+  cr_assert_eq(m.steps[0].threads, 8 * 32 + 128, "consumers and the producer warpgroup");
+  cr_assert_eq(fg_kernel_main(&m)->grid, FG_GRID_Q_TILES);
+  cr_assert_eq(render_in(dir, "fwd_d128_br64_bc128_f16_causal_qtma_w4_s2_sm90a", &m, err,
+                         sizeof err),
+               0, "%s", err);
+  expect_tma_plan(&m, 64, 128);
+  /* The other loop orders keep the pass's own block, without maps. */
+  cr_assert_eq(render_in(dir, "fwd_d64_br128_bc64_bf16_noncausal_qwgmma_w8_s2_sm90a", &m, err,
+                         sizeof err),
+               0, "%s", err);
+  cr_assert(m.params == FG_PARAMS_DEFAULT && m.n_tmaps == 0);
+  remove_dir(dir);
+}
+
+Test(generator, malformed_tensor_maps_are_refused) {
+  static const char *const tmaps =
+      "t.tmaps = { { tensor = \"q\", rows = v.br }, { tensor = \"k\", rows = v.bc },\n"
+      "                { tensor = \"v\", rows = v.bc } }";
+  static const struct {
+    const char *from, *to, *needle;
+  } bad[] = {
+      {"t.params = \"fwd_tma\"", "t.params = \"fwd_tmz\"", "params other than \"fwd\" or \"fwd_tma\""},
+      {"t.params = \"fwd_tma\"", "t.params = 3", "params other than"},
+      {"t.params = \"fwd_tma\"", "t.params = nil", "tmaps without params = \"fwd_tma\""},
+      {tmaps, "t.tmaps = { { tensor = \"x\", rows = v.br } }", "whose tensor is not"},
+      {tmaps, "t.tmaps = { { tensor = \"q\", rows = 257 } }", "rows is not an integer from 1 to 256"},
+      {tmaps, "t.tmaps = { { tensor = \"q\", rows = 0 } }", "rows is not an integer from 1 to 256"},
+      {tmaps, "t.tmaps = { { tensor = \"q\", rows = 1.5 } }", "rows is not an integer"},
+      {tmaps, "t.tmaps = { { tensor = \"q\" } }", "rows is not an integer"},
+      {tmaps, "t.tmaps = 7", "tmaps that is not a list"},
+      {tmaps,
+       "t.tmaps = { { tensor = \"q\", rows = 1 }, { tensor = \"k\", rows = 1 }, { tensor = \"v\", "
+       "rows = 1 }, { tensor = \"o\", rows = 1 }, { tensor = \"q\", rows = 1 } }",
+       "more than 4 tensor maps"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char dir[64], err[4096] = "";
+    template_dir(dir, bad[i].from, bad[i].to);
+    fg_kernel_meta m;
+    cr_assert_neq(render_in(dir, TMA_NAME, &m, err, sizeof err), 0, "accepted: %s", bad[i].to);
+    cr_assert(strstr(err, bad[i].needle) && strstr(err, "launch(v)") &&
+                  strstr(err, "templates/README.md"),
+              "for %s: '%s' lacks '%s' (or the manifest's name and what to read)", bad[i].to, err,
+              bad[i].needle);
+    remove_dir(dir);
+  }
+}
+
+Test(export_cli, flashgen_export_writes_the_maps_and_the_table_registers_them, .timeout = 300) {
+  char err[1024];
+  if (fg_nvrtc_load(err, sizeof err) != 0) cr_skip_test("no NVRTC: %s", err);
+  const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
+  if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
+  char dir[64], env[256], path[256];
+  template_dir(dir, NULL, NULL); /* also the working directory of the command */
+  snprintf(path, sizeof path, "%s/v.txt", dir);
+  FILE *f = fopen(path, "w");
+  cr_assert_not_null(f);
+  fprintf(f, "%s\n", TMA_NAME);
+  fclose(f);
+  snprintf(env, sizeof env, "FLASHGEN_TEMPLATE_DIR='%s' FLASHGEN_CACHE_DIR='%s/cache'", dir, dir);
+  cr_assert_eq(
+      fg_test_run_cli(dir, env, "export -q --arch sm_90a --variants v.txt --prefix tt -o out"), 0,
+      "%s", fg_test_err);
+  const size_t cap = 1u << 20;
+  char *text = malloc(cap);
+  cr_assert_not_null(text);
+  snprintf(path, sizeof path, "%s/out/tt_kernels.c", dir);
+  fg_test_slurp(path, text, cap);
+  cr_assert(strstr(text, "_tmaps[3] = {\n"
+                         "    {.tensor = FG_EXPORT_TENSOR_Q, .rows = 128},\n"
+                         "    {.tensor = FG_EXPORT_TENSOR_K, .rows = 64},\n"
+                         "    {.tensor = FG_EXPORT_TENSOR_V, .rows = 64},\n};\n"),
+            "the maps are missing: %.2000s", text);
+  cr_assert(strstr(text, "     .params = FG_EXPORT_PARAMS_FWD_TMA,\n"), "no parameter block");
+  cr_assert(strstr(text, "    .tmap_size = sizeof(fg_export_tmap)};\n"), "no tmap_size");
+  free(text);
+  /* It compiles warning-free, and registers with its maps. */
+  char cmd[1024], so[160];
+  snprintf(so, sizeof so, "%s/tt.so", dir);
+  const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
+  snprintf(cmd, sizeof cmd,
+           "%s -std=c11 -Wall -Wextra -Werror -pedantic -shared -fPIC -I'%s/include' -I'%s/out' "
+           "-o '%s' '%s'",
+           cc, src, dir, so, path);
+  cr_assert_eq(system(cmd), 0, "the exported C does not compile: %s", cmd);
+  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  cr_assert_not_null(h, "%s", dlerror());
+  const fg_export *(*fn)(void);
+  *(void **)&fn = dlsym(h, "tt_flashgen_export");
+  cr_assert_not_null(fn, "%s", dlerror());
+  const fg_export *t = fn();
+  cr_assert(t->n_kernels == 1 && t->tmap_size == sizeof(fg_export_tmap));
+  cr_assert(t->kernels[0].params == FG_EXPORT_PARAMS_FWD_TMA && t->kernels[0].n_tmaps == 3);
+  cr_assert(t->kernels[0].tmaps[1].tensor == FG_EXPORT_TENSOR_K && t->kernels[0].tmaps[1].rows == 64);
+  cr_assert_eq(fg_register_export(t, err, sizeof err), FG_OK, "%s", err);
+  remove_dir(dir);
+}
+
+/* ---- the cache ------------------------------------------------------------------------------ */
+
+static char cache_dir[64];
+static void cache_setup(void) {
+  strcpy(cache_dir, "/tmp/fg-tma-cache-XXXXXX");
+  cr_assert_not_null(mkdtemp(cache_dir));
+  chmod(cache_dir, 0700);
+}
+static void cache_teardown(void) { fgt_rm_rf(cache_dir); }
+
+static const unsigned char fake_cubin[16] = {0x7f, 'E', 'L', 'F'};
+
+Test(cache, a_plan_with_tensor_maps_round_trips_and_a_damaged_map_is_a_miss,
+     .init = cache_setup, .fini = cache_teardown) {
+  fg_cache *c = fgt_open_ok(cache_dir);
+  fg_kernel_image img;
+  memset(&img, 0, sizeof img);
+  snprintf(img.variant, sizeof img.variant, "%s", TMA_NAME);
+  img.arch = FG_ARCH_SM90A;
+  unsigned char cubin[64];
+  for (size_t i = 0; i < sizeof cubin; i++) cubin[i] = (unsigned char)(i * 7);
+  char ptx[] = "// ptx";
+  img.cubin = cubin;
+  img.cubin_size = sizeof cubin;
+  img.ptx = ptx;
+  img.ptx_size = strlen(ptx);
+  tma_plan(&img.meta, TMA_NAME, 128, 64);
+  fg_cache_key k = fgt_key_of(TMA_NAME);
+  fgt_put_ok(c, &k, &img);
+  fg_kernel_image got;
+  char warn[1024] = "";
+  cr_assert_eq(fgt_get(c, &k, &got, warn, sizeof warn), 1, "%s", warn);
+  expect_tma_plan(&got.meta, 128, 64);
+  fgt_release(&got);
+  /* A map's line damaged in the row: a miss (the entry is deleted), never a wrong map. */
+  sqlite3 *db = NULL;
+  cr_assert_eq(sqlite3_open(fg_cache_path(c), &db), SQLITE_OK);
+  sqlite3_busy_timeout(db, 5000);
+  cr_assert_eq(sqlite3_exec(db, "UPDATE kernels SET plan = replace(plan, 'tmap k 64', 'tmap x 64')",
+                            NULL, NULL, NULL),
+               SQLITE_OK);
+  cr_assert_eq(sqlite3_changes(db), 1);
+  sqlite3_close(db);
+  cr_assert_eq(fgt_get(c, &k, &got, warn, sizeof warn), 0, "a damaged plan must be a miss");
+  cr_assert_null(got.cubin);
+  cr_assert(strstr(warn, TMA_NAME), "the warning names the entry: %s", warn);
+  cr_assert_eq(fgt_kernel_count(c), 0, "and it is deleted");
+  fg_cache_close(c);
+}
+
+/* ---- exported tables (runtime/export_register.c) ------------------------------------------- */
+
+static fg_export_step tma_steps[1];
+static const fg_export_tmap tma_maps[3] = {
+    {FG_EXPORT_TENSOR_Q, 128}, {FG_EXPORT_TENSOR_K, 64}, {FG_EXPORT_TENSOR_V, 64}};
+
+static fg_export_kernel tma_export_kernel(void) {
+  fg_export_kernel k;
+  memset(&k, 0, sizeof k);
+  k.variant = TMA_NAME;
+  k.arch = "sm_90a";
+  k.cubin = fake_cubin;
+  k.cubin_size = sizeof fake_cubin;
+  tma_steps[0] = (fg_export_step){"fg_fwd_d64_br128_bc64_bf16_noncausal_qtma_w8_s2_sm90a",
+                                  FG_EXPORT_GRID_Q_TILES, 128, 384, 99584};
+  k.entry = tma_steps[0].entry;
+  k.threads = 384;
+  k.smem_bytes = 99584;
+  k.grid = FG_EXPORT_GRID_Q_TILES;
+  k.br = 128;
+  k.regs = k.spill_store_bytes = k.spill_load_bytes = k.stack_bytes = -1;
+  k.steps = tma_steps;
+  k.n_steps = 1;
+  k.params = FG_EXPORT_PARAMS_FWD_TMA;
+  k.tmaps = tma_maps;
+  k.n_tmaps = 3;
+  return k;
+}
+
+static fg_export export_of(const fg_export_kernel *k, size_t kernel_size) {
+  fg_export e;
+  memset(&e, 0, sizeof e);
+  e.abi_version = FG_EXPORT_ABI_VERSION;
+  e.size = sizeof e;
+  e.kernel_size = (uint32_t)kernel_size;
+  e.choice_size = sizeof(fg_export_choice);
+  e.description = "test_tma";
+  e.kernels = k;
+  e.n_kernels = 1;
+  e.step_size = sizeof(fg_export_step);
+  e.workspace_desc_size = sizeof(fg_export_workspace);
+  e.tmap_size = sizeof(fg_export_tmap);
+  return e;
+}
+
+Test(export, malformed_tensor_maps_are_refused_naming_the_kernel) {
+  static const struct {
+    int params, tensor, rows, tmap_size;
+    const char *needle;
+  } bad[] = {
+#define TMA FG_EXPORT_PARAMS_FWD_TMA
+#define Q FG_EXPORT_TENSOR_Q
+#define SZ sizeof(fg_export_tmap)
+#define MALFORMED "tensor map of its plan is malformed"
+      {2, Q, 128, SZ, "parameter block 2"},
+      {TMA, 9, 128, SZ, MALFORMED},
+      {TMA, Q, 0, SZ, MALFORMED},
+      {TMA, Q, 300, SZ, MALFORMED},
+      {TMA, Q, 128, 0, "malformed list of tensor maps"},
+      {FG_EXPORT_PARAMS_DEFAULT, Q, 128, SZ, "not the parameter block that carries them"},
+#undef TMA
+#undef Q
+#undef SZ
+#undef MALFORMED
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    static fg_export_kernel k[1];
+    static fg_export_tmap maps[3];
+    k[0] = tma_export_kernel();
+    memcpy(maps, tma_maps, sizeof maps);
+    maps[0] = (fg_export_tmap){bad[i].tensor, bad[i].rows};
+    k[0].tmaps = maps;
+    k[0].params = bad[i].params;
+    fg_export e = export_of(k, sizeof k[0]);
+    e.tmap_size = (uint32_t)bad[i].tmap_size;
+    char err[1024] = "";
+    cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT, "case %zu", i);
+    cr_assert(strstr(err, bad[i].needle) && strstr(err, TMA_NAME) && strstr(err, "export it again"),
+              "case %zu: '%s' lacks '%s' (or the kernel, or what to do)", i, err, bad[i].needle);
+  }
+  /* A backward kernel with the forward's tensor-map block. */
+  static fg_export_kernel kb[1];
+  static fg_export_step bsteps[1];
+  kb[0] = tma_export_kernel();
+  kb[0].variant = "bwd_d64_br64_bc128_bf16_noncausal_kvwgmma_w8_s2_sm90a";
+  bsteps[0] = (fg_export_step){"fg_bwd_d64_br64_bc128_bf16_noncausal_kvwgmma_w8_s2_sm90a",
+                               FG_EXPORT_GRID_KV_TILES, 128, 256, 1000};
+  kb[0].steps = bsteps;
+  kb[0].entry = bsteps[0].entry;
+  kb[0].grid = FG_EXPORT_GRID_KV_TILES;
+  fg_export e = export_of(kb, sizeof kb[0]);
+  char err[1024] = "";
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "backward variant whose plan takes the forward's tensor-map block"), "%s",
+            err);
+}
+
+/* ---- the launch on the fake driver ---------------------------------------------------------- */
+
+/* The fake driver's records (tests/fake_cuda/libcuda.c; the same layouts). */
+typedef struct fake_tmap {
+  unsigned long long magic;
+  int data_type;
+  unsigned rank;
+  unsigned long long address;
+  unsigned long long dims[5], strides[4];
+  unsigned short box[5];
+  unsigned char element_strides[5];
+  signed char interleave, swizzle, l2_promotion, oob_fill;
+} fake_tmap;
+typedef struct fake_tma_launch {
+  char entry[160];
+  unsigned grid[3], block[3], smem;
+  fg_fwd_tma_params params;
+} fake_tma_launch;
+
+static char fake_dir[64];
+static void *fake_handle;
+static void (*fake_reset)(void);
+static int (*fake_tmap_count)(void);
+static const fake_tmap *(*fake_tmap_get)(int);
+static const fake_tmap *(*fake_tmap_encoded)(const fg_tmap *);
+static int (*fake_tma_launch_count)(void);
+static const fake_tma_launch *(*fake_tma_launch_get)(int);
+static fg_context *ctx;
+
+/* Kernels as `flashgen export` would write them: two q_tma variants and, for comparison, the
+ * q_wgmma variant of TMA_NAME's problem (the fake computes it through the pointers), with an
+ * exported choice of TMA_NAME for short bf16 problems at d = 64. */
+static const char *const REF_NAME = "fwd_d64_br128_bc64_bf16_noncausal_qwgmma_w8_s2_sm90a";
+static const char *const F16_NAME = "fwd_d128_br64_bc128_f16_causal_qtma_w4_s2_sm90a";
+static fg_export_step steps3[3][1];
+static char entries[3][64];
+static const fg_export_tmap f16_maps[3] = {
+    {FG_EXPORT_TENSOR_Q, 64}, {FG_EXPORT_TENSOR_K, 128}, {FG_EXPORT_TENSOR_V, 128}};
+static fg_export_kernel kernels[3];
+static const fg_export_choice choices[1] = {
+    {"fwd_d64_bf16_noncausal_nk512", "fwd_d64_br128_bc64_bf16_noncausal_qtma_w8_s2_sm90a", "test"}};
+static fg_export table;
+
+static void register_kernels(void) {
+  const char *names[3] = {TMA_NAME, REF_NAME, F16_NAME};
+  const int br[3] = {128, 128, 64}, threads[3] = {384, 256, 256};
+  for (int i = 0; i < 3; i++) {
+    kernels[i] = tma_export_kernel();
+    kernels[i].variant = names[i];
+    snprintf(entries[i], sizeof entries[i], "fg_%s", names[i]);
+    steps3[i][0] = (fg_export_step){entries[i], FG_EXPORT_GRID_Q_TILES, br[i], threads[i], 99000 + i};
+    kernels[i].steps = steps3[i];
+    kernels[i].entry = entries[i];
+    kernels[i].br = br[i];
+    kernels[i].threads = threads[i];
+  }
+  kernels[1].params = FG_EXPORT_PARAMS_DEFAULT;
+  kernels[1].tmaps = NULL;
+  kernels[1].n_tmaps = 0;
+  kernels[2].tmaps = f16_maps;
+  table = export_of(kernels, sizeof kernels[0]);
+  table.n_kernels = 3;
+  table.choices = choices;
+  table.n_choices = 1;
+  char err[1024] = "";
+  cr_assert_eq(fg_register_export(&table, err, sizeof err), FG_OK, "%s", err);
+}
+
+static void fake_setup_with(const char *defines) {
+  strcpy(fake_dir, "/tmp/fg-tma-fake-XXXXXX");
+  cr_assert_not_null(mkdtemp(fake_dir));
+  const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
+  if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
+  const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
+  char lib[160], cmd[1024];
+  snprintf(lib, sizeof lib, "%s/libcuda_fake.so", fake_dir);
+  snprintf(cmd, sizeof cmd,
+           "%s -std=c11 -D_POSIX_C_SOURCE=200809L %s -O1 -shared -fPIC -o '%s' "
+           "'%s/tests/fake_cuda/libcuda.c' -lm",
+           cc, defines, lib, src);
+  if (system(cmd) != 0) cr_skip_test("cannot build the fake driver with '%s'", cc);
+  setenv("FLASHGEN_CUDA_LIBRARY", lib, 1);
+  register_kernels();
+  fg_context_options o;
+  memset(&o, 0, sizeof o);
+  o.size = sizeof o;
+  o.policy = FG_POLICY_EXPORTED_ONLY; /* never compile, never touch the disk */
+  o.quiet = 1;
+  cr_assert_eq(fg_context_create(&ctx, &o), FG_OK, "%s", fg_last_create_error());
+  fake_handle = dlopen(lib, RTLD_NOW | RTLD_LOCAL); /* the instance the runtime loaded */
+  cr_assert_not_null(fake_handle, "%s", dlerror());
+  *(void **)&fake_reset = dlsym(fake_handle, "fake_reset");
+  *(void **)&fake_tmap_count = dlsym(fake_handle, "fake_tmap_count");
+  *(void **)&fake_tmap_get = dlsym(fake_handle, "fake_tmap_get");
+  *(void **)&fake_tmap_encoded = dlsym(fake_handle, "fake_tmap_encoded");
+  *(void **)&fake_tma_launch_count = dlsym(fake_handle, "fake_tma_launch_count");
+  *(void **)&fake_tma_launch_get = dlsym(fake_handle, "fake_tma_launch_get");
+  cr_assert(fake_reset && fake_tmap_count && fake_tmap_get && fake_tmap_encoded &&
+                fake_tma_launch_count && fake_tma_launch_get,
+            "the fake driver lacks its recording functions");
+  fake_reset();
+}
+static void fake_setup(void) { fake_setup_with(""); }
+static void fake_setup_no_tmap(void) { fake_setup_with("-DFAKE_CUDA_NO_TENSOR_MAP"); }
+
+static void fake_teardown(void) {
+  if (ctx) fg_context_destroy(ctx);
+  ctx = NULL;
+  if (fake_handle) dlclose(fake_handle);
+  fgt_rm_rf(fake_dir);
+}
+
+/* A problem whose tensors are host memory (the fake's device memory): sizes, and per tensor
+ * its strides (all zero: contiguous). */
+typedef struct problem {
+  fg_attention_args a;
+  void *mem[4]; /* q, k, v, o */
+  size_t bytes[4];
+} problem;
+
+static size_t span(int64_t n0, int64_t n1, int64_t n2, int64_t d, const int64_t s[3]) {
+  if (!s[0] && !s[1] && !s[2]) return (size_t)(n0 * n1 * n2 * d);
+  return (size_t)fg_tensor_extent(n0, n1, n2, d, s);
+}
+
+static problem make_problem(fg_dtype t, int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq,
+                            int64_t Nk, int64_t d, const int64_t *strides /* 4 x 3 or NULL */) {
+  problem pr;
+  memset(&pr, 0, sizeof pr);
+  fg_attention_args *a = &pr.a;
+  a->size = sizeof *a;
+  a->dtype = t;
+  a->batch = B, a->heads_q = Hq, a->heads_kv = Hkv, a->seqlen_q = Nq, a->seqlen_k = Nk;
+  a->head_dim = d;
+  if (strides) {
+    memcpy(a->q_stride, strides, sizeof a->q_stride);
+    memcpy(a->k_stride, strides + 3, sizeof a->k_stride);
+    memcpy(a->v_stride, strides + 6, sizeof a->v_stride);
+    memcpy(a->o_stride, strides + 9, sizeof a->o_stride);
+  }
+  const int64_t n1[4] = {Hq, Hkv, Hkv, Hq}, n2[4] = {Nq, Nk, Nk, Nq};
+  int64_t *st[4] = {a->q_stride, a->k_stride, a->v_stride, a->o_stride};
+  unsigned seed = 12345;
+  for (int i = 0; i < 4; i++) {
+    pr.bytes[i] = 2 * span(B, n1[i], n2[i], d, st[i]);
+    pr.mem[i] = aligned_alloc(256, (pr.bytes[i] + 255) / 256 * 256);
+    cr_assert_not_null(pr.mem[i]);
+    uint16_t *x = pr.mem[i];
+    for (size_t j = 0; j < pr.bytes[i] / 2; j++) {
+      seed = seed * 1103515245u + 12345u;
+      /* values in [-2, 2): bf16 and f16 of small integers over 8 */
+      const float f = (float)((int)((seed >> 16) % 32) - 16) / 8.0f;
+      uint32_t u;
+      memcpy(&u, &f, 4);
+      x[j] = t == FG_DTYPE_BF16 ? (uint16_t)(u >> 16) : 0;
+      if (t == FG_DTYPE_F16) { /* exact: |f| <= 2 with 3 fraction bits */
+        const int e = f == 0 ? 0 : (int)((u >> 23) & 0xff) - 127 + 15;
+        x[j] = f == 0 ? 0 : (uint16_t)((u >> 16 & 0x8000u) | (unsigned)e << 10 | (u >> 13 & 0x3ffu));
+      }
+    }
+  }
+  a->q = pr.mem[0], a->k = pr.mem[1], a->v = pr.mem[2], a->o = pr.mem[3];
+  return pr;
+}
+
+static void free_problem(problem *pr) {
+  for (int i = 0; i < 4; i++) free(pr->mem[i]);
+}
+
+static fg_variant variant(const char *name) {
+  fg_variant v;
+  char err[256];
+  cr_assert_eq(fg_variant_parse(name, &v, err, sizeof err), 0, "%s", err);
+  return v;
+}
+
+/* Runs the TMA variant name on pr, then REF_NAME (through pointers) on the same inputs into a
+ * second O: the two outputs must be equal bit for bit (and not all zero). */
+static void expect_same_output_as_pointers(problem *pr, const char *name) {
+  memset(pr->mem[3], 0, pr->bytes[3]);
+  fg_variant v = variant(name);
+  fg_status st = fg_attention_forward_variant(ctx, &pr->a, NULL, &v);
+  cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
+  unsigned char *tma_out = malloc(pr->bytes[3]);
+  memcpy(tma_out, pr->mem[3], pr->bytes[3]);
+  memset(pr->mem[3], 0, pr->bytes[3]);
+  fg_variant r = variant(REF_NAME);
+  st = fg_attention_forward_variant(ctx, &pr->a, NULL, &r);
+  cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
+  size_t nonzero = 0;
+  for (size_t i = 0; i < pr->bytes[3]; i++) nonzero += tma_out[i] != 0;
+  cr_assert_gt(nonzero, pr->bytes[3] / 4, "the TMA kernel's O is mostly zero");
+  cr_assert_eq(memcmp(tma_out, pr->mem[3], pr->bytes[3]), 0,
+               "O read through the tensor maps differs from O read through the pointers");
+  free(tma_out);
+}
+
+static void expect_map(int i, int type, const void *base, const unsigned long long dims[4],
+                       const unsigned long long strides[3], unsigned rows) {
+  const fake_tmap *t = fake_tmap_get(i);
+  cr_assert_not_null(t, "encode %d was not recorded (%d)", i, fake_tmap_count());
+  cr_assert_eq(t->data_type, type, "map %d: data type %d, want %d", i, t->data_type, type);
+  cr_assert_eq(t->rank, 4u);
+  cr_assert_eq(t->address, (unsigned long long)(uintptr_t)base, "map %d: base address", i);
+  for (int j = 0; j < 4; j++)
+    cr_assert_eq(t->dims[j], dims[j], "map %d: dims[%d] = %llu, want %llu", i, j, t->dims[j],
+                 dims[j]);
+  for (int j = 0; j < 3; j++)
+    cr_assert_eq(t->strides[j], strides[j], "map %d: strides[%d] = %llu B, want %llu B", i, j,
+                 t->strides[j], strides[j]);
+  cr_assert(t->box[0] == 64 && t->box[1] == rows && t->box[2] == 1 && t->box[3] == 1,
+            "map %d: box {%u, %u, %u, %u}, want {64, %u, 1, 1}", i, t->box[0], t->box[1],
+            t->box[2], t->box[3], rows);
+  for (int j = 0; j < 4; j++) cr_assert_eq(t->element_strides[j], 1, "map %d", i);
+  cr_assert(t->interleave == 0 && t->swizzle == 3 && t->l2_promotion == 3 && t->oob_fill == 0,
+            "map %d: interleave %d swizzle %d l2 %d oob %d; want none, 128B, 256B, none", i,
+            t->interleave, t->swizzle, t->l2_promotion, t->oob_fill);
+}
+
+#define ULL(...) ((const unsigned long long[]){__VA_ARGS__})
+
+Test(launch, gqa_and_nq_ne_nk_maps_and_output, .init = fake_setup, .fini = fake_teardown) {
+  const int64_t B = 2, Hq = 4, Hkv = 2, Nq = 100, Nk = 130, d = 64;
+  problem pr = make_problem(FG_DTYPE_BF16, B, Hq, Hkv, Nq, Nk, d, NULL);
+  expect_same_output_as_pointers(&pr, TMA_NAME);
+  cr_assert_eq(fake_tmap_count(), 3, "three maps for one launch, got %d", fake_tmap_count());
+  expect_map(0, 9, pr.mem[0], ULL(64, 100, 4, 2), ULL(128, 100 * 128, 4 * 100 * 128), 128);
+  expect_map(1, 9, pr.mem[1], ULL(64, 130, 2, 2), ULL(128, 130 * 128, 2 * 130 * 128), 64);
+  expect_map(2, 9, pr.mem[2], ULL(64, 130, 2, 2), ULL(128, 130 * 128, 2 * 130 * 128), 64);
+  /* The launch: the plan's grid and block, the maps as encoded in tmap[0..2], tmap[3] zero, the
+   * forward's block after them. */
+  cr_assert_eq(fake_tma_launch_count(), 1);
+  const fake_tma_launch *l = fake_tma_launch_get(0);
+  cr_assert_str_eq(l->entry, "fg_fwd_d64_br128_bc64_bf16_noncausal_qtma_w8_s2_sm90a");
+  cr_assert(l->grid[0] == 1 && l->grid[1] == 8 && l->grid[2] == 1, "grid %u x %u x %u",
+            l->grid[0], l->grid[1], l->grid[2]);
+  cr_assert(l->block[0] == 384 && l->smem == 99000);
+  for (int i = 0; i < 3; i++) {
+    const fake_tmap *enc = fake_tmap_encoded(&l->params.tmap[i]);
+    cr_assert_not_null(enc, "tmap[%d] holds no map", i);
+    cr_assert_eq(memcmp(enc, fake_tmap_get(i), sizeof *enc), 0, "tmap[%d] is not encode %d", i, i);
+  }
+  static const fg_tmap zero;
+  cr_assert_eq(memcmp(&l->params.tmap[3], &zero, sizeof zero), 0, "the unused map is zero");
+  cr_assert(l->params.p.q == (uintptr_t)pr.mem[0] && l->params.p.batch == 2 &&
+            l->params.p.seqlen_k == 130 && l->params.p.hq_per_hkv == 2);
+  free_problem(&pr);
+}
+
+Test(launch, f16_causal_maps_take_float16_and_the_plans_rows, .init = fake_setup,
+     .fini = fake_teardown) {
+  problem pr = make_problem(FG_DTYPE_F16, 1, 2, 2, 70, 70, 128, NULL);
+  pr.a.causal = 1;
+  fg_variant v = variant(F16_NAME);
+  fg_status st = fg_attention_forward_variant(ctx, &pr.a, NULL, &v);
+  cr_assert_eq(st, FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_tmap_count(), 3);
+  expect_map(0, 6, pr.mem[0], ULL(128, 70, 2, 1), ULL(256, 70 * 256, 2 * 70 * 256), 64);
+  expect_map(1, 6, pr.mem[1], ULL(128, 70, 2, 1), ULL(256, 70 * 256, 2 * 70 * 256), 128);
+  expect_map(2, 6, pr.mem[2], ULL(128, 70, 2, 1), ULL(256, 70 * 256, 2 * 70 * 256), 128);
+  free_problem(&pr);
+}
+
+Test(launch, bnhd_strides_and_dims_of_size_one, .init = fake_setup, .fini = fake_teardown) {
+  /* (B, N, H, d) tensors; MQA (heads_kv = 1) and one query row: the strides of those dimensions
+   * of size 1 (here nonsense: 8 elements) are never stepped over and are replaced by the
+   * contiguous ones, as the Python binding does. */
+  const int64_t B = 2, Hq = 4, Hkv = 1, Nq = 1, Nk = 50, d = 64;
+  const int64_t s[12] = {Nq * Hq * d, d, 8,        /* q: row stride of a single row */
+                         Nk * Hkv * d, 8, Hkv * d, /* k: head stride of a single head */
+                         Nk * Hkv * d, 8, Hkv * d, /* v */
+                         Nq * Hq * d, d, Hq * d};
+  problem pr = make_problem(FG_DTYPE_BF16, B, Hq, Hkv, Nq, Nk, d, s);
+  expect_same_output_as_pointers(&pr, TMA_NAME);
+  /* q: rows 1 -> row stride d * 2 B; heads and batch as given (B, N, H, d). */
+  expect_map(0, 9, pr.mem[0], ULL(64, 1, 4, 2), ULL(128, 128, 4 * 128), 128);
+  /* k, v: heads 1 -> head stride Nk * d * 2 B; rows H_kv * d * 2 B; batch as given. */
+  expect_map(1, 9, pr.mem[1], ULL(64, 50, 1, 2), ULL(128, 50 * 128, 50 * 128), 64);
+  expect_map(2, 9, pr.mem[2], ULL(64, 50, 1, 2), ULL(128, 50 * 128, 50 * 128), 64);
+  free_problem(&pr);
+}
+
+Test(launch, each_batch_chunk_gets_its_own_maps, .init = fake_setup, .fini = fake_teardown) {
+  /* batch * heads_q past the grid's y limit (65535): chunks of 2 batches, then 1. */
+  const int64_t B = 3, H = 30000, N = 1, d = 64;
+  problem pr = make_problem(FG_DTYPE_BF16, B, H, H, N, N, d, NULL);
+  expect_same_output_as_pointers(&pr, TMA_NAME);
+  cr_assert_eq(fake_tma_launch_count(), 2);
+  const unsigned long long sb = (unsigned long long)(H * N * d * 2);
+  /* The last chunk's maps are encoded first (a refusal there would launch nothing), then each
+   * launch's. */
+  cr_assert_eq(fake_tmap_count(), 9);
+  for (int i = 0; i < 3; i++) {
+    const char *base = pr.mem[i];
+    const unsigned rows = i == 0 ? 128 : 64;
+    expect_map(i, 9, base + 2 * sb, ULL(64, 1, (unsigned long long)H, 1), ULL(128, 128, sb), rows);
+    expect_map(3 + i, 9, base, ULL(64, 1, (unsigned long long)H, 2), ULL(128, 128, sb), rows);
+    expect_map(6 + i, 9, base + 2 * sb, ULL(64, 1, (unsigned long long)H, 1), ULL(128, 128, sb),
+               rows);
+  }
+  const fake_tma_launch *l0 = fake_tma_launch_get(0), *l1 = fake_tma_launch_get(1);
+  cr_assert(l0->params.p.batch == 2 && l1->params.p.batch == 1);
+  cr_assert(l0->grid[1] == 2 * H && l1->grid[1] == H);
+  cr_assert_eq(fake_tmap_encoded(&l1->params.tmap[1])->address,
+               (unsigned long long)(uintptr_t)pr.mem[1] + 2 * sb);
+  free_problem(&pr);
+}
+
+/* ---- refusals: nothing is launched ---- */
+
+#define FAKE_ADDR(i) ((void *)((uintptr_t)(i) << 44)) /* 2^44 B apart: room for a 2^40 stride */
+
+static fg_attention_args fake_args(void) {
+  fg_attention_args a;
+  memset(&a, 0, sizeof a);
+  a.size = sizeof a;
+  a.dtype = FG_DTYPE_BF16;
+  a.batch = 2, a.heads_q = 4, a.heads_kv = 2, a.seqlen_q = 100, a.seqlen_k = 130;
+  a.head_dim = 64;
+  a.q = FAKE_ADDR(1), a.k = FAKE_ADDR(2), a.v = FAKE_ADDR(3), a.o = FAKE_ADDR(4);
+  return a;
+}
+
+static void expect_refused(fg_status st, const char *const *needles, size_t n) {
+  const char *e = fg_context_last_error(ctx);
+  cr_assert_eq(st, FG_ERROR_UNSUPPORTED, "%s: %s", fg_status_string(st), e);
+  for (size_t i = 0; i < n; i++)
+    cr_assert(strstr(e, needles[i]), "'%s' lacks '%s'", e, needles[i]);
+  cr_assert_eq(fake_tma_launch_count(), 0, "a refused call launches nothing");
+}
+#define EXPECT_REFUSED(st, ...)                                                  \
+  do {                                                                           \
+    const char *const n_[] = {__VA_ARGS__};                                      \
+    expect_refused((st), n_, sizeof n_ / sizeof n_[0]);                          \
+  } while (0)
+
+Test(refuse, a_stride_of_2_to_the_40_bytes, .init = fake_setup, .fini = fake_teardown) {
+  fg_attention_args a = fake_args();
+  const int64_t ks[3] = {(int64_t)1 << 39, 130 * 64, 64}; /* 2^40 B between K's batches */
+  memcpy(a.k_stride, ks, sizeof ks);
+  fg_variant v = variant(TMA_NAME);
+  EXPECT_REFUSED(fg_attention_forward_variant(ctx, &a, NULL, &v), TMA_NAME, "cannot read k",
+                 "batch stride", "2^40", "make k contiguous", "without TMA");
+}
+
+Test(refuse, a_row_stride_not_a_multiple_of_16_bytes, .init = fake_setup, .fini = fake_teardown) {
+  /* The public call refuses such strides before (multiples of 8 elements); the launch itself,
+   * which check and tune reach directly, refuses them too. */
+  fg_attention_args a = fake_args(), n;
+  char err[512];
+  cr_assert_eq(fg_validate_args(&a, FG_VALIDATE_CALL, &n, err, sizeof err), FG_OK, "%s", err);
+  fg_fwd_params p;
+  fg_params_from_args(&n, &p);
+  p.q_sn = 68; /* 136 B */
+  const fg_loaded_kernel *k = NULL;
+  fg_variant v = variant(TMA_NAME);
+  cr_assert_eq(fg_registry_get(ctx, &v, &k), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(k->dtype, FG_DTYPE_BF16);
+  EXPECT_REFUSED(fg_kernel_launch(ctx, k, &p, FG_ELEMS_FORWARD, NULL), "cannot read q",
+                 "row stride is 68 elements (136 bytes)", "not a multiple of 16 bytes",
+                 "make q contiguous");
+}
+
+Test(refuse, an_encode_the_driver_refuses, .init = fake_setup, .fini = fake_teardown) {
+  setenv("FAKE_CUDA_TMAP_FAIL", "1", 1);
+  fg_attention_args a = fake_args();
+  fg_variant v = variant(TMA_NAME);
+  EXPECT_REFUSED(fg_attention_forward_variant(ctx, &a, NULL, &v), "cuTensorMapEncodeTiled",
+                 "tensor map of q", "dims {64, 100, 4, 2}", "strides {128, 12800, 51200} B",
+                 "box {64, 128, 1, 1}", "make q contiguous");
+  unsetenv("FAKE_CUDA_TMAP_FAIL");
+}
+
+Test(refuse, a_driver_without_cuTensorMapEncodeTiled, .init = fake_setup_no_tmap,
+     .fini = fake_teardown) {
+  fg_attention_args a = fake_args();
+  fg_variant v = variant(TMA_NAME);
+  EXPECT_REFUSED(fg_attention_forward_variant(ctx, &a, NULL, &v), TMA_NAME,
+                 "no cuTensorMapEncodeTiled", "update the NVIDIA driver", "without TMA");
+  /* Kernels without maps still run there. */
+  problem pr = make_problem(FG_DTYPE_BF16, 1, 2, 2, 16, 16, 64, NULL);
+  fg_variant r = variant(REF_NAME);
+  cr_assert_eq(fg_attention_forward_variant(ctx, &pr.a, NULL, &r), FG_OK, "%s",
+               fg_context_last_error(ctx));
+  free_problem(&pr);
+}
+
+/* ---- exported tables from before tensor maps; explain ---- */
+
+Test(export, a_table_from_before_tensor_maps_reads_as_no_maps, .init = fake_setup,
+     .fini = fake_teardown) {
+  /* Its kernel struct ends before params: whatever follows in memory is not read. */
+  static fg_export_kernel k[2];
+  static fg_export_step st[1];
+  static const char *const name = "fwd_d64_br64_bc64_bf16_noncausal_qwgmma_w4_s2_sm90a";
+  k[0] = tma_export_kernel();
+  k[0].variant = name;
+  st[0] = (fg_export_step){"fg_fwd_d64_br64_bc64_bf16_noncausal_qwgmma_w4_s2_sm90a",
+                           FG_EXPORT_GRID_Q_TILES, 64, 128, 1000};
+  k[0].steps = st;
+  k[0].entry = st[0].entry;
+  k[0].params = 1, k[0].n_tmaps = 3; /* past kernel_size */
+  static fg_export e;
+  e = export_of(k, offsetof(fg_export_kernel, params));
+  e.size = (uint32_t)offsetof(fg_export, tmap_size);
+  e.tmap_size = 77; /* past size: not read either */
+  char err[1024] = "";
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_OK, "%s", err);
+  const fg_loaded_kernel *lk = NULL;
+  fg_variant v = variant(name);
+  cr_assert_eq(fg_registry_get(ctx, &v, &lk), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(lk->meta.params, FG_PARAMS_DEFAULT);
+  cr_assert_eq(lk->meta.n_tmaps, 0);
+  /* And the maps of the table registered at setup arrived. */
+  fg_variant t = variant(TMA_NAME);
+  cr_assert_eq(fg_registry_get(ctx, &t, &lk), FG_OK, "%s", fg_context_last_error(ctx));
+  expect_tma_plan(&lk->meta, 128, 64);
+}
+
+Test(explain, names_the_tensor_maps, .init = fake_setup, .fini = fake_teardown) {
+  fg_attention_args a = fake_args();
+  char buf[8192];
+  cr_assert_eq(fg_explain(ctx, &a, buf, sizeof buf), FG_OK, "%s", buf);
+  cr_assert(strstr(buf, TMA_NAME), "the exported choice: %s", buf);
+  cr_assert(strstr(buf, "\nTMA: q 128 rows, k 64, v 64\n"), "%s", buf);
+}
