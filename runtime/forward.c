@@ -62,6 +62,12 @@ static fg_status fg_tmap_encode(fg_context *ctx, const fg_loaded_kernel *k, cons
                      k->name, (int)t->tensor);
   }
   const char *name = fg_tmap_tensor_name(t->tensor);
+  /* A tensor without rows (seqlen_k = 0: no key for any query) is never read, since the kernel
+   * sees no K/V block; its map stays zero (a tensor map cannot describe an empty dimension). */
+  if (rows == 0) {
+    memset(out, 0, sizeof *out);
+    return FG_OK;
+  }
   /* {head_dim, rows, heads, batch}, innermost first, as the TMA counts them. */
   const unsigned long long dims[4] = {(unsigned long long)c->head_dim, (unsigned long long)rows,
                                       (unsigned long long)heads, (unsigned long long)c->batch};

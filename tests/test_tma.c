@@ -682,6 +682,23 @@ Test(launch, gqa_and_nq_ne_nk_maps_and_output, .init = fake_setup, .fini = fake_
   free_problem(&pr);
 }
 
+/* seqlen_k = 0 (no key for any query): K and V have no rows, which a tensor map cannot describe;
+ * their maps stay zero (the kernel reads no K/V block) and the call succeeds. */
+Test(launch, no_keys_leaves_the_kv_maps_zero, .init = fake_setup, .fini = fake_teardown) {
+  problem pr = make_problem(FG_DTYPE_BF16, 1, 2, 2, 70, 0, 64, NULL);
+  fg_variant v = variant(TMA_NAME);
+  fg_status st = fg_attention_forward_variant(ctx, &pr.a, NULL, &v);
+  cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
+  cr_assert_eq(fake_tmap_count(), 1, "only Q's map is encoded, got %d", fake_tmap_count());
+  expect_map(0, 9, pr.mem[0], ULL(64, 70, 2, 1), ULL(128, 70 * 128, 2 * 70 * 128), 128);
+  cr_assert_eq(fake_tma_launch_count(), 1);
+  const fake_tma_launch *l = fake_tma_launch_get(0);
+  static const fg_tmap zero;
+  for (int i = 1; i < 4; i++)
+    cr_assert_eq(memcmp(&l->params.tmap[i], &zero, sizeof zero), 0, "tmap[%d] is not zero", i);
+  free_problem(&pr);
+}
+
 Test(launch, f16_causal_maps_take_float16_and_the_plans_rows, .init = fake_setup,
      .fini = fake_teardown) {
   problem pr = make_problem(FG_DTYPE_F16, 1, 2, 2, 70, 70, 128, NULL);

@@ -395,10 +395,14 @@ API CUresult cuLaunchKernel(void *fnp, unsigned gx, unsigned gy, unsigned gz, un
     p = &tp->p;
     mq = fake_tmap_encoded(&tp->tmap[0]), mk = fake_tmap_encoded(&tp->tmap[1]);
     mv = fake_tmap_encoded(&tp->tmap[2]);
-    /* The kernel's grid is the block's; its maps must cover its batches (and no more). */
-    if (!mq || !mk || !mv || mq->rank != 4 || mk->rank != 4 || mv->rank != 4 ||
-        mq->dims[3] != (unsigned long long)p->batch || mk->dims[3] != (unsigned long long)p->batch ||
-        mv->dims[3] != (unsigned long long)p->batch)
+    /* The kernel's grid is the block's; its maps must cover its batches (and no more). Without
+     * keys (seqlen_k = 0) the kernel reads no K/V block: their maps may be empty. */
+    const int kv_read = p->seqlen_k > 0;
+    if (!mq || mq->rank != 4 || mq->dims[3] != (unsigned long long)p->batch)
+      return 1;
+    if (kv_read && (!mk || !mv || mk->rank != 4 || mv->rank != 4 ||
+                    mk->dims[3] != (unsigned long long)p->batch ||
+                    mv->dims[3] != (unsigned long long)p->batch))
       return 1;
   }
   const double t0 = now_ms();
