@@ -76,6 +76,23 @@ static void force(fg_check_case *c, fg_variant v) {
   c->v = v;
 }
 
+/* The sequence-length pairs and the layouts every Hopper path runs (add_wgmma_cases,
+ * add_tma_cases): partial Q and K/V blocks, one key, rows without keys; GQA and MQA, (B, N, H, d)
+ * strides, padded rows, mixed layouts, no LSE, more than 2^16 (batch, head) pairs. */
+static const int64_t pairs[][2] = {{1, 1},     {17, 129},  {129, 17},   {127, 1000}, {1000, 127},
+                                   {1000, 1000}, {4097, 4097}, {300, 100}, {300, 0}};
+static const struct {
+  const char *name;
+  int d, layout, lse, causal;
+  int64_t B, Hq, Hkv, Nq, Nk;
+} ps[] = {{"gqa8", 128, FG_CHECK_BHND, 1, 1, 2, 16, 2, 300, 345},
+          {"mqa", 64, FG_CHECK_BHND, 1, 0, 2, 8, 1, 300, 300},
+          {"bnhd", 128, FG_CHECK_BNHD, 1, 1, 2, 4, 4, 333, 333},
+          {"padded_rows", 64, FG_CHECK_PADDED, 1, 0, 2, 4, 4, 257, 300},
+          {"mixed_layouts", 128, FG_CHECK_MIXED, 1, 0, 2, 4, 2, 257, 300},
+          {"nolse", 128, FG_CHECK_BHND, 0, 1, 2, 2, 2, 300, 300},
+          {"b8300_h16_n1", 128, FG_CHECK_BHND, 1, 0, 8300, 16, 16, 1, 1}};
+
 /* The wgmma path (sm_90a only), both schedules (in order, overlapped): every tile shape on the
  * head dims it takes, both dtypes, causal or not; then sequence-length pairs (partial Q and K/V
  * blocks, one key, rows without keys), GQA and MQA, layouts, no LSE, and more than 2^16 (batch,
@@ -99,8 +116,6 @@ static void add_wgmma_cases(fg_check_list *l, fg_arch arch) {
                   causal ? 224 : 200, quick, "wgmma/%s", vn),
               v);
       }
-  static const int64_t pairs[][2] = {{1, 1},     {17, 129},  {129, 17},   {127, 1000}, {1000, 127},
-                                     {1000, 1000}, {4097, 4097}, {300, 100}, {300, 0}};
   for (int dd = 0; dd < 2; dd++)
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
       for (int causal = 0; causal <= 1; causal++) {
@@ -115,17 +130,6 @@ static void add_wgmma_cases(fg_check_list *l, fg_arch arch) {
                   cw(causal), ov ? "ov" : "inorder"),
               wgmma(d, dt, causal, arch, ov, 4, 64, 2));
       }
-  static const struct {
-    const char *name;
-    int d, layout, lse, causal;
-    int64_t B, Hq, Hkv, Nq, Nk;
-  } ps[] = {{"gqa8", 128, FG_CHECK_BHND, 1, 1, 2, 16, 2, 300, 345},
-            {"mqa", 64, FG_CHECK_BHND, 1, 0, 2, 8, 1, 300, 300},
-            {"bnhd", 128, FG_CHECK_BNHD, 1, 1, 2, 4, 4, 333, 333},
-            {"padded_rows", 64, FG_CHECK_PADDED, 1, 0, 2, 4, 4, 257, 300},
-            {"mixed_layouts", 128, FG_CHECK_MIXED, 1, 0, 2, 4, 2, 257, 300},
-            {"nolse", 128, FG_CHECK_BHND, 0, 1, 2, 2, 2, 300, 300},
-            {"b8300_h16_n1", 128, FG_CHECK_BHND, 1, 0, 8300, 16, 16, 1, 1}};
   for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
     const int ov = i % 2 == 0;
     fg_check_case *c = add(l, FG_CHECK_RUN, FG_DTYPE_BF16, ps[i].causal, ps[i].d, ps[i].B,
@@ -134,6 +138,61 @@ static void add_wgmma_cases(fg_check_list *l, fg_arch arch) {
     c->layout = ps[i].layout;
     c->lse = ps[i].lse;
     force(c, wgmma(ps[i].d, FG_DTYPE_BF16, ps[i].causal, arch, ov, 4, 64, 2));
+  }
+}
+
+/* A TMA variant (fwd_tma.cu, loop q_tma): warps / 4 consumer warpgroups of 64 rows. */
+static fg_variant tma(int d, fg_dtype dt, int causal, fg_arch arch, int warps, int bc, int stages) {
+  fg_variant v = {FG_PASS_FWD, d, 16 * warps, bc, dt, causal, FG_LOOP_Q_TMA, warps, stages, arch};
+  return v;
+}
+
+/* The TMA path (sm_90a only): one, two and three consumer warpgroups, the key-block sizes the
+ * built-in rule and the tuner take (spill-free ones: causal kernels hold a smaller Bc), 2 and 3
+ * stages, both dtypes; then the sequence-length pairs (rows past the end arrive as zeros from the
+ * TMA), GQA and MQA, layouts whose strides the tensor maps carry, no LSE, and more than 2^16
+ * (batch, head) pairs (maps encoded per batch chunk). */
+static void add_tma_cases(fg_check_list *l, fg_arch arch) {
+  if (arch != FG_ARCH_SM90A) return;
+  static const struct { int d, warps, bc, bc_causal, stages; } shapes[] = {
+      {64, 12, 128, 64, 2}, {64, 8, 128, 128, 2}, {64, 4, 64, 64, 2},   {128, 8, 128, 112, 2},
+      {128, 8, 64, 64, 3},  {128, 12, 64, 64, 2}, {128, 4, 64, 64, 2},  {192, 8, 96, 64, 2},
+      {256, 8, 80, 64, 2},  {256, 8, 32, 32, 2}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    for (int dt = 0; dt < 2; dt++)
+      for (int causal = 0; causal <= 1; causal++) {
+        const fg_variant v = tma(shapes[i].d, alt(dt), causal, arch, shapes[i].warps,
+                                 causal ? shapes[i].bc_causal : shapes[i].bc, shapes[i].stages);
+        char vn[FG_VARIANT_NAME_MAX];
+        fg_variant_name(&v, vn, sizeof vn);
+        const int quick = shapes[i].d == 128 && shapes[i].warps == 8 && shapes[i].stages == 2;
+        force(add(l, FG_CHECK_RUN, alt(dt), causal, shapes[i].d, 2, 2, 1, causal ? 160 : 300,
+                  causal ? 224 : 300, quick, "tma/%s", vn),
+              v);
+      }
+  for (int dd = 0; dd < 2; dd++)
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
+      for (int causal = 0; causal <= 1; causal++) {
+        if (pairs[i][1] == 0 && causal) continue;
+        const int d = dd ? 64 : 128, warps = dd ? 12 : 8;
+        const int bc = dd ? (causal ? 64 : 128) : (causal ? 112 : 128);
+        const fg_dtype dt = alt((int64_t)i + causal);
+        const int64_t nq = pairs[i][0], nk = pairs[i][1];
+        force(add(l, FG_CHECK_RUN, dt, causal, d, nq * nk >= 1000 * 1000 ? 1 : 2, 2, dd ? 2 : 1,
+                  nq, nk, i == 1 || i == 2 || i == 7,
+                  "tma_seqlen/d%d_nq%" PRId64 "_nk%" PRId64 "_%s_%s", d, nq, nk, dtn(dt),
+                  cw(causal)),
+              tma(d, dt, causal, arch, warps, bc, 2));
+      }
+  for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+    fg_check_case *c = add(l, FG_CHECK_RUN, FG_DTYPE_BF16, ps[i].causal, ps[i].d, ps[i].B,
+                           ps[i].Hq, ps[i].Hkv, ps[i].Nq, ps[i].Nk, 1, "tma/%s_%s", ps[i].name,
+                           cw(ps[i].causal));
+    c->layout = ps[i].layout;
+    c->lse = ps[i].lse;
+    const int d64 = ps[i].d == 64;
+    force(c, tma(ps[i].d, FG_DTYPE_BF16, ps[i].causal, arch, d64 ? 12 : 8,
+                 d64 ? (ps[i].causal ? 64 : 128) : (ps[i].causal ? 112 : 128), 2));
   }
 }
 
@@ -152,6 +211,7 @@ void fg_check_build_cases(fg_check_list *l, const fg_variant *defs, int ndefs, i
   }
 
   if (ndefs > 0) add_wgmma_cases(l, defs[0].arch);
+  if (ndefs > 0) add_tma_cases(l, defs[0].arch);
 
   /* 2. Sequence lengths: every (Nq, Nk) pair, causal on and off, through the dispatcher; the
    * KV-outer loop order on every pair once (causal alternating). */
