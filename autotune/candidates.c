@@ -53,7 +53,7 @@ static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg
   /* q_outer: 2 or 3 stages; q_wgmma and q_wgmma_ov: 2 (3 is pruned by their rule); kv_outer: 1
    * (Algorithm 1). The wgmma loops are pruned on every arch but sm_90a by their rule (fwd.lua),
    * so there they count among "rules". */
-  /* q_tma (fwd_tma.cu) is not a candidate until it has run `flashgen check` on a GPU. */
+  /* q_tma has its own, smaller grid (below). */
   static const fg_loop_order loops[] = {FG_LOOP_Q_OUTER, FG_LOOP_KV_OUTER, FG_LOOP_Q_WGMMA,
                                         FG_LOOP_Q_WGMMA_OV};
   for (size_t li = 0; li < sizeof loops / sizeof loops[0]; li++)
@@ -74,6 +74,21 @@ static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg
               count_pruned(pc, why);
             }
           }
+  /* q_tma (fwd_tma.cu; its rule prunes it on every arch but sm_90a): two or three consumer
+   * warpgroups (Br 128 / 192), key blocks of 64 or 128, 2 stages; a candidate that spills is
+   * dropped after compiling (the forward's spill limit is 0). */
+  static const int tma_shapes[][2] = {{8, 64}, {8, 128}, {12, 64}, {12, 128}};
+  for (size_t i = 0; i < sizeof tma_shapes / sizeof tma_shapes[0]; i++) {
+    const int w = tma_shapes[i][0];
+    fg_variant v = {FG_PASS_FWD, d, 16 * w, tma_shapes[i][1], dtype, causal, FG_LOOP_Q_TMA, w, 2,
+                    arch};
+    if (memcmp(&v, seed, sizeof v) == 0) continue;
+    if (fg_variant_fits(g, &v, lim, why, sizeof why) == 1) {
+      if (n < cap) out[n++] = v;
+    } else {
+      count_pruned(pc, why);
+    }
+  }
   return n;
 }
 

@@ -1214,6 +1214,9 @@ Test(tune_fake_gpu, tunes_records_and_skips_what_is_recorded, .init = make_cache
         } else if (b == 1 && strcmp(k->variant, first_wrong) == 0) {
           cr_assert_str_eq(k->reason, first_reason, "%s checked again", k->variant);
         }
+      } else if (strstr(k->variant, "qtma") && strstr(k->reason, "spills registers")) {
+        /* a TMA candidate past its registers (causal at Bc 128): dropped after compiling */
+        cr_assert(!k->ok, "%s: %s", k->variant, k->reason);
       } else {
         cr_assert(k->ok && k->ms > 0 && k->tflops > 0, "%s: %s", k->variant, k->reason);
         if (strstr(k->variant, "_w8_")) slower += strstr(k->reason, "slower") != NULL, w8++;
