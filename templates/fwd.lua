@@ -94,16 +94,19 @@ local function wgmma_loop(v) return v.loop == "q_wgmma" or v.loop == "q_wgmma_ov
 -- warps / 4 consumer warpgroups of 64 query rows (Br = 16 * warps). With two or three consumers
 -- the producer gives its registers up (setmaxnreg 24) and the consumers take what the block's
 -- 64K registers leave them: 240 each of two (launch share 168), 160 each of three (launch share
--- 128); one consumer runs at the launch share (up to 255). A consumer holds O (d/2), S (bc/2), P
--- in fp32 (bc/2, in registers ptxas largely shares with S), P packed (bc/4) and about 32 more:
--- the estimate below counts S and P in fp32 once. Fitted to ptxas (NVRTC 13.0, two consumers):
--- no spills at d = 128 with Bc up to 176 non-causal and 112 causal (128 causal: 64 B), d = 256 Bc
--- 80 non-causal and 64 causal (80 causal: 220 B), d = 64 Bc 192 non-causal (causal: 632 B); the
--- tuner drops a spilling kernel after compiling it (the forward's spill limit is 0), and
--- tests/test_compile.c keeps the built-in ones spill-free. Shared memory: Q, 2 * stages K/V blocks,
--- 1 KB for the alignment, 256 B of mbarriers.
+-- 128); one consumer runs at the launch share (up to 255). A consumer holds O (d/2), S (bc/2, the
+-- softmax's exp written apart from it in registers ptxas shares with S), P packed (bc/4), about 32
+-- more, and when causal the masked copy of S (bc/2). Fitted to ptxas (NVRTC 13.0): no spills at
+-- d = 128 up to Bc 192 non-causal and 112 causal (128 causal: 32-64 B), d = 256 Bc 80 non-causal
+-- and 64 causal (80 causal: 220 B), d = 64 Bc 192 non-causal with two consumers; with three, Bc 128
+-- non-causal and 64 causal at d = 64 (96 causal: 128 B), 64 non-causal at d = 128 (causal: 32 B).
+-- The tuner drops a spilling kernel after compiling it (the forward's spill limit is 0), and
+-- tests/test_compile.c compiles every candidate. Shared memory: Q, 2 * stages K/V blocks, 1 KB for
+-- the alignment, 256 B of mbarriers.
 local TMA_CONSUMER_REGS = { 255, 240, 160 }
-local function tma_consumer_regs(v) return v.d // 2 + v.bc // 2 + v.bc // 4 + 32 end
+local function tma_consumer_regs(v)
+  return v.d // 2 + v.bc // 2 + v.bc // 4 + 32 + (v.causal and v.bc // 2 or 0)
+end
 local function tma_resources(v)
   local consumers = v.warps // 4
   local regs = tma_consumer_regs(v)
