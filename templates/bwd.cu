@@ -7,7 +7,9 @@
 //                     the forward's log-sum-exp; dV += P^T dO and dK += dS^T Q accumulate in
 //                     registers, dQ += dS K goes to the fp32 accumulator with atomic adds;
 //   {{ entry }}_post  dQ = scale * accumulator, converted to the element type.
-// Workspace (fp32): the dQ accumulator [B*Hq, Nq, D], then D [B*Hq, Nq]. Do not edit.
+// Past bwd.lua's SPLIT_ROWS query rows per KV head, the grid's z splits each key block's query
+// blocks; each split adds its dK, dV sums into the fp32 dkv_accum, which _post converts.
+// Workspace (fp32): the dQ accumulator [B*Hq, Nq, D], (dkv_accum), D [B*Hq, Nq]. Do not edit.
 {% include("common.cuh") %}
 
 namespace {
@@ -44,7 +46,7 @@ constexpr unsigned P_OFF = Q_OFF + STAGES * STAGE_BYTES, DS_OFF = P_OFF + BC * P
 }  // namespace
 {% include("bwd_aux.cuh") %}
 
-// The main kernel. Grid (ceil(Nk / BC), B * Hkv).
+// The main kernel. Grid (ceil(Nk / BC), B * Hkv, splits of the query blocks: bwd_span_of).
 extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __grid_constant__ fg_bwd_params p) {
   extern __shared__ __align__(128) u16 smem[];
   const u32 sbase = smem_addr(smem);
@@ -247,9 +249,27 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     if constexpr (STAGES == 1) __syncthreads();  // before the next block overwrites Q and dO
   }
 
-  // dK = scale * sum dS^T Q and dV, in the element type, straight from the accumulators.
+  // dK = scale * sum dS^T Q and dV, in the element type, straight from the accumulators; or (long
+  // query ranges, split) this split's sums added into dkv_accum, which _post converts.
   const float sc = (float)p.scale;
   const i64 k0e = k0_of(p);  // k0, read anew (see key_block)
+  if (p.dkv) {
+    float *blk = dkv_block(p, blockIdx.y, k0e / BC);
+    const int kvl = (int)(Nk - k0e < BC ? Nk - k0e : BC);
+    dkv_wait(p, blk, tid);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nd = 0; nd < ND; ++nd) {
+        const int r0 = (wm * MT + mt) * 16, c = wn * ND * 8 + nd * 8 + 2 * t;
+        if (DP == D || wn * ND * 8 + nd * 8 < D) {  // the tile's columns, uniform over the warp
+          dkv_add(p, blk + r0 * D, g, t, c, kvl - r0, dk[mt][nd][0], dk[mt][nd][1], dk[mt][nd][2], dk[mt][nd][3]);
+          dkv_add(p, blk + BC * D + r0 * D, g, t, c, kvl - r0, dv[mt][nd][0], dv[mt][nd][1], dv[mt][nd][2], dv[mt][nd][3]);
+        }
+      }
+    dq_sem_release(p, dkv_sem(blk), tid);  // the next split's turn (deterministic mode)
+    return;
+  }
   u16 *gdK = (u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh + k0e * p.dk_sn;
   u16 *gdV = (u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + k0e * p.dv_sn;
   const int kv_left = (int)(Nk - k0e < BC ? Nk - k0e : BC);
