@@ -53,9 +53,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const u32 bhk = blockIdx.y, b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
   const i64 k0 = k0_of(p), Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
+  // The query blocks of this block (its key block's span, its split of it: bwd_span_of).
+  // Double-buffered, the kernel holds them (sp0); single-buffered (sm_80 above d = 64, every arch
+  // above d = 128) it reads them anew (volatile, bwd_span_now) where it needs them: holding the
+  // split's first block and count spilled past the limit at d = 224..248 (sm_80), reading them
+  // anew did double-buffered (sm_90a, d = 40..120).
+  const bwd_span sp0 = bwd_span_of(p, k0);
+  auto span = [&]() { return STAGES == 2 ? sp0 : bwd_span_now(p); };
   const int G = (int)p.hq_per_hkv;
-  const bwd_span sp = bwd_span_of(p, k0);
-  const int i0 = sp.i0, per_head = sp.per_head, n_items = sp.n_items;
+
 
   zero_pad_columns<2 * BC, D, DP, ROW, THREADS>(smem, tid);
 #pragma unroll
@@ -71,7 +77,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   // Query block `item` (head hk * G + item / per_head) into stage `st`: Q and dO with cp.async,
   // LSE * log2(e) and D with plain loads (load_lse_d).
   auto load_q = [&](int item, int st) {
-    const i64 h = (i64)hk * G + item / per_head, q0 = (i64)(i0 + item % per_head) * BR;
+    const bwd_span sp = span();
+    const i64 h = (i64)hk * G + item / sp.per_head, q0 = (i64)(sp.i0 + item % sp.per_head) * BR;
     const u32 s_q = sbase + Q_OFF + st * STAGE_BYTES;
     if (tid < LOAD_THREADS) {
       load_tile<BR, CHUNKS, ROW, LOAD_THREADS>(s_q, (const u16 *)p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_sn, p.q_sn, Nq - q0, tid);
@@ -79,7 +86,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     }
     load_lse_d((float *)((char *)smem + Q_OFF + st * STAGE_BYTES + L_IN), p, b, h, q0, tid);
   };
-  if (STAGES == 2 && n_items > 0) load_q(0, 0);
+  if (STAGES == 2 && span().n_items > 0) load_q(0, 0);
   cp_async_commit();
 
   const int wm = warp % WM, wn = warp / WM, wq = warp % WQ, wd = warp / WQ;
@@ -95,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[mt][nd][e] = dv[mt][nd][e] = 0.f;
 
-  for (int it = 0; it < n_items; ++it) {
+  for (int it = 0; it < span().n_items; ++it) {
     const int st = STAGES == 2 ? (it & 1) : 0;
     if constexpr (STAGES == 1) {
       load_q(it, 0);
@@ -104,11 +111,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     cp_async_wait<0>();
     __syncthreads();  // this block's Q, dO, LSE, D have landed; every warp is done with the last
     if constexpr (STAGES == 2) {
-      if (it + 1 < n_items) load_q(it + 1, st ^ 1);
+      if (it + 1 < span().n_items) load_q(it + 1, st ^ 1);
       cp_async_commit();
     }
-    const int h = (int)hk * G + it / per_head;
-    const i64 q0 = (i64)(i0 + it % per_head) * BR;
+    const bwd_span sp = span();
+    const int h = (int)hk * G + it / sp.per_head;
+    const i64 q0 = (i64)(sp.i0 + it % sp.per_head) * BR;
     const u32 s_q = sbase + Q_OFF + st * STAGE_BYTES, s_do = s_q + DO_IN;
     const float *sl = (const float *)((const char *)smem + Q_OFF + st * STAGE_BYTES + L_IN);
 
@@ -254,19 +262,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const float sc = (float)p.scale;
   const i64 k0e = k0_of(p);  // k0, read anew (see key_block)
   if (p.dkv) {
-    float *blk = dkv_block(p, blockIdx.y, k0e / BC);
+    // dK, then dV, through shared memory (K and V's tiles, free now: at least BC x D floats) into
+    // dkv_accum, rows at a time, coalesced: the accumulators die as they are staged (adding them
+    // from registers, fragment by fragment, spilled past the limit at d = 200..248).
+    float *blk = dkv_block(p, blockIdx.y, k0e / BC), *sacc = (float *)smem;
     const int kvl = (int)(Nk - k0e < BC ? Nk - k0e : BC);
-    dkv_wait(p, blk, tid);
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int half = 0; half < 2; ++half) {
+      __syncthreads();  // every warp is done with shared memory (the loop's tiles, or dK's rows)
 #pragma unroll
-      for (int nd = 0; nd < ND; ++nd) {
-        const int r0 = (wm * MT + mt) * 16, c = wn * ND * 8 + nd * 8 + 2 * t;
-        if (DP == D || wn * ND * 8 + nd * 8 < D) {  // the tile's columns, uniform over the warp
-          dkv_add(p, blk + r0 * D, g, t, c, kvl - r0, dk[mt][nd][0], dk[mt][nd][1], dk[mt][nd][2], dk[mt][nd][3]);
-          dkv_add(p, blk + BC * D + r0 * D, g, t, c, kvl - r0, dv[mt][nd][0], dv[mt][nd][1], dv[mt][nd][2], dv[mt][nd][3]);
-        }
-      }
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nd = 0; nd < ND; ++nd)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = (wm * MT + mt) * 16 + g + hh * 8, c = wn * ND * 8 + nd * 8 + 2 * t;
+            const float *x = half ? dv[mt][nd] : dk[mt][nd];
+            if (DP == D || c < D) *(float2 *)(sacc + r * D + c) = make_float2(x[2 * hh], x[2 * hh + 1]);
+          }
+      if (half == 0) dkv_wait(p, blk, tid);  // deterministic: after dK is staged (its registers free)
+      __syncthreads();
+      dkv_add_rows(p, blk + half * BC * D, sacc, kvl, tid);
+    }
     dq_sem_release(p, dkv_sem(blk), tid);  // the next split's turn (deterministic mode)
     return;
   }

@@ -92,7 +92,8 @@ FG_DEV u32 ld_acquire(const u32 *a) {
 struct bwd_span {
   int i0, per_head, n_items;
 };
-FG_DEV bwd_span bwd_span_of(const fg_bwd_params &p, i64 k0) {
+FG_DEV bwd_span bwd_span_of(const fg_bwd_params &p, i64 k0, u32 z = blockIdx.z,
+                            u32 splits = gridDim.z) {
   const i64 Nq = p.seqlen_q, diag = p.seqlen_k - Nq;
   const int nqb = (int)((Nq + BR - 1) / BR);
   int i0 = 0;
@@ -101,7 +102,7 @@ FG_DEV bwd_span bwd_span_of(const fg_bwd_params &p, i64 k0) {
     i0 = first_q <= 0 ? 0 : (first_q / BR < nqb ? (int)(first_q / BR) : nqb);
   }
   // 32-bit operands, 64-bit products (this form kept ptxas's registers at d = 128 as before).
-  const u32 P = (u32)(nqb - i0), z = blockIdx.z, splits = gridDim.z;
+  const u32 P = (u32)(nqb - i0);
   const int a = (int)((u64)z * P / splits), e = (int)((u64)(z + 1) * P / splits);
   return {i0 + a, e - a, (int)p.hq_per_hkv * (e - a)};
 }
@@ -131,6 +132,14 @@ FG_DEV int key_block(const fg_bwd_params &p) {
   return (int)ctaid_x();
 }
 FG_DEV i64 k0_of(const fg_bwd_params &p) { return (i64)key_block(p) * BC; }
+// This block's span (bwd_span_of) with its key block and split read anew (volatile) at every
+// call: a kernel that calls it where it needs the span keeps none of it live across the
+// query-block loop (bwd.cu, single-buffered).
+FG_DEV u32 ctaid_z() { u32 r; asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(r)); return r; }
+FG_DEV u32 nctaid_z() { u32 r; asm volatile("mov.u32 %0, %%nctaid.z;" : "=r"(r)); return r; }
+FG_DEV bwd_span bwd_span_now(const fg_bwd_params &p) {
+  return bwd_span_of(p, k0_of(p), ctaid_z(), nctaid_z());
+}
 // Deterministic mode: the key blocks add their parts of each dQ tile (the rows q0 ... of head
 // (b, h)) in a fixed order, each after the ones before it: rank is how many come before key
 // block kb = key_block(p). Without a mask every key block sees every tile: ascending, rank kb. Causal (bottom-
@@ -188,6 +197,35 @@ FG_DEV void dkv_wait(const fg_bwd_params &p, float *blk, int tid) {
       }
     }
     __syncthreads();
+  }
+}
+// Adds rows [0, rows) of a split's dK or dV, staged in shared memory (sacc: BC x D fp32,
+// row-major), to dkv_accum's block at dst: 16 bytes per thread and step, coalesced; vector
+// reductions (sm_90; four scalar ones before), or in deterministic mode (behind dkv_wait) a
+// plain load, add and store, L2-coherent (.cg), so the bits are those of the z order every run.
+// Called by every thread of the block.
+FG_DEV void dkv_add_rows(const fg_bwd_params &p, float *dst, const float *sacc, int rows, int tid) {
+  const int n4 = rows * (D / 4);
+  for (int i = tid; i < n4; i += THREADS) {
+    const float4 x = ((const float4 *)sacc)[i];
+    float *a = dst + 4 * i;
+    if (p.deterministic) {
+      float y0, y1, y2, y3;
+      asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=f"(y0), "=f"(y1), "=f"(y2), "=f"(y3) : "l"(a) : "memory");
+      asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(a), "f"(y0 + x.x),
+                   "f"(y1 + x.y), "f"(y2 + x.z), "f"(y3 + x.w) : "memory");
+    } else {
+{% if arch == "sm_90" or arch == "sm_90a" then %}
+      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(a), "f"(x.x), "f"(x.y),
+                   "f"(x.z), "f"(x.w) : "memory");
+{% else %}
+      red_add_f32(a, x.x);
+      red_add_f32(a + 1, x.y);
+      red_add_f32(a + 2, x.z);
+      red_add_f32(a + 3, x.w);
+{% end %}
+    }
   }
 }
 // Adds the m16n8 fragment of a split's dK or dV (rows g, g + 8 of row0 on, columns c, c + 1;
