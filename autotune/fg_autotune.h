@@ -200,19 +200,22 @@ typedef struct fg_bwd_host_problem {
 int fg_reference_backward(const fg_bwd_host_problem *p, int exact, double *dq, double *dk,
                           double *dv, double *lse, int threads);
 /* fg_reference_backward of a long problem (batch = heads_q = heads_kv = 1) of n query rows
- * whose Q and dO repeat with a period of P = p->seqlen_q rows, dO with alternating signs: row i
- * holds row i % P of p->q and (-1)^(i / P) times row i % P of p->d_o. At the cost of a period:
- * `flashgen check`'s case past 2^31 elements. (The signs keep dK and dV the size of one period's
- * sums, as sums of independent rows would be, rather than growing with n: a kernel's fp32 sums
- * of 2^24 coherent rows carry an error ~n/32 ulps that no same-precision bound covers.) Without
- * a mask a row's dQ depends on its own Q and dO rows only, and dK, dV sum the rows'
- * contributions: dq gets P rows (dQ of row i is (-1)^(i / P) times row i % P), dk and dv the
- * whole sums (count % 2 periods' plus (-1)^count times the remaining rows'; with exact = 0 each
- * part is rounded to dtype before the sum). Causal (bottom-right aligned): only the last
- * r = min(n, seqlen_k) rows see a key; dq gets those r rows, signs included (row n - r + t is
- * row t), every other row's dQ is 0. Returns 0, or -1 (not batch = heads = 1, out of memory). */
-int fg_reference_backward_periodic(const fg_bwd_host_problem *p, int64_t n, int exact,
-                                   double *dq, double *dk, double *dv, int threads);
+ * whose Q and dO repeat with a period of P = p->seqlen_q rows, dO signed per period: row i holds
+ * row i % P of p->q and signs[i / P] (+1 or -1; ceil(n / P) of them) times row i % P of p->d_o.
+ * At the cost of a period: `flashgen check`'s case past 2^31 elements. (Random signs make dK and
+ * dV grow like a random walk over the periods, as sums of independent rows do, rather than with
+ * n, as coherent copies would: a kernel's fp32 sums of 2^24 coherent rows carry an error ~n/32
+ * ulps that no same-precision bound covers.) Without a mask a row's dQ depends on its own Q and
+ * dO rows only, and dK, dV sum the rows' contributions: dq gets P rows (dQ of row i is
+ * signs[i / P] times row i % P), dk and dv the whole sums: (the sum of the whole periods' signs)
+ * times one period's plus the last partial period's sign times the remaining rows' (with exact =
+ * 0 each part is rounded to dtype before it is scaled and summed: the naive model the same
+ * way). Causal (bottom-right aligned): only the last r = min(n, seqlen_k) rows see a key; dq
+ * gets those r rows, signs included (row n - r + t is row t), every other row's dQ is 0.
+ * Returns 0, or -1 (not batch = heads = 1, a sign other than +1 or -1, out of memory). */
+int fg_reference_backward_periodic(const fg_bwd_host_problem *p, int64_t n,
+                                   const signed char *signs, int exact, double *dq, double *dk,
+                                   double *dv, int threads);
 
 /* ==== The correctness gate (gate.c): `flashgen tune` and `flashgen check`, every op ==== */
 

@@ -138,11 +138,15 @@ int fg_reference_backward(const fg_bwd_host_problem *p, int exact, double *dq, d
   return rc;
 }
 
-int fg_reference_backward_periodic(const fg_bwd_host_problem *p, int64_t n, int exact,
-                                   double *dq, double *dk, double *dv, int threads) {
+int fg_reference_backward_periodic(const fg_bwd_host_problem *p, int64_t n,
+                                   const signed char *signs, int exact, double *dq, double *dk,
+                                   double *dv, int threads) {
   const int64_t P = p->seqlen_q, Nk = p->seqlen_k, d = p->head_dim;
-  if (p->batch != 1 || p->heads_q != 1 || p->heads_kv != 1 || P <= 0 || n < 0 || Nk < 0)
+  if (p->batch != 1 || p->heads_q != 1 || p->heads_kv != 1 || P <= 0 || n < 0 || Nk < 0 || !signs)
     return -1;
+  const int64_t periods = (n + P - 1) / P;
+  for (int64_t k = 0; k < periods; k++)
+    if (signs[k] != 1 && signs[k] != -1) return -1;
   const size_t nk_el = (size_t)(Nk * d);
   if (p->causal) {
     /* Bottom-right aligned: row i sees keys j <= i + Nk - n, so only the last min(n, Nk) rows see
@@ -153,7 +157,7 @@ int fg_reference_backward_periodic(const fg_bwd_host_problem *p, int64_t n, int 
     for (int64_t t = 0; rc == 0 && t < rows; t++) {
       memcpy(q + t * d, p->q + ((first + t) % P) * d, (size_t)d * 2);
       memcpy(d_o + t * d, p->d_o + ((first + t) % P) * d, (size_t)d * 2);
-      if ((first + t) / P % 2) /* an odd period: dO negated (the sign bit of f16 and bf16) */
+      if (signs[(first + t) / P] < 0) /* dO negated (the sign bit of f16 and bf16) */
         for (int64_t x = 0; x < d; x++) d_o[t * d + x] ^= 0x8000;
     }
     fg_bwd_host_problem s = *p;
@@ -165,20 +169,22 @@ int fg_reference_backward_periodic(const fg_bwd_host_problem *p, int64_t n, int 
     free(d_o);
     return rc;
   }
-  /* Without a mask: row i's dQ is (-1)^(i / P) times row i % P's (dQ is linear in dO: dP, D and
-   * dS change sign with it, P does not), and dK, dV sum the rows' contributions: the periods'
-   * sums cancel in pairs, leaving count % 2 of them, plus (-1)^count times the sum over the
-   * first n % P rows. */
+  /* Without a mask: row i's dQ is signs[i / P] times row i % P's (dQ is linear in dO: dP, D and
+   * dS change sign with it, P does not), and dK, dV sum the rows' contributions: the whole
+   * periods' sums are one period's times the sum of their signs, plus the last partial period's
+   * sign times the sum over the first n % P rows. */
   const int64_t count = n / P, rest = n % P;
+  int64_t sum = 0;
+  for (int64_t k = 0; k < count; k++) sum += signs[k];
   if (fg_reference_backward(p, exact, dq, dk, dv, NULL, threads) != 0) return -1;
-  for (size_t x = 0; x < nk_el; x++) dk[x] *= (double)(count % 2), dv[x] *= (double)(count % 2);
+  for (size_t x = 0; x < nk_el; x++) dk[x] *= (double)sum, dv[x] *= (double)sum;
   if (rest == 0) return 0;
   fg_bwd_host_problem s = *p;
   s.seqlen_q = rest;
   double *tq = malloc((size_t)(rest * d) * sizeof *tq + 1);
   double *tk = malloc(nk_el * sizeof *tk + 1), *tv = malloc(nk_el * sizeof *tv + 1);
   int rc = tq && tk && tv ? fg_reference_backward(&s, exact, tq, tk, tv, NULL, threads) : -1;
-  const double sign = count % 2 ? -1.0 : 1.0;
+  const double sign = (double)signs[count];
   for (size_t x = 0; rc == 0 && x < nk_el; x++) dk[x] += sign * tk[x], dv[x] += sign * tv[x];
   free(tq);
   free(tk);

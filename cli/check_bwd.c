@@ -88,6 +88,13 @@ static void build(bwd_list *l) {
   /* GQA and MQA: dK, dV sum over the query heads of a KV head. */
   add(l, B_RUN, FG_DTYPE_BF16, 0, 128, 2, 8, 2, 257, 257, 1, "bwd/gqa/hq8_hkv2_d128");
   add(l, B_RUN, FG_DTYPE_F16, 1, 64, 2, 8, 1, 200, 300, 0, "bwd/gqa/mqa_hq8_d64_causal");
+  /* Past the main kernel's split threshold (templates/bwd.lua, SPLIT_ROWS = 65536 query rows per
+   * KV head): 8 * (16384 + 17) = 131208 rows, so each key block's query blocks are split over 3
+   * blocks (the grid's z), whose dK/dV sums meet in the fp32 dkv_accum; 129 keys: a last key
+   * block of one row. Deterministic mode below: the splits add in order. */
+  for (int m = 0; m < 2; m++)
+    add(l, B_RUN, FG_DTYPE_BF16, m, 64, 1, 8, 1, 16384 + 17, 129, 0,
+        "bwd/gqa/long_hq8_hkv1_d64_nq16401_nk129_%s", cw(m));
   /* (B, N, H, d) strides for every tensor. */
   fg_check_bwd_case *c =
       add(l, B_RUN, FG_DTYPE_BF16, 1, 64, 2, 4, 2, 200, 200, 1, "bwd/layout/bnhd_d64");
@@ -105,13 +112,16 @@ static void build(bwd_list *l) {
         cw(m));
     add(l, B_DET, FG_DTYPE_F16, m, 64, 1, 4, 4, 777, 2049, 0, "bwd/deterministic/d64_nk2049_%s",
         cw(m));
+    add(l, B_DET, FG_DTYPE_BF16, m, 64, 1, 8, 1, 16384 + 17, 129, 0,
+        "bwd/deterministic/gqa_long_hq8_hkv1_d64_nq16401_nk129_%s", cw(m));
   }
   /* 64-bit offsets in the three kernels: Q, O, dO and dQ of more than 2^31 elements (2^31 +
    * 4097 * 128), dQ's fp32 accumulator of more than 2^32 bytes, K and V of 64 rows. Device memory:
    * Q, O, dO, dQ 4.0 GiB each, the workspace (fp32 dQ and D: (d + 1) floats a row) 8.1 GiB, LSE
-   * 64 MiB: about 24.2 GiB. Time: about 1-5 s on the GPU per case (the one key block's kernel runs
-   * its 16.8M query rows on one SM) and 10-30 s on the host (uploading the periodic Q and dO,
-   * comparing all 2^31 elements of dQ). Causal is cheap: all but the last 64 rows see no key
+   * 64 MiB, dkv_accum 257 KiB: about 24.2 GiB. Time: the main kernel's one key block is split
+   * over 257 blocks (65536 query rows each; before the split one SM ran all 16.8M rows, ~35 s
+   * non-causal), and 10-30 s on the host (uploading the periodic Q and dO, comparing all 2^31
+   * elements of dQ). Causal is cheap: all but the last 64 rows see no key
    * (dQ exactly 0), and the pre and post kernels still cross 2^31 elements. */
   const int64_t big_nq = (INT64_C(1) << 31) / 128 + 4097;
   for (int m = 0; m < 2; m++)

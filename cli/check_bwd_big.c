@@ -7,18 +7,23 @@
  * The reference at this size: written out, it would take the host O(Nq * Nk * d) = 2^31 * 64
  * multiply-adds for each of five products, twice (fp64 and naive), and 2 * 17 GiB of doubles
  * for dQ alone. Instead Q and dO repeat a random pattern of P = FG_CHECK_BWD_BIG_PERIOD rows
- * (the forward's big case does the same for Q), dO negated in odd periods, K and V random.
- * Without a mask, a row's dQ (and its O, LSE and D) depends only on its own Q and dO rows and on
- * K and V, and dK and dV are sums of the rows' contributions; so dQ of row i is the reference's
- * row i % P (negated in odd periods), and dK, dV are the periods' sums, which cancel in pairs,
- * plus the remaining rows' (fg_reference_backward_periodic): the exact result of the whole
- * problem at the cost of one period, not a sample of it. Why the signs: with the same pattern
- * in every period dK and dV grow with Nq (2048 coherent copies), and the kernel's fp32 sums of
- * 2^24 rows then err by about Nq / 32 ulps (measured on an H100: dK 1.9% of its largest value,
- * against 0.45% for the naive model, which sums one period and multiplies); alternating signs
- * keep the sums the size of one period's, as sums of independent rows would be. Today's kernels
- * still fail the non-causal case's dK and dV by about 1.5x the tolerance: the tensor cores' fp32
- * sums drift over the ~1M k-steps of one key block (bench/NOTES.md, "Long reductions"). The
+ * (the forward's big case does the same for Q), dO times a pseudo-random sign per period (from
+ * the check's RNG, so fixed by its seed), K and V random. Without a mask, a row's dQ (and its O,
+ * LSE and D) depends only on its own Q and dO rows and on K and V, and dK and dV are sums of the
+ * rows' contributions; so dQ of row i is the reference's row i % P times its period's sign, and
+ * dK, dV are one period's times the sum of the whole periods' signs plus the remaining rows'
+ * times theirs (fg_reference_backward_periodic; the naive model the same way): the exact result
+ * of the whole problem at the cost of one period, not a sample of it. Why random signs: with the
+ * same pattern in every period dK and dV grow with Nq (2048 coherent copies), and the kernel's
+ * fp32 sums of 2^24 rows then err by about Nq / 32 ulps (measured on an H100: dK 1.9% of its
+ * largest value, against 0.45% for the naive model, which sums one period and multiplies);
+ * alternating signs (the first form of this case) kept the sums one period's size, and let
+ * errors cancel in pairs too; independent rows' sums grow like a random walk, and so do these
+ * (the sum of 2049 random signs: about 45 periods' worth). With alternating signs the kernels
+ * without a split of the query range failed the non-causal case's dK and dV by about 1.5x the
+ * tolerance: the tensor cores' fp32 sums drift over the ~1M k-steps of one key block
+ * (bench/NOTES.md, "Long reductions"); the main kernel now splits a key block's query range
+ * past 65536 rows (templates/bwd.lua, SPLIT_ROWS), so here 257 blocks each sum 65536 rows. The
  * pattern is random in every element (never zero), only repeated; P = 8191 divides no power of
  * two (2^24 rows, where an offset of 2^31 elements wraps at d = 128, is row 2048 of the
  * period), so a kernel that reads or writes a row at an offset wrapped at 32 bits uses another
@@ -38,13 +43,14 @@
 
 
 /* Uploads rows [0, n) of a tensor [n, d] whose row i is row i % P of pat, or with neg (pat
- * negated) in odd periods, row i % P of neg there. */
+ * negated) and signs, row i % P of neg in the periods whose sign is -1. */
 static fg_status upload_periodic(fg_context *ctx, CUdeviceptr dst, const uint16_t *pat,
-                                 const uint16_t *neg, int64_t P, int64_t n, int64_t d) {
+                                 const uint16_t *neg, const signed char *signs, int64_t P,
+                                 int64_t n, int64_t d) {
   fg_status st = FG_OK;
   for (int64_t row = 0; row < n && st == FG_OK; row += P) {
     const int64_t rows = n - row < P ? n - row : P;
-    const uint16_t *src = neg && row / P % 2 ? neg : pat;
+    const uint16_t *src = neg && signs[row / P] < 0 ? neg : pat;
     st = fg_dev_upload(ctx, dst + (CUdeviceptr)(row * d * 2), src, (size_t)(rows * d) * 2);
   }
   return st;
@@ -71,11 +77,13 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
   uint16_t *pq = malloc(pe * 2), *pdo = malloc(pe * 2), *ndo = malloc(pe * 2), *hk = malloc(ke * 2),
            *hv = malloc(ke * 2);
   uint16_t *gq = malloc(pe * 2), *gk = malloc(ke * 2), *gv = malloc(ke * 2);
+  const int64_t periods = (N + P - 1) / P;
+  signed char *signs = malloc((size_t)periods);
   double *ex_q = malloc(re * 8), *ex_k = malloc(ke * 8), *ex_v = malloc(ke * 8);
   double *nv_q = malloc(re * 8), *nv_k = malloc(ke * 8), *nv_v = malloc(ke * 8);
   CUdeviceptr q = 0, o = 0, dout = 0, dq = 0, k = 0, vv = 0, dk = 0, dv = 0, lse = 0;
   if (!pq || !pdo || !ndo || !hk || !hv || !gq || !gk || !gv || !ex_q || !ex_k || !ex_v || !nv_q ||
-      !nv_k || !nv_v) {
+      !nv_k || !nv_v || !signs) {
     fg_check_bwd_fail(r, "out of host memory (about %.0f MiB needed)",
              (double)(pe * 6 + re * 16 + ke * 28) / 1048576.0);
     goto done;
@@ -85,7 +93,12 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
   fg_fill_random(hk, (int64_t)ke, &g, dt, 1);
   fg_fill_random(hv, (int64_t)ke, &g, dt, 0);
   fg_fill_random(pdo, (int64_t)pe, &g, dt, 0);
-  for (size_t x = 0; x < pe; x++) ndo[x] = pdo[x] ^ 0x8000; /* dO of odd periods: negated */
+  for (size_t x = 0; x < pe; x++) ndo[x] = pdo[x] ^ 0x8000; /* dO of periods of sign -1 */
+  int64_t sign_sum = 0;
+  for (int64_t i = 0; i < periods; i++) {
+    signs[i] = fg_rng_next(&g) >> 63 ? -1 : 1;
+    sign_sum += signs[i];
+  }
 
   fg_attention_backward_args a;
   memset(&a, 0, sizeof a);
@@ -123,8 +136,8 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
   for (int i = 0; i < 4 && st == FG_OK; i++) st = fg_dev_alloc(ctx, big[i], qbytes);
   for (int i = 0; i < 4 && st == FG_OK; i++) st = fg_dev_alloc(ctx, small[i], ke * 2);
   if (st == FG_OK) st = fg_dev_alloc(ctx, &lse, (size_t)N * 4);
-  if (st == FG_OK) st = upload_periodic(ctx, q, pq, NULL, P, N, d);
-  if (st == FG_OK) st = upload_periodic(ctx, dout, pdo, ndo, P, N, d);
+  if (st == FG_OK) st = upload_periodic(ctx, q, pq, NULL, NULL, P, N, d);
+  if (st == FG_OK) st = upload_periodic(ctx, dout, pdo, ndo, signs, P, N, d);
   if (st == FG_OK) st = fg_dev_upload(ctx, k, hk, ke * 2);
   if (st == FG_OK) st = fg_dev_upload(ctx, vv, hv, ke * 2);
   if (st == FG_OK) st = fg_dev_fill16(ctx, o, nan16, (size_t)(N * d));
@@ -158,8 +171,8 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
   /* The references of the whole problem from one period (see the top of the file). */
   const fg_bwd_host_problem hp = {dt, c->causal, 1, 1, 1, P, Nk, d, 1.0 / sqrt((double)d),
                                   pq, hk, hv, pdo};
-  if (fg_reference_backward_periodic(&hp, N, 1, ex_q, ex_k, ex_v, env->threads) != 0 ||
-      fg_reference_backward_periodic(&hp, N, 0, nv_q, nv_k, nv_v, env->threads) != 0) {
+  if (fg_reference_backward_periodic(&hp, N, signs, 1, ex_q, ex_k, ex_v, env->threads) != 0 ||
+      fg_reference_backward_periodic(&hp, N, signs, 0, nv_q, nv_k, nv_v, env->threads) != 0) {
     fg_check_bwd_fail(r, "the host reference failed (out of memory?)");
     goto done;
   }
@@ -190,8 +203,9 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
         break;
       }
     if (!gr.pass || zero_to == rows) continue;
-    /* Without a mask the reference is period 0's rows: dQ of an odd period is their negation. */
-    if (!c->causal && row / P % 2)
+    /* Without a mask the reference is one period's rows: dQ of a period of sign -1 is their
+     * negation. */
+    if (!c->causal && signs[row / P] < 0)
       for (int64_t x = 0; x < rows * d; x++) gq[x] ^= 0x8000;
     const int64_t r0 = row + zero_to; /* the first checked row of this period */
     const int64_t ref0 = c->causal ? r0 - first_key_row : r0 % P;
@@ -223,11 +237,13 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
   fg_gate_tensor("dK", gk, ex_k, nv_k, (int64_t)ke, dt, 1, &gr);
   fg_gate_tensor("dV", gv, ex_v, nv_v, (int64_t)ke, dt, 2, &gr);
   for (int i = 1; i < 3; i++) r->err[i] = gr.err[i], r->tol[i] = gr.tol[i];
-  if (!gr.pass) fg_check_bwd_fail(r, "%s", gr.reason);
+  if (!gr.pass)
+    fg_check_bwd_fail(r, "%s (dK, dV: %" PRId64 " periods whose signs sum to %" PRId64 ")",
+                      gr.reason, periods, sign_sum);
 done:
   fg_dev_free(ctx, q), fg_dev_free(ctx, o), fg_dev_free(ctx, dout), fg_dev_free(ctx, dq);
   fg_dev_free(ctx, k), fg_dev_free(ctx, vv), fg_dev_free(ctx, dk), fg_dev_free(ctx, dv);
   fg_dev_free(ctx, lse);
   free(pq), free(pdo), free(ndo), free(hk), free(hv), free(gq), free(gk), free(gv);
-  free(ex_q), free(ex_k), free(ex_v), free(nv_q), free(nv_k), free(nv_v);
+  free(ex_q), free(ex_k), free(ex_v), free(nv_q), free(nv_k), free(nv_v), free(signs);
 }

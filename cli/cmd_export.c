@@ -624,7 +624,8 @@ static const char *check_contract(const export_kernel *k, char *why, size_t whyl
 static int legacy_floats_per_row(const fg_kernel_meta *m) {
   int n = 0;
   for (int i = 0; i < m->n_workspaces; i++)
-    if (m->workspaces[i].rows == 1 && !m->workspaces[i].deterministic_only)
+    if (m->workspaces[i].rows == 1 && !m->workspaces[i].deterministic_only &&
+        !m->workspaces[i].per_key && !m->workspaces[i].min_group_rows)
       n += m->workspaces[i].bytes / 4;
   return n;
 }
@@ -646,8 +647,8 @@ static int write_source(FILE *f, const char *file, const char *hfile, const expo
       const fg_plan_step *sp = &m->steps[j];
       fprintf(f, "    {.entry = ");
       write_cstr(f, sp->entry);
-      fprintf(f, ", .grid = %s, .br = %d, .threads = %d, .smem_bytes = %d},\n",
-              grid_name(sp->grid), sp->br, sp->threads, sp->smem_bytes);
+      fprintf(f, ", .grid = %s, .br = %d, .threads = %d, .smem_bytes = %d, .split_rows = %d},\n",
+              grid_name(sp->grid), sp->br, sp->threads, sp->smem_bytes, sp->split_rows);
     }
     fprintf(f, "};\n");
     if (m->n_workspaces) {
@@ -659,8 +660,10 @@ static int write_source(FILE *f, const char *file, const char *hfile, const expo
         write_cstr(f, w->name);
         fprintf(f, ", .param = ");
         write_cstr(f, w->param);
-        fprintf(f, ", .bytes = %d, .rows = %d, .deterministic_only = %d},\n", w->bytes, w->rows,
-                w->deterministic_only);
+        fprintf(f,
+                ", .bytes = %d, .rows = %d, .deterministic_only = %d, .per_key = %d,"
+                " .min_group_rows = %lld},\n",
+                w->bytes, w->rows, w->deterministic_only, w->per_key, w->min_group_rows);
       }
       fprintf(f, "};\n");
     }

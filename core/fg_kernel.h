@@ -29,18 +29,31 @@ typedef struct fg_plan_step {
   int br;                /* rows per block along x (FG_GRID_Q_TILES, FG_GRID_KV_TILES) */
   int threads;           /* threads per block */
   int smem_bytes;        /* dynamic shared memory per block */
+  /* A kv_tiles main step only (the backward's): when the query rows one KV head's dK/dV sum over,
+   * seqlen_q * (heads_q / heads_kv), exceed split_rows, its grid gets a z dimension of
+   * ceil(those rows / split_rows) splits (at most 65535), each a contiguous part of every key
+   * block's query blocks, which add their partial dK/dV into the plan's per-key workspace of the
+   * same threshold (min_group_rows == split_rows). 0: never split. */
+  int split_rows;
 } fg_plan_step;
 
-/* One workspace of a plan: `bytes` per `rows` query rows (rounded up) of each (batch, query
- * head), laid out batch-major, one workspace after the other in the order of the plan, with no
- * padding between them (so its size is a function of batch, heads_q, seqlen_q only). The
- * parameter-block field `param` points at it. */
+/* One workspace of a plan: `bytes` per unit of each (batch, head), laid out batch-major, one
+ * workspace after the other in the order of the plan, with no padding between them (so its size
+ * is a function of the problem's shape and the plan only). A unit is `rows` query rows (rounded
+ * up) of a query head, or (per_key) `rows` key rows of a KV head, seqlen_k rounded up to the main
+ * step's br (its Bc: the main step's grid is kv_tiles; rows divides it). A workspace with
+ * min_group_rows > 0
+ * exists only when seqlen_q * (heads_q / heads_kv) > min_group_rows (the backward's dK/dV
+ * partial sums, for long query ranges). The parameter-block field `param` points at it. */
 typedef struct fg_plan_workspace {
   char name[24];         /* what it holds, for messages ("dq_accum") */
   char param[16];        /* the parameter-block field it is passed in ("workspace", "dsum") */
   int bytes;             /* per unit */
-  int rows;              /* query rows per unit (>= 1) */
+  int rows;              /* query rows per unit (>= 1), or key rows (per_key; divides main br) */
   int deterministic_only; /* only in deterministic mode (the backward's semaphores) */
+  int per_key;           /* 1: units are key rows of each (batch, KV head); 0: query rows */
+  long long min_group_rows; /* exists only when seqlen_q * heads_q / heads_kv exceeds it; 0 =
+                               always */
 } fg_plan_workspace;
 
 /* The parameter block a plan's kernels take (launch(v).params): the pass's usual block
@@ -91,8 +104,10 @@ void fg_kernel_meta_single(fg_kernel_meta *m, const char *entry, fg_grid_kind gr
 
 /* NULL when m is a well-formed plan (counts in range, entries set and NUL-terminated, grid kinds
  * known, br > 0 where the grid uses it, threads > 0, shared memory >= 0, workspaces with a name,
- * a param, bytes > 0 and rows >= 1, a known parameter block, tensor maps only with
- * FG_PARAMS_FWD_TMA, each of a known tensor with 1 .. 256 rows), else what is wrong (a static
+ * a param, bytes > 0, rows >= 1, min_group_rows >= 0, per_key 0 or 1 and only with a kv_tiles
+ * main step whose br rows divides; split_rows >= 0, > 0 only on a kv_tiles main step and then
+ * with a per-key workspace whose min_group_rows is split_rows; a known parameter block, tensor
+ * maps only with FG_PARAMS_FWD_TMA, each of a known tensor with 1 .. 256 rows), else what is wrong (a static
  * string). */
 const char *fg_kernel_meta_invalid(const fg_kernel_meta *m);
 
@@ -108,21 +123,43 @@ fg_tmap_tensor fg_tmap_tensor_parse(const char *s);
 const char *fg_grid_kind_name(fg_grid_kind g);
 fg_grid_kind fg_grid_kind_parse(const char *s);
 
-/* Units of workspace w per (batch, query head): ceil(seqlen_q / rows), 0 when it is not used
- * (deterministic_only and not deterministic). */
-uint64_t fg_plan_workspace_units(const fg_plan_workspace *w, int64_t seqlen_q, int deterministic);
+/* The heads of each batch that workspace w has units for: heads_kv when per_key, else heads_q. */
+static inline int64_t fg_plan_workspace_heads(const fg_plan_workspace *w, int64_t heads_q,
+                                              int64_t heads_kv) {
+  return w->per_key ? heads_kv : heads_q;
+}
 
-/* Bytes of all m's workspaces for (batch, heads_q, seqlen_q), and where workspace i starts
- * (offsets[i], when offsets is not NULL; unused ones start where the next would). -1 on 64-bit
- * overflow. */
+/* Units of workspace w per (batch, head) (fg_plan_workspace_heads): ceil(seqlen_q / rows), or
+ * (per_key) ceil(seqlen_k / main_br) * main_br / rows with main_br the main step's br (rows = 1:
+ * key rows; rows = main_br: key blocks); 0 when it is not
+ * used (deterministic_only and not deterministic, or seqlen_q * (heads_q / heads_kv) <=
+ * min_group_rows). */
+uint64_t fg_plan_workspace_units(const fg_plan_workspace *w, int main_br, int64_t heads_q,
+                                 int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
+                                 int deterministic);
+
+/* The query rows one KV head's dK/dV sum over, seqlen_q * (heads_q / heads_kv) (saturating at
+ * UINT64_MAX): what min_group_rows and split_rows compare with. */
+uint64_t fg_plan_group_rows(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q);
+
+/* Splits of the query range (the grid's z) that step s takes for the problem: 1 unless
+ * s->split_rows > 0 and fg_plan_group_rows exceeds it, then ceil(group rows / split_rows),
+ * at most 65535 (CUDA's grid z limit; each split then covers more rows). */
+uint64_t fg_plan_step_splits(const fg_plan_step *s, int64_t heads_q, int64_t heads_kv,
+                             int64_t seqlen_q);
+
+/* Bytes of all m's workspaces for (batch, heads_q, heads_kv, seqlen_q, seqlen_k), and where
+ * workspace i starts (offsets[i], when offsets is not NULL; unused ones start where the next
+ * would). -1 on 64-bit overflow. */
 int fg_plan_workspace_bytes(const fg_kernel_meta *m, int64_t batch, int64_t heads_q,
-                            int64_t seqlen_q, int deterministic, uint64_t *bytes,
-                            uint64_t offsets[FG_PLAN_MAX_WORKSPACES]);
+                            int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k, int deterministic,
+                            uint64_t *bytes, uint64_t offsets[FG_PLAN_MAX_WORKSPACES]);
 
-/* The plan as text, one line per item ("main 1", "step <entry> <grid> <br> <threads> <smem>",
- * "workspace <name> <param> <bytes> <rows> <deterministic_only>", then only when the plan has
- * them "params <block>" and "tmap <tensor> <rows>", so the text of a plan without them is what it
- * was before they existed): what the cache stores.
+/* The plan as text, one line per item ("main 1", "step <entry> <grid> <br> <threads> <smem>
+ * [<split_rows>, only when > 0]", "workspace <name> <param> <bytes> <rows> <deterministic_only> <per_key>
+ * <min_group_rows>", then only when the plan has them "params <block>" and "tmap <tensor>
+ * <rows>"): what the cache stores (a workspace line of another shape does not parse; a step line
+ * without split_rows, as written before it, reads as split_rows 0, what it meant).
  * Returns the length (snprintf's), the text truncated at len. */
 int fg_kernel_plan_format(const fg_kernel_meta *m, char *buf, size_t len);
 /* Reads such text into m's plan (the other fields untouched). NULL, or what is wrong. */

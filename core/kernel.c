@@ -77,6 +77,8 @@ const char *fg_kernel_meta_invalid(const fg_kernel_meta *m) {
       return "a step of its plan has no rows per block (br)";
     if (s->threads <= 0 || s->smem_bytes < 0)
       return "a step of its plan has malformed threads or shared memory";
+    if (s->split_rows < 0 || (s->split_rows > 0 && (i != m->main_step || s->grid != FG_GRID_KV_TILES)))
+      return "a step of its plan splits its query range (split_rows) but is not a kv_tiles main step";
   }
   if (m->n_workspaces < 0 || m->n_workspaces > FG_PLAN_MAX_WORKSPACES)
     return "its plan has too many workspaces";
@@ -85,6 +87,21 @@ const char *fg_kernel_meta_invalid(const fg_kernel_meta *m) {
     if (!w->name[0] || !memchr(w->name, 0, sizeof w->name) || !w->param[0] ||
         !memchr(w->param, 0, sizeof w->param) || w->bytes <= 0 || w->rows < 1)
       return "a workspace of its plan is malformed (name, param, bytes or rows)";
+    if (w->min_group_rows < 0 || (w->per_key != 0 && w->per_key != 1))
+      return "a workspace of its plan is malformed (per_key or min_group_rows)";
+    if (w->per_key && (fg_kernel_main(m)->grid != FG_GRID_KV_TILES ||
+                       fg_kernel_main(m)->br % w->rows != 0))
+      return "a workspace of its plan is per key row but its main step's grid is not kv_tiles "
+             "(or its rows does not divide the main step's br)";
+  }
+  const int split = fg_kernel_main(m)->split_rows;
+  if (split > 0) {
+    int found = 0;
+    for (int i = 0; i < m->n_workspaces; i++)
+      found |= m->workspaces[i].per_key && m->workspaces[i].min_group_rows == split;
+    if (!found)
+      return "its main step splits its query range (split_rows) but no per-key workspace of the "
+             "same threshold (min_group_rows) takes the splits' partial sums";
   }
   if (m->params < FG_PARAMS_DEFAULT || m->params > FG_PARAMS_FWD_TMA)
     return "its plan has an unknown parameter block";
@@ -99,21 +116,53 @@ const char *fg_kernel_meta_invalid(const fg_kernel_meta *m) {
   return NULL;
 }
 
-uint64_t fg_plan_workspace_units(const fg_plan_workspace *w, int64_t seqlen_q, int deterministic) {
+uint64_t fg_plan_group_rows(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q) {
+  uint64_t group = heads_kv > 0 ? (uint64_t)heads_q / (uint64_t)heads_kv : (uint64_t)heads_q;
+  uint64_t rows;
+  return __builtin_mul_overflow((uint64_t)seqlen_q, group, &rows) ? UINT64_MAX : rows;
+}
+
+uint64_t fg_plan_step_splits(const fg_plan_step *s, int64_t heads_q, int64_t heads_kv,
+                             int64_t seqlen_q) {
+  if (s->split_rows <= 0) return 1;
+  const uint64_t rows = fg_plan_group_rows(heads_q, heads_kv, seqlen_q), per = (uint64_t)s->split_rows;
+  if (rows <= per) return 1;
+  const uint64_t n = rows / per + (rows % per != 0);
+  return n < 65535 ? n : 65535;
+}
+
+uint64_t fg_plan_workspace_units(const fg_plan_workspace *w, int main_br, int64_t heads_q,
+                                 int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
+                                 int deterministic) {
   if (w->deterministic_only && !deterministic) return 0;
+  if (w->min_group_rows > 0 &&
+      fg_plan_group_rows(heads_q, heads_kv, seqlen_q) <= (uint64_t)w->min_group_rows)
+    return 0;
+  if (w->per_key) {
+    if (main_br <= 0) return 0; /* not a well-formed plan (fg_kernel_meta_invalid) */
+    uint64_t br = (uint64_t)main_br;
+    return ((uint64_t)seqlen_k + br - 1) / br * br / (uint64_t)w->rows;
+  }
   return ((uint64_t)seqlen_q + (uint64_t)w->rows - 1) / (uint64_t)w->rows;
 }
 
 int fg_plan_workspace_bytes(const fg_kernel_meta *m, int64_t batch, int64_t heads_q,
-                            int64_t seqlen_q, int deterministic, uint64_t *bytes,
-                            uint64_t offsets[FG_PLAN_MAX_WORKSPACES]) {
-  uint64_t total = 0, bh;
-  if (__builtin_mul_overflow((uint64_t)batch, (uint64_t)heads_q, &bh)) return -1;
+                            int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k, int deterministic,
+                            uint64_t *bytes, uint64_t offsets[FG_PLAN_MAX_WORKSPACES]) {
+  uint64_t total = 0;
+  const int main_br = m->main_step >= 0 && m->main_step < FG_PLAN_MAX_STEPS
+                          ? fg_kernel_main(m)->br
+                          : 0;
   for (int i = 0; i < m->n_workspaces && i < FG_PLAN_MAX_WORKSPACES; i++) {
     const fg_plan_workspace *w = &m->workspaces[i];
     uint64_t n;
     if (offsets) offsets[i] = total;
-    if (__builtin_mul_overflow(bh, fg_plan_workspace_units(w, seqlen_q, deterministic), &n) ||
+    if (__builtin_mul_overflow((uint64_t)batch,
+                               (uint64_t)fg_plan_workspace_heads(w, heads_q, heads_kv), &n) ||
+        __builtin_mul_overflow(n,
+                               fg_plan_workspace_units(w, main_br, heads_q, heads_kv, seqlen_q,
+                                                       seqlen_k, deterministic),
+                               &n) ||
         __builtin_mul_overflow(n, (uint64_t)w->bytes, &n) ||
         __builtin_add_overflow(total, n, &total))
       return -1;
@@ -133,16 +182,23 @@ int fg_kernel_plan_format(const fg_kernel_meta *m, char *buf, size_t len) {
   FG_ADVANCE();
   for (int i = 0; i < m->n_steps && i < FG_PLAN_MAX_STEPS; i++) {
     const fg_plan_step *s = &m->steps[i];
-    r = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, "step %.*s %s %d %d %d\n",
-                 (int)sizeof s->entry, s->entry, fg_grid_kind_name(s->grid), s->br, s->threads,
-                 s->smem_bytes);
+    /* split_rows only where a step splits: the step lines of every other plan (all forward
+     * plans) read as they did before it existed. */
+    if (s->split_rows > 0)
+      r = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, "step %.*s %s %d %d %d %d\n",
+                   (int)sizeof s->entry, s->entry, fg_grid_kind_name(s->grid), s->br, s->threads,
+                   s->smem_bytes, s->split_rows);
+    else
+      r = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, "step %.*s %s %d %d %d\n",
+                   (int)sizeof s->entry, s->entry, fg_grid_kind_name(s->grid), s->br, s->threads,
+                   s->smem_bytes);
     FG_ADVANCE();
   }
   for (int i = 0; i < m->n_workspaces && i < FG_PLAN_MAX_WORKSPACES; i++) {
     const fg_plan_workspace *w = &m->workspaces[i];
-    r = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, "workspace %.*s %.*s %d %d %d\n",
+    r = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, "workspace %.*s %.*s %d %d %d %d %lld\n",
                  (int)sizeof w->name, w->name, (int)sizeof w->param, w->param, w->bytes, w->rows,
-                 w->deterministic_only);
+                 w->deterministic_only, w->per_key, w->min_group_rows);
     FG_ADVANCE();
   }
   /* Only plans that have them carry these lines: older plans' text (and checksums) stay as they
@@ -173,11 +229,14 @@ const char *fg_kernel_plan_parse(const char *text, fg_kernel_meta *m) {
     memcpy(line, p, n);
     line[n] = 0;
     p = nl ? nl + 1 : p + n;
-    int x, y, z, end = 0;
+    int x, y, z, pk, sr = 0, k, end = 0;
+    long long mg;
     if (sscanf(line, "main %d%n", &x, &end) == 1 && !line[end]) {
       m->main_step = x;
-    } else if (sscanf(line, "step %63s %63s %d %d %d%n", a, b, &x, &y, &z, &end) == 5 &&
+    } else if ((k = sscanf(line, "step %63s %63s %d %d %d%n %d%n", a, b, &x, &y, &z, &end, &sr,
+                           &end)) >= 5 &&
                !line[end]) {
+      /* Five numbers: written before split_rows, by plans that never split (split_rows 0). */
       if (m->n_steps == FG_PLAN_MAX_STEPS) return "its plan has too many steps";
       fg_plan_step *s = &m->steps[m->n_steps++];
       memset(s, 0, sizeof *s);
@@ -186,8 +245,12 @@ const char *fg_kernel_plan_parse(const char *text, fg_kernel_meta *m) {
       s->br = x;
       s->threads = y;
       s->smem_bytes = z;
-    } else if (sscanf(line, "workspace %63s %63s %d %d %d%n", a, b, &x, &y, &z, &end) == 5 &&
+      s->split_rows = k == 6 ? sr : 0;
+    } else if (sscanf(line, "workspace %63s %63s %d %d %d %d %lld%n", a, b, &x, &y, &z, &pk, &mg,
+                      &end) == 7 &&
                !line[end]) {
+      /* A line of the shape before per_key and min_group_rows (5 numbers) does not match: the
+       * caller takes the plan as malformed (a cache miss), never as a plan without them. */
       if (m->n_workspaces == FG_PLAN_MAX_WORKSPACES) return "its plan has too many workspaces";
       fg_plan_workspace *w = &m->workspaces[m->n_workspaces++];
       memset(w, 0, sizeof *w);
@@ -198,6 +261,8 @@ const char *fg_kernel_plan_parse(const char *text, fg_kernel_meta *m) {
       w->bytes = x;
       w->rows = y;
       w->deterministic_only = z;
+      w->per_key = pk;
+      w->min_group_rows = mg;
     } else if (sscanf(line, "params %63s%n", a, &end) == 1 && !line[end]) {
       const int pb = fg_param_block_parse(a);
       if (pb < 0) return "its plan names a parameter block this flashgen does not know";

@@ -605,6 +605,12 @@ static int read_launch(lua_State *L, fg_kernel_meta *meta, const char *what, cha
       s->br = get_int_field(L, -1, "br");
       s->threads = get_int_field(L, -1, "threads");
       s->smem_bytes = get_int_field(L, -1, "smem");
+      /* split_rows = N: past N query rows per KV head the main step splits them (fg_kernel.h). */
+      lua_getfield(L, -1, "split_rows");
+      if (!lua_isnil(L, -1) && !lua_isinteger(L, -1))
+        bad = "returns a step whose split_rows is not an integer";
+      s->split_rows = (int)lua_tointeger(L, -1);
+      lua_pop(L, 1);
     }
     lua_pop(L, 1);
   }
@@ -623,6 +629,19 @@ static int read_launch(lua_State *L, fg_kernel_meta *meta, const char *what, cha
       w->rows = get_int_field(L, -1, "rows");
       lua_getfield(L, -1, "deterministic");
       w->deterministic_only = lua_toboolean(L, -1);
+      lua_pop(L, 1);
+      /* per = "key": units are key rows of each (batch, KV head); absent: query rows. */
+      lua_getfield(L, -1, "per");
+      const char *per = lua_tostring(L, -1);
+      if (per && strcmp(per, "key") == 0)
+        w->per_key = 1;
+      else if (per)
+        bad = "returns a workspace whose per is neither \"key\" nor absent";
+      lua_pop(L, 1);
+      lua_getfield(L, -1, "min_group_rows");
+      if (!lua_isnil(L, -1) && !lua_isinteger(L, -1))
+        bad = "returns a workspace whose min_group_rows is not an integer";
+      w->min_group_rows = (long long)lua_tointeger(L, -1);
       lua_pop(L, 1);
     }
     lua_pop(L, 1);

@@ -188,13 +188,16 @@ FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_args *
  * get dQ = 0 and add nothing to dK, dV.
  *
  * Workspace: the backward needs fp32 scratch of (head_dim + 1) * 4 bytes per (batch, query head,
- * query row), plus the semaphores of deterministic mode (the kernel's plan declares them,
- * templates/bwd.lua): fg_attention_backward_workspace_size says how much. With workspace = NULL
+ * query row), plus the semaphores of deterministic mode, plus for long query ranges (when
+ * seqlen_q * heads_q / heads_kv exceeds the plan's threshold, 65536 today: the main kernel then
+ * splits each key block's query rows over several blocks) fp32 partial sums of dK and dV: per
+ * K/V block of the kernel (Bc key rows, seqlen_k rounded up) of each (batch, KV head), 8 * Bc *
+ * head_dim + 16 bytes. The kernel's plan declares them all (templates/bwd.lua), so the numbers
+ * are its data: fg_attention_backward_workspace_size says how much. With workspace = NULL
  * flashgen takes it, stream-ordered, from a memory pool of the context that keeps its memory
- * between calls (the pool is destroyed with the context;
- * without driver memory pools, cuMemAlloc and a synchronisation of the stream); or pass a device
- * buffer of at least that many bytes (16-byte aligned) that nothing else uses until the call's
- * kernels finish.
+ * between calls (the pool is destroyed with the context; without driver memory pools,
+ * cuMemAlloc and a synchronisation of the stream); or pass a device buffer of at least that many
+ * bytes (16-byte aligned) that nothing else uses until the call's kernels finish.
  *
  * deterministic: nonzero gives bitwise-identical dQ, dK, dV from run to run (same inputs, same
  * GPU, same kernel): the key blocks add their parts of each dQ tile in a fixed order, waiting for

@@ -56,17 +56,27 @@ typedef struct fg_export_step {
   int br;                       /* rows per block along x (Q_TILES, KV_TILES) */
   int threads;                  /* threads per block */
   int smem_bytes;               /* dynamic shared memory per block */
+  int split_rows;               /* the main step of a backward plan: past this many query rows
+                                   per KV head (seqlen_q * heads_q / heads_kv) the grid gets z =
+                                   ceil(rows / split_rows) splits (at most 65535); 0 = never.
+                                   A table written before it reads it as 0 */
 } fg_export_step;
 
 /* One workspace of a kernel's plan: `bytes` per `rows` query rows (rounded up) of each (batch,
- * query head), batch-major, the workspaces one after the other with no padding; the parameter
- * block's field `param` points at it. fg_export.workspace_desc_size records its size. */
+ * query head), or (per_key) per `rows` key rows of each (batch, KV head) with seqlen_k rounded up
+ * to the main step's br; batch-major, the workspaces one after the other with no padding; the parameter
+ * block's field `param` points at it. fg_export.workspace_desc_size records its size: a table
+ * written before per_key and min_group_rows reads them as 0 (what its workspaces were). */
 typedef struct fg_export_workspace {
   const char *name;             /* what it holds, e.g. "dq_accum" */
   const char *param;            /* the parameter-block field, e.g. "workspace", "dsum", "sem" */
   int bytes;                    /* per unit */
-  int rows;                     /* query rows per unit (>= 1) */
+  int rows;                     /* query rows per unit (>= 1), or key rows (per_key) */
   int deterministic_only;       /* only in deterministic mode */
+  int per_key;                  /* 1: units are `rows` key rows of each (batch, KV head),
+                                   seqlen_k rounded up to the main step's br; 0: query rows */
+  long long min_group_rows;     /* present only when seqlen_q * heads_q / heads_kv exceeds it;
+                                   0 = always */
 } fg_export_workspace;
 
 /* The parameter block a kernel's plan takes (fg_export_kernel.params; the runtime's

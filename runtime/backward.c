@@ -1,8 +1,10 @@
 /* backward.c: fg_attention_backward: validate, choose the backward variant, and launch its plan
  * (templates/bwd.lua, launch(v); carried in fg_kernel_meta): its steps in order (today D =
- * rowsum(dO * O) and the dQ accumulator zeroed, the main K/V-outer kernel, dQ converted); split
- * along the batch past the grid's y limit, with the workspaces the plan declares from the caller
- * or allocated on the stream. fg_attention_backward_workspace_size sizes them from the same plan. */
+ * rowsum(dO * O) and the dQ accumulator zeroed, the main K/V-outer kernel, dQ converted; past
+ * the plan's threshold of query rows per KV head the main kernel's grid splits them along z and
+ * the last step converts dK/dV too, fg_plan_grid); split along the batch past the grid's y
+ * limit, with the workspaces the plan declares from the caller or allocated on the stream.
+ * fg_attention_backward_workspace_size sizes them from the same plan. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -11,11 +13,13 @@
 
 
 /* Bytes of the workspaces of a plan for a: what it declares (templates/bwd.lua: the fp32 dQ
- * accumulator, D, and in deterministic mode the semaphores). -1 past 2^63. */
+ * accumulator, D, in deterministic mode the semaphores, and for long query ranges the fp32 dK/dV
+ * partial sums per key row). -1 past 2^63. */
 static int fg_bwd_workspace_bytes(const fg_kernel_meta *m, const fg_attention_backward_args *a,
                                   uint64_t *bytes, uint64_t offsets[FG_PLAN_MAX_WORKSPACES]) {
-  return fg_plan_workspace_bytes(m, a->batch, a->heads_q, a->seqlen_q, a->deterministic != 0,
-                                 bytes, offsets) || *bytes > (uint64_t)INT64_MAX
+  return fg_plan_workspace_bytes(m, a->batch, a->heads_q, a->heads_kv, a->seqlen_q, a->seqlen_k,
+                                 a->deterministic != 0, bytes, offsets) ||
+                 *bytes > (uint64_t)INT64_MAX
              ? -1
              : 0;
 }
@@ -91,8 +95,8 @@ static fg_status fg_launch_one(fg_context *ctx, const fg_loaded_kernel *k, int i
   fg_cuda_describe(d, sizeof d, "cuLaunchKernel", r);
   return fg_fail(ctx, fg_cuda_status(r),
                  "launching %s (step %d of the plan of %s; grid %" PRIu64 " x %" PRIu64
-                 ", %d threads, %d B dynamic shared memory): %s",
-                 sp->entry, i + 1, k->name, g[0], g[1], sp->threads, sp->smem_bytes, d);
+                 " x %" PRIu64 ", %d threads, %d B dynamic shared memory): %s",
+                 sp->entry, i + 1, k->name, g[0], g[1], g[2], sp->threads, sp->smem_bytes, d);
 }
 
 /* The field of the backward parameter block that a workspace is passed in (its plan's param),
@@ -101,6 +105,7 @@ static unsigned long long *fg_bwd_param_slot(fg_bwd_params *p, const char *param
   if (strcmp(param, "workspace") == 0) return &p->workspace;
   if (strcmp(param, "dsum") == 0) return &p->dsum;
   if (strcmp(param, "sem") == 0) return &p->sem;
+  if (strcmp(param, "dkv") == 0) return &p->dkv;
   return NULL;
 }
 
@@ -115,7 +120,7 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
     if (!fg_bwd_param_slot(&probe, m->workspaces[i].param))
       return fg_fail(ctx, FG_ERROR_INTERNAL,
                      "kernel %s passes its workspace %s in parameter '%s', which the backward "
-                     "parameter block lacks (workspace, dsum, sem): rebuild it with this flashgen",
+                     "parameter block lacks (workspace, dsum, sem, dkv): rebuild it with this flashgen",
                      k->name, m->workspaces[i].name, m->workspaces[i].param);
   const uint64_t grid_y = (uint64_t)ctx->limits.max_grid_y;
   if ((uint64_t)a->heads_q > grid_y)
@@ -139,12 +144,16 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
   p.deterministic = a->deterministic != 0;
   const int64_t chunk = (int64_t)(grid_y / (uint64_t)a->heads_q); /* batches per launch */
   /* Each workspace holds every batch, one after the other (so a chunk's part starts at its first
-   * batch's; the dQ accumulator's stays 32-byte aligned, head_dim being a multiple of 8). */
+   * batch's; the dQ accumulator's stays 32-byte aligned, head_dim being a multiple of 8). A
+   * workspace the problem does not use (per_batch 0) is passed as 0. */
   uint64_t per_batch[FG_PLAN_MAX_WORKSPACES];
-  for (int i = 0; i < m->n_workspaces; i++)
-    per_batch[i] = (uint64_t)a->heads_q *
-                   fg_plan_workspace_units(&m->workspaces[i], a->seqlen_q, p.deterministic) *
-                   (uint64_t)m->workspaces[i].bytes;
+  for (int i = 0; i < m->n_workspaces; i++) {
+    const fg_plan_workspace *w = &m->workspaces[i];
+    per_batch[i] = (uint64_t)fg_plan_workspace_heads(w, a->heads_q, a->heads_kv) *
+                   fg_plan_workspace_units(w, fg_kernel_main(m)->br, a->heads_q, a->heads_kv,
+                                           a->seqlen_q, a->seqlen_k, p.deterministic) *
+                   (uint64_t)w->bytes;
+  }
   fg_status st = FG_OK;
   for (int64_t b0 = 0; b0 < a->batch && st == FG_OK; b0 += chunk) {
     fg_bwd_params c = p;

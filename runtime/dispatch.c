@@ -321,7 +321,9 @@ FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char
                 "shared memory",
                 grid[0], grid[1], grid[2], sp->threads, sp->smem_bytes);
     uint64_t ws = 0;
-    if (fg_plan_workspace_bytes(&meta, a.batch, a.heads_q, a.seqlen_q, 0, &ws, NULL) == 0 && ws)
+    if (fg_plan_workspace_bytes(&meta, a.batch, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k, 0,
+                                &ws, NULL) == 0 &&
+        ws)
       fg_text_add(&t, ", %.1f MiB fp32 workspace", (double)ws / (1024.0 * 1024.0));
     if (meta.regs >= 0) fg_text_add(&t, ", %d registers per thread", meta.regs);
     uint64_t limit = sp->grid == FG_GRID_HEADS ? 2147483647u : (uint64_t)ctx->limits.max_grid_y;
@@ -390,25 +392,43 @@ FG_API fg_status fg_explain_backward(fg_context *ctx, const fg_attention_backwar
     const fg_plan_step *sp = &meta.steps[i];
     uint64_t g[3];
     fg_plan_grid(sp, nb, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k, g);
-    fg_text_add(&t, "  %d. %s: grid %s (%" PRIu64 ", %" PRIu64 ") x %d threads", i + 1, sp->entry,
-                fg_grid_kind_name(sp->grid), g[0], g[1], sp->threads);
+    fg_text_add(&t, "  %d. %s: grid %s (%" PRIu64 ", %" PRIu64, i + 1, sp->entry,
+                fg_grid_kind_name(sp->grid), g[0], g[1]);
+    if (g[2] > 1) fg_text_add(&t, ", %" PRIu64, g[2]);
+    fg_text_add(&t, ") x %d threads", sp->threads);
     if (sp->smem_bytes > 0) fg_text_add(&t, ", %d B dynamic shared memory", sp->smem_bytes);
     if (i == meta.main_step && meta.regs >= 0)
       fg_text_add(&t, ", %d registers per thread", meta.regs);
     fg_text_add(&t, "\n");
+    if (sp->split_rows > 0)
+      fg_text_add(&t,
+                  "     query rows per KV head (seqlen_q * heads_q / heads_kv = %" PRIu64 ") %s "
+                  "%d: %s\n",
+                  fg_plan_group_rows(a.heads_q, a.heads_kv, a.seqlen_q),
+                  g[2] > 1 ? "past" : "within", sp->split_rows,
+                  g[2] > 1 ? "each key block's query blocks split over the grid's z, the splits' "
+                             "partial dK/dV summed in fp32 (dkv_accum)"
+                           : "one block per key block sums them all");
   }
   if (per && (uint64_t)a.batch > per)
     fg_text_add(&t, "  (batch * heads_q past the grid's %" PRIu64 ": each kernel split into %" PRIu64
                     " launches of at most %" PRIu64 " batches)\n",
                 grid_y, ((uint64_t)a.batch + per - 1) / per, per);
   uint64_t ws = 0;
-  if (fg_plan_workspace_bytes(&meta, a.batch, a.heads_q, a.seqlen_q, b.deterministic != 0, &ws,
-                              NULL) == 0 &&
+  if (fg_plan_workspace_bytes(&meta, a.batch, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k,
+                              b.deterministic != 0, &ws, NULL) == 0 &&
       ws > 0) {
     fg_text_add(&t, "workspace: %.1f MiB (", (double)ws / (1024.0 * 1024.0));
-    for (int i = 0, n = 0; i < meta.n_workspaces; i++)
-      if (fg_plan_workspace_units(&meta.workspaces[i], a.seqlen_q, b.deterministic != 0))
-        fg_text_add(&t, "%s%s", n++ ? ", " : "", meta.workspaces[i].name);
+    for (int i = 0, n = 0; i < meta.n_workspaces; i++) {
+      const fg_plan_workspace *w = &meta.workspaces[i];
+      if (!fg_plan_workspace_units(w, fg_kernel_main(&meta)->br, a.heads_q, a.heads_kv, a.seqlen_q,
+                                   a.seqlen_k, b.deterministic != 0))
+        continue;
+      fg_text_add(&t, "%s%s", n++ ? ", " : "", w->name);
+      if (w->per_key) fg_text_add(&t, w->rows > 1 ? " per key block" : " per key row");
+      if (w->min_group_rows > 0)
+        fg_text_add(&t, "%s only when Nq*Hq/Hkv > %lld", w->per_key ? "," : "", w->min_group_rows);
+    }
     if (b.workspace)
       fg_text_add(&t, "), the caller's buffer of %zu bytes\n", b.workspace_size);
     else

@@ -8,6 +8,7 @@
  * the process, like the tables. */
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,6 +103,10 @@ static const char *fg_export_convert_kernel(const fg_export_kernel *k, size_t st
     m->steps[i].br = s.br;
     m->steps[i].threads = s.threads;
     m->steps[i].smem_bytes = s.smem_bytes;
+    /* split_rows came later: a table whose step_size predates it reads it as 0 (never split),
+     * what its steps were. */
+    if (step_size >= offsetof(fg_export_step, split_rows) + sizeof s.split_rows)
+      m->steps[i].split_rows = s.split_rows;
   }
   m->n_workspaces = k->n_workspaces;
   for (int i = 0; i < k->n_workspaces; i++) {
@@ -116,6 +121,12 @@ static const char *fg_export_convert_kernel(const fg_export_kernel *k, size_t st
     o->bytes = w.bytes;
     o->rows = w.rows;
     o->deterministic_only = w.deterministic_only != 0;
+    /* per_key and min_group_rows came later: a table whose workspace_desc_size predates them
+     * holds neither (its struct's tail padding may overlap per_key: not read), so both are 0. */
+    if (ws_size >= offsetof(fg_export_workspace, min_group_rows) + sizeof w.min_group_rows) {
+      o->per_key = w.per_key;
+      o->min_group_rows = w.min_group_rows;
+    }
   }
   /* Its parameter block and tensor maps (zero in tables from before them: none). */
   if (k->params != FG_EXPORT_PARAMS_DEFAULT && k->params != FG_EXPORT_PARAMS_FWD_TMA) {

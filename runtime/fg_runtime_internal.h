@@ -173,7 +173,8 @@ typedef struct fg_launch_elems {
 #define FG_ELEMS_FORWARD ((fg_launch_elems){2, 2, 4})
 #define FG_ELEMS_REFERENCE ((fg_launch_elems){2, 8, 8})
 
-/* The grid of a plan's step for a problem (before splitting along y). */
+/* The grid of a plan's step for a problem (before splitting along y; z > 1 only for a kv_tiles
+ * main step that splits long query ranges, fg_plan_step_splits). */
 void fg_plan_grid(const fg_plan_step *s, int64_t batch, int64_t heads_q, int64_t heads_kv,
                   int64_t seqlen_q, int64_t seqlen_k, uint64_t grid[3]);
 /* fg_plan_grid for a forward parameter block. */

@@ -27,6 +27,7 @@ void fg_plan_grid(const fg_plan_step *s, int64_t batch, int64_t heads_q, int64_t
     case FG_GRID_KV_TILES:
       grid[0] = br ? ((uint64_t)seqlen_k + br - 1) / br : 0;
       grid[1] = (uint64_t)batch * (uint64_t)heads_kv;
+      grid[2] = fg_plan_step_splits(s, heads_q, heads_kv, seqlen_q); /* long query ranges */
       break;
   }
 }
@@ -195,7 +196,8 @@ static fg_status fg_launch_current(fg_context *ctx, const fg_loaded_kernel *k,
    * workspace is one block per batch: batch b's part starts at b * bytes / batch. */
   fg_workspace own = {0, 0};
   uint64_t ws_bytes = 0;
-  if (fg_plan_workspace_bytes(m, p->batch, p->heads_q, p->seqlen_q, 0, &ws_bytes, NULL) ||
+  if (fg_plan_workspace_bytes(m, p->batch, p->heads_q, p->heads_kv, p->seqlen_q, p->seqlen_k, 0,
+                              &ws_bytes, NULL) ||
       ws_bytes > (uint64_t)INT64_MAX)
     return fg_fail(ctx, FG_ERROR_UNSUPPORTED, "the workspace of kernel %s would exceed 2^63 B",
                    k->name);

@@ -7,7 +7,9 @@
 //                     the forward's log-sum-exp; dV += P^T dO and dK += dS^T Q accumulate in
 //                     registers, dQ += dS K goes to the fp32 accumulator with atomic adds;
 //   {{ entry }}_post  dQ = scale * accumulator, converted to the element type.
-// Workspace (fp32): the dQ accumulator [B*Hq, Nq, D], then D [B*Hq, Nq]. Do not edit.
+// Past bwd.lua's SPLIT_ROWS query rows per KV head, the grid's z splits each key block's query
+// blocks; each split adds its dK, dV sums into the fp32 dkv_accum, which _post converts.
+// Workspace (fp32): the dQ accumulator [B*Hq, Nq, D], (dkv_accum), D [B*Hq, Nq]. Do not edit.
 {% include("common.cuh") %}
 
 namespace {
@@ -44,16 +46,22 @@ constexpr unsigned P_OFF = Q_OFF + STAGES * STAGE_BYTES, DS_OFF = P_OFF + BC * P
 }  // namespace
 {% include("bwd_aux.cuh") %}
 
-// The main kernel. Grid (ceil(Nk / BC), B * Hkv).
+// The main kernel. Grid (ceil(Nk / BC), B * Hkv, splits of the query blocks: bwd_span_of).
 extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __grid_constant__ fg_bwd_params p) {
   extern __shared__ __align__(128) u16 smem[];
   const u32 sbase = smem_addr(smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const u32 bhk = blockIdx.y, b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
   const i64 k0 = k0_of(p), Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
+  // The query blocks of this block (its key block's span, its split of it: bwd_span_of).
+  // Double-buffered, the kernel holds them (sp0); single-buffered (sm_80 above d = 64, every arch
+  // above d = 128) it reads them anew (volatile, bwd_span_now) where it needs them: holding the
+  // split's first block and count spilled past the limit at d = 224..248 (sm_80), reading them
+  // anew did double-buffered (sm_90a, d = 40..120).
+  const bwd_span sp0 = bwd_span_of(p, k0);
+  auto span = [&]() { return STAGES == 2 ? sp0 : bwd_span_now(p); };
   const int G = (int)p.hq_per_hkv;
-  const bwd_span sp = bwd_span_of(p, k0);
-  const int i0 = sp.i0, per_head = sp.per_head, n_items = sp.n_items;
+
 
   zero_pad_columns<2 * BC, D, DP, ROW, THREADS>(smem, tid);
 #pragma unroll
@@ -69,7 +77,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   // Query block `item` (head hk * G + item / per_head) into stage `st`: Q and dO with cp.async,
   // LSE * log2(e) and D with plain loads (load_lse_d).
   auto load_q = [&](int item, int st) {
-    const i64 h = (i64)hk * G + item / per_head, q0 = (i64)(i0 + item % per_head) * BR;
+    const bwd_span sp = span();
+    const i64 h = (i64)hk * G + item / sp.per_head, q0 = (i64)(sp.i0 + item % sp.per_head) * BR;
     const u32 s_q = sbase + Q_OFF + st * STAGE_BYTES;
     if (tid < LOAD_THREADS) {
       load_tile<BR, CHUNKS, ROW, LOAD_THREADS>(s_q, (const u16 *)p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_sn, p.q_sn, Nq - q0, tid);
@@ -77,7 +86,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     }
     load_lse_d((float *)((char *)smem + Q_OFF + st * STAGE_BYTES + L_IN), p, b, h, q0, tid);
   };
-  if (STAGES == 2 && n_items > 0) load_q(0, 0);
+  if (STAGES == 2 && span().n_items > 0) load_q(0, 0);
   cp_async_commit();
 
   const int wm = warp % WM, wn = warp / WM, wq = warp % WQ, wd = warp / WQ;
@@ -93,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[mt][nd][e] = dv[mt][nd][e] = 0.f;
 
-  for (int it = 0; it < n_items; ++it) {
+  for (int it = 0; it < span().n_items; ++it) {
     const int st = STAGES == 2 ? (it & 1) : 0;
     if constexpr (STAGES == 1) {
       load_q(it, 0);
@@ -102,11 +111,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     cp_async_wait<0>();
     __syncthreads();  // this block's Q, dO, LSE, D have landed; every warp is done with the last
     if constexpr (STAGES == 2) {
-      if (it + 1 < n_items) load_q(it + 1, st ^ 1);
+      if (it + 1 < span().n_items) load_q(it + 1, st ^ 1);
       cp_async_commit();
     }
-    const int h = (int)hk * G + it / per_head;
-    const i64 q0 = (i64)(i0 + it % per_head) * BR;
+    const bwd_span sp = span();
+    const int h = (int)hk * G + it / sp.per_head;
+    const i64 q0 = (i64)(sp.i0 + it % sp.per_head) * BR;
     const u32 s_q = sbase + Q_OFF + st * STAGE_BYTES, s_do = s_q + DO_IN;
     const float *sl = (const float *)((const char *)smem + Q_OFF + st * STAGE_BYTES + L_IN);
 
@@ -247,9 +257,36 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     if constexpr (STAGES == 1) __syncthreads();  // before the next block overwrites Q and dO
   }
 
-  // dK = scale * sum dS^T Q and dV, in the element type, straight from the accumulators.
+  // dK = scale * sum dS^T Q and dV, in the element type, straight from the accumulators; or (long
+  // query ranges, split) this split's sums added into dkv_accum, which _post converts.
   const float sc = (float)p.scale;
   const i64 k0e = k0_of(p);  // k0, read anew (see key_block)
+  if (p.dkv) {
+    // dK, then dV, through shared memory (K and V's tiles, free now: at least BC x D floats) into
+    // dkv_accum, rows at a time, coalesced: the accumulators die as they are staged (adding them
+    // from registers, fragment by fragment, spilled past the limit at d = 200..248).
+    float *blk = dkv_block(p, blockIdx.y, k0e / BC), *sacc = (float *)smem;
+    const int kvl = (int)(Nk - k0e < BC ? Nk - k0e : BC);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      __syncthreads();  // every warp is done with shared memory (the loop's tiles, or dK's rows)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nd = 0; nd < ND; ++nd)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = (wm * MT + mt) * 16 + g + hh * 8, c = wn * ND * 8 + nd * 8 + 2 * t;
+            const float *x = half ? dv[mt][nd] : dk[mt][nd];
+            if (DP == D || c < D) *(float2 *)(sacc + r * D + c) = make_float2(x[2 * hh], x[2 * hh + 1]);
+          }
+      if (half == 0) dkv_wait(p, blk, tid);  // deterministic: after dK is staged (its registers free)
+      __syncthreads();
+      dkv_add_rows(p, blk + half * BC * D, sacc, kvl, tid);
+    }
+    dq_sem_release(p, dkv_sem(blk), tid);  // the next split's turn (deterministic mode)
+    return;
+  }
   u16 *gdK = (u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh + k0e * p.dk_sn;
   u16 *gdV = (u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + k0e * p.dv_sn;
   const int kv_left = (int)(Nk - k0e < BC ? Nk - k0e : BC);

@@ -124,14 +124,30 @@ function M.entry(v) return "fg_" .. v.name end
 -- through launch(v).constants): query rows and threads per block of _pre and _post, and query
 -- rows per semaphore of deterministic mode.
 local AUX_ROWS, AUX_THREADS, SEM_ROWS = 64, 128, 16
+-- Long query ranges. Each key block sums dK and dV over every query row of its (batch, KV head)
+-- group, seqlen_q * heads_q / heads_kv rows, in the tensor cores' fp32 accumulators, whose
+-- additions truncate: the error grows with the rows (check bwd/big: 16.8M rows, dK 1.5x over the
+-- tolerance, and one block of 1 SM doing all the work). Past SPLIT_ROWS rows the main step's grid
+-- gets a z dimension of ceil(rows / SPLIT_ROWS) splits (runtime: fg_plan_step_splits), each a
+-- contiguous part of every key block's query blocks summed as below the threshold, then added
+-- into the fp32 workspace dkv_accum (bwd_aux.cuh: dkv_block), which _pre zeroes and _post
+-- converts into dK and dV. Below it nothing changes: no workspace, one split, the same kernels.
+-- Per key block of each (batch, KV head): dK then dV (Bc x d floats each), then DKV_SEM_FLOATS
+-- floats, the first of them the block's semaphore of deterministic mode (the splits add in
+-- order); 16 bytes, so every block stays 16-byte aligned for vector reductions.
+local SPLIT_ROWS, DKV_SEM_FLOATS = 65536, 4
 
 -- The plan (core/fg_kernel.h), run in order with one fg_bwd_params:
 --   <entry>_pre   grid q_tiles (ceil(Nq / 64), B * Hq), 128 threads: D = rowsum(dO * O), the dQ
 --                 accumulator := 0 (and the semaphores, deterministic)
---   <entry>       grid kv_tiles (ceil(Nk / Bc), B * Hkv): the main kernel (br holds Bc)
---   <entry>_post  grid q_tiles, 128 threads: dQ = scale * accumulator
--- Workspaces, per (batch, query head), one after the other: the fp32 dQ accumulator (d floats per
--- query row, at p.workspace), D (1 float per row, p.dsum) and in deterministic mode a 4-byte
+--   <entry>       grid kv_tiles (ceil(Nk / Bc), B * Hkv[, splits past SPLIT_ROWS]): the main
+--                 kernel (br holds Bc)
+--   <entry>_post  grid q_tiles, 128 threads: dQ = scale * accumulator (and past SPLIT_ROWS dK =
+--                 scale * dK sum, dV = dV sum from dkv_accum)
+-- Workspaces, one after the other: per (batch, query head) the fp32 dQ accumulator (d floats per
+-- query row, at p.workspace); past SPLIT_ROWS, per key block of each (batch, KV head), the fp32
+-- dK/dV sums and a semaphore (dkv_accum at p.dkv; second, so that it starts 16-byte aligned);
+-- per (batch, query head) D (1 float per row, p.dsum) and in deterministic mode a 4-byte
 -- semaphore per 16 query rows (p.sem).
 --
 -- The plan of a backward template whose main kernel takes `threads` and `smem` (another
@@ -142,15 +158,19 @@ local function plan(v, template, threads, smem)
     template = template, main = 2,
     steps = {
       { entry = e .. "_pre", grid = "q_tiles", br = AUX_ROWS, threads = AUX_THREADS, smem = 0 },
-      { entry = e, grid = "kv_tiles", br = v.bc, threads = threads, smem = smem },
+      { entry = e, grid = "kv_tiles", br = v.bc, threads = threads, smem = smem,
+        split_rows = SPLIT_ROWS },
       { entry = e .. "_post", grid = "q_tiles", br = AUX_ROWS, threads = AUX_THREADS, smem = 0 },
     },
     workspaces = {
       { name = "dq_accum", param = "workspace", bytes = 4 * v.d, rows = 1 },
+      { name = "dkv_accum", param = "dkv", bytes = 4 * (2 * v.bc * v.d + DKV_SEM_FLOATS),
+        rows = v.bc, per = "key", min_group_rows = SPLIT_ROWS },
       { name = "dsum", param = "dsum", bytes = 4, rows = 1 },
       { name = "semaphores", param = "sem", bytes = 4, rows = SEM_ROWS, deterministic = true },
     },
-    constants = { pre_rows = AUX_ROWS, pre_threads = AUX_THREADS, sem_rows = SEM_ROWS },
+    constants = { pre_rows = AUX_ROWS, pre_threads = AUX_THREADS, sem_rows = SEM_ROWS,
+                  dkv_sem_floats = DKV_SEM_FLOATS },
   }
 end
 

@@ -1,13 +1,21 @@
 // bwd_aux.cuh: what the backward templates (bwd.cu: mma.sync; bwd_wgmma.cu: wgmma) share: the
 // plan's first and last kernels ({{ entry }}_pre: D = rowsum(dO * O) and the fp32 dQ accumulator
-// zeroed; {{ entry }}_post: dQ converted), the fp32 reductions of dQ tiles, the query blocks a
-// key block visits, the LSE/D loads of a query block, and deterministic mode's semaphores.
+// zeroed; {{ entry }}_post: dQ converted; for long query ranges dkv_accum zeroed and converted
+// into dK, dV too), the fp32 reductions of dQ tiles, the query blocks a key block (and its split)
+// visits, the LSE/D loads of a query block, deterministic mode's semaphores, and the splits'
+// additions of their dK/dV partial sums.
 // Included after the template's constants (D, CHUNKS, BF16, BR, CAUSAL, THREADS) with
 // {% include("bwd_aux.cuh") %}.
 namespace {
 // From the plan (bwd.lua, launch(v).constants): query rows and threads per block of the _pre
 // and _post kernels, and query rows per semaphore of deterministic mode.
 constexpr int PRE_ROWS = {{ pre_rows }}, PRE_THREADS = {{ pre_threads }}, SEM_ROWS = {{ sem_rows }};
+// Long query ranges (bwd.lua, SPLIT_ROWS): per key block of each (batch, KV head), dkv_accum
+// holds dK, then dV (BC x D fp32 each, row-major), then DKV_SEM_FLOATS floats whose first is the
+// block's semaphore of deterministic mode.
+constexpr int DKV_SEM_FLOATS = {{ dkv_sem_floats }};
+constexpr i64 DKV_FLOATS = 2 * (i64)BC * D + DKV_SEM_FLOATS;
+static_assert(DKV_FLOATS % 4 == 0, "dkv_accum's key blocks stay 16-byte aligned (vector adds)");
 static_assert(BR % SEM_ROWS == 0 && PRE_ROWS % SEM_ROWS == 0 && PRE_ROWS / SEM_ROWS <= PRE_THREADS,
               "a semaphore covers whole query blocks, and _pre zeroes its rows' semaphores");
 constexpr float LOG2E = 1.4426950408889634f;
@@ -72,10 +80,20 @@ FG_DEV u32 ld_acquire(const u32 *a) {
 // The query blocks that see key block k0: all of them, or (causal) from the block of the first
 // query i with k0 <= i + (Nk - Nq). Items are (query head of the group, query block) pairs:
 // item it is head hk * G + it / per_head, query block i0 + it % per_head.
+// Past the plan's SPLIT_ROWS the grid's z splits them: of the P query blocks the key block sees
+// in every head of the group, split z of S takes blocks floor(z P / S) ... floor((z + 1) P / S) - 1
+// (in every head; below the threshold z = 0 of 1: all of them). So the split is again a span of
+// that form, and the main loop is the same code with or without splits.
+// In deterministic mode a block waits for the key block before it in a dQ tile's order (dq_rank:
+// kb - 1 without a mask, kb + 1 causal); there the tile sits at the same (no mask) or a smaller
+// (causal: a shorter span, the tile nearer its start) fraction of the span, so in the same or a
+// lower split. Every block thus waits only for blocks of lower z, or of the same z and lower x
+// (key_block), which the GPU starts before it.
 struct bwd_span {
   int i0, per_head, n_items;
 };
-FG_DEV bwd_span bwd_span_of(const fg_bwd_params &p, i64 k0) {
+FG_DEV bwd_span bwd_span_of(const fg_bwd_params &p, i64 k0, u32 z = blockIdx.z,
+                            u32 splits = gridDim.z) {
   const i64 Nq = p.seqlen_q, diag = p.seqlen_k - Nq;
   const int nqb = (int)((Nq + BR - 1) / BR);
   int i0 = 0;
@@ -83,7 +101,10 @@ FG_DEV bwd_span bwd_span_of(const fg_bwd_params &p, i64 k0) {
     const i64 first_q = k0 - diag;
     i0 = first_q <= 0 ? 0 : (first_q / BR < nqb ? (int)(first_q / BR) : nqb);
   }
-  return {i0, nqb - i0, (int)p.hq_per_hkv * (nqb - i0)};
+  // 32-bit operands, 64-bit products (this form kept ptxas's registers at d = 128 as before).
+  const u32 P = (u32)(nqb - i0);
+  const int a = (int)((u64)z * P / splits), e = (int)((u64)(z + 1) * P / splits);
+  return {i0 + a, e - a, (int)p.hq_per_hkv * (e - a)};
 }
 
 // LSE * log2(e) and D of query rows q0 ... q0 + BR - 1 of head (b, h) into sl[0, BR) and
@@ -111,6 +132,14 @@ FG_DEV int key_block(const fg_bwd_params &p) {
   return (int)ctaid_x();
 }
 FG_DEV i64 k0_of(const fg_bwd_params &p) { return (i64)key_block(p) * BC; }
+// This block's span (bwd_span_of) with its key block and split read anew (volatile) at every
+// call: a kernel that calls it where it needs the span keeps none of it live across the
+// query-block loop (bwd.cu, single-buffered).
+FG_DEV u32 ctaid_z() { u32 r; asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(r)); return r; }
+FG_DEV u32 nctaid_z() { u32 r; asm volatile("mov.u32 %0, %%nctaid.z;" : "=r"(r)); return r; }
+FG_DEV bwd_span bwd_span_now(const fg_bwd_params &p) {
+  return bwd_span_of(p, k0_of(p), ctaid_z(), nctaid_z());
+}
 // Deterministic mode: the key blocks add their parts of each dQ tile (the rows q0 ... of head
 // (b, h)) in a fixed order, each after the ones before it: rank is how many come before key
 // block kb = key_block(p). Without a mask every key block sees every tile: ascending, rank kb. Causal (bottom-
@@ -152,6 +181,98 @@ FG_DEV void dq_sem_release(const fg_bwd_params &p, u32 *sem, int tid) {
     if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(sem) : "memory");
   }
 }
+
+// Long query ranges (p.dkv != 0, the grid's z splits each key block's query blocks): key block
+// kb of (batch, KV head) bhk in dkv_accum (dK at 0, dV at BC * D, the semaphore at 2 BC D).
+FG_DEV float *dkv_block(const fg_bwd_params &p, u32 bhk, i64 kb) {
+  return (float *)p.dkv + ((i64)bhk * ((p.seqlen_k + BC - 1) / BC) + kb) * DKV_FLOATS;
+}
+FG_DEV u32 *dkv_sem(float *blk) { return (u32 *)(blk + 2 * BC * D); }
+// Deterministic mode: the splits of a key block add in z order; split z waits until the z before
+// it have added (the semaphore counts them). Called by every thread of the block.
+FG_DEV void dkv_wait(const fg_bwd_params &p, float *blk, int tid) {
+  if (p.deterministic) {
+    if (tid == 0) {
+      while (ld_acquire(dkv_sem(blk)) != blockIdx.z) {
+      }
+    }
+    __syncthreads();
+  }
+}
+// Adds rows [0, rows) of a split's dK or dV, staged in shared memory (sacc: BC x D fp32,
+// row-major), to dkv_accum's block at dst: 16 bytes per thread and step, coalesced; vector
+// reductions (sm_90; four scalar ones before), or in deterministic mode (behind dkv_wait) a
+// plain load, add and store, L2-coherent (.cg), so the bits are those of the z order every run.
+// Called by every thread of the block.
+FG_DEV void dkv_add_rows(const fg_bwd_params &p, float *dst, const float *sacc, int rows, int tid) {
+  const int n4 = rows * (D / 4);
+  for (int i = tid; i < n4; i += THREADS) {
+    const float4 x = ((const float4 *)sacc)[i];
+    float *a = dst + 4 * i;
+    if (p.deterministic) {
+      float y0, y1, y2, y3;
+      asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=f"(y0), "=f"(y1), "=f"(y2), "=f"(y3) : "l"(a) : "memory");
+      asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(a), "f"(y0 + x.x),
+                   "f"(y1 + x.y), "f"(y2 + x.z), "f"(y3 + x.w) : "memory");
+    } else {
+{% if arch == "sm_90" or arch == "sm_90a" then %}
+      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(a), "f"(x.x), "f"(x.y),
+                   "f"(x.z), "f"(x.w) : "memory");
+{% else %}
+      red_add_f32(a, x.x);
+      red_add_f32(a + 1, x.y);
+      red_add_f32(a + 2, x.z);
+      red_add_f32(a + 3, x.w);
+{% end %}
+    }
+  }
+}
+// Adds the m16n8 fragment of a split's dK or dV (rows g, g + 8 of row0 on, columns c, c + 1;
+// row stride D) to dkv_accum: vector reductions (add_dq_tile), or in deterministic mode (behind
+// dkv_wait) a plain load, add and store, L2-coherent (.cg), so the bits are those of the z
+// order every run. Called by every lane of the warp.
+FG_DEV void dkv_add(const fg_bwd_params &p, float *row0, int g, int t, int c, int nrows, float x0,
+                    float x1, float x2, float x3) {
+  if (!p.deterministic) {
+    add_dq_tile(row0, g, t, c, nrows, x0, x1, x2, x3);
+    return;
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    if (g + 8 * hh < nrows) {
+      float *a = row0 + (g + 8 * hh) * D + c, y0, y1;
+      asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];\n" : "=f"(y0), "=f"(y1) : "l"(a) : "memory");
+      y0 += hh ? x2 : x0;
+      y1 += hh ? x3 : x1;
+      asm volatile("st.global.cg.v2.f32 [%0], {%1, %2};\n" ::"l"(a), "f"(y0), "f"(y1) : "memory");
+    }
+  }
+}
+
+// The blocks of the _pre and _post grids (ceil(Nq / 64), B * Hq) that serve (batch, KV head)
+// bhk's dkv_accum: the G query heads' blocks, numbered l = 0 ... L - 1.
+struct dkv_share {
+  u32 bhk;
+  i64 l, L;
+};
+FG_DEV dkv_share dkv_share_of(const fg_bwd_params &p, u32 b, u32 h) {
+  const u32 G = (u32)p.hq_per_hkv;
+  return {b * (u32)p.heads_kv + h / G, (i64)(h % G) * gridDim.x + blockIdx.x, (i64)G * gridDim.x};
+}
+// One row of D fp32 values at acc_row, times sc, into dst in the element type (16-byte chunks
+// over the lanes of a warp).
+FG_DEV void row_out(const float *acc_row, u16 *dst, float sc, int lane) {
+  for (int c = lane; c < CHUNKS; c += 32) {
+    u32 x[8];
+    ld_global_v4(acc_row + c * 8, x[0], x[1], x[2], x[3]);
+    ld_global_v4(acc_row + c * 8 + 4, x[4], x[5], x[6], x[7]);
+    u32 y[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) y[i] = pack2<BF16>(__int_as_float(x[2 * i]) * sc, __int_as_float(x[2 * i + 1]) * sc);
+    st_global_v4(dst + c * 8, y[0], y[1], y[2], y[3]);
+  }
+}
 }  // namespace
 
 // D = rowsum(dO * O) in fp32; zeroes the row's dQ accumulator. Grid (ceil(Nq / 64), B * Hq).
@@ -181,9 +302,17 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_pre(const 
     const i64 s = (i64)blockIdx.x * (PRE_ROWS / SEM_ROWS) + threadIdx.x;
     if (s < sems_per_head(p)) ((u32 *)p.sem)[(i64)bh * sems_per_head(p) + s] = 0u;
   }
+  if (p.dkv) {  // long query ranges: this (batch, KV head)'s dkv_accum, semaphores included
+    const dkv_share sh = dkv_share_of(p, b, h);
+    float *base = dkv_block(p, sh.bhk, 0);
+    const i64 n4 = (p.seqlen_k + BC - 1) / BC * (DKV_FLOATS / 4);
+    for (i64 i = sh.l * PRE_THREADS + threadIdx.x; i < n4; i += sh.L * PRE_THREADS)
+      st_global_v4(base + 4 * i, 0u, 0u, 0u, 0u);
+  }
 }
 
-// dQ = scale * accumulator, in the element type, at dQ's strides. Grid (ceil(Nq / 64), B * Hq).
+// dQ = scale * accumulator, in the element type, at dQ's strides; for long query ranges (p.dkv)
+// dK = scale * dkv_accum's dK and dV = its dV too. Grid (ceil(Nq / 64), B * Hq).
 extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_post(const __grid_constant__ fg_bwd_params p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const u32 bh = blockIdx.y, b = bh / (u32)p.heads_q, h = bh % (u32)p.heads_q;
@@ -191,16 +320,17 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_post(const
   for (int rr = warp; rr < PRE_ROWS; rr += PRE_THREADS / 32) {
     const i64 q = (i64)blockIdx.x * PRE_ROWS + rr;
     if (q >= p.seqlen_q) break;
-    const float *acc_row = dq_acc(p) + ((i64)bh * p.seqlen_q + q) * D;
-    u16 *dq = (u16 *)p.dq + b * p.dq_sb + h * p.dq_sh + q * p.dq_sn;
-    for (int c = lane; c < CHUNKS; c += 32) {
-      u32 x[8];
-      ld_global_v4(acc_row + c * 8, x[0], x[1], x[2], x[3]);
-      ld_global_v4(acc_row + c * 8 + 4, x[4], x[5], x[6], x[7]);
-      u32 y[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) y[i] = pack2<BF16>(__int_as_float(x[2 * i]) * sc, __int_as_float(x[2 * i + 1]) * sc);
-      st_global_v4(dq + c * 8, y[0], y[1], y[2], y[3]);
+    row_out(dq_acc(p) + ((i64)bh * p.seqlen_q + q) * D,
+            (u16 *)p.dq + b * p.dq_sb + h * p.dq_sh + q * p.dq_sn, sc, lane);
+  }
+  if (p.dkv) {  // long query ranges: a warp per key row of this (batch, KV head)
+    const dkv_share sh = dkv_share_of(p, b, h);
+    const u32 hk = sh.bhk % (u32)p.heads_kv;
+    constexpr int W = PRE_THREADS / 32;
+    for (i64 k = sh.l * W + warp; k < p.seqlen_k; k += sh.L * W) {
+      const float *blk = dkv_block(p, sh.bhk, k / BC) + (k % BC) * D;
+      row_out(blk, (u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh + k * p.dk_sn, sc, lane);
+      row_out(blk + BC * D, (u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + k * p.dv_sn, 1.f, lane);
     }
   }
 }

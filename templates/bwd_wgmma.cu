@@ -8,7 +8,9 @@
 // from shared memory), P^T = exp2(S^T scale log2(e) - LSE log2(e)) and dS^T = P^T (dP^T - D) in
 // registers; dV += P^T dO with P^T as a register operand; dS^T goes to shared memory, where
 // dK += dS^T Q and dQ = dS K (dS^T read transposed through its descriptor) read it; dQ goes to
-// the fp32 accumulator with vector reductions. Tiles are stored in blocks of
+// the fp32 accumulator with vector reductions. Past bwd.lua's SPLIT_ROWS query rows per KV head
+// the grid's z splits each key block's query blocks, and the splits add their dK, dV sums into
+// the fp32 dkv_accum, which _post converts. Tiles are stored in blocks of
 // 64 columns (128-byte rows), 128-byte swizzled (wgmma.cuh). Do not edit.
 {% include("common.cuh") %}
 {% include("wgmma.cuh") %}
@@ -62,7 +64,7 @@ FG_DEV void st_shared_u32(u32 a, u32 x) { asm volatile("st.shared.b32 [%0], %1;\
 }  // namespace
 {% include("bwd_aux.cuh") %}
 
-// The main kernel. Grid (ceil(Nk / BC), B * Hkv).
+// The main kernel. Grid (ceil(Nk / BC), B * Hkv, splits of the query blocks: bwd_span_of).
 extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __grid_constant__ fg_bwd_params p) {
   extern __shared__ __align__(1024) u16 smem_raw[];
   const u32 sbase = (smem_addr(smem_raw) + 1023u) & ~1023u;  // 1024 B more are allocated (bwd.lua)
@@ -207,9 +209,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   }
 
   // dK = scale * sum dS^T Q and dV, in the element type, from the accumulators: dk[4 nt + 2 hh +
-  // e] is key 64 wg + wr + g + 8 hh, column 8 nt + 2 t + e.
+  // e] is key 64 wg + wr + g + 8 hh, column 8 nt + 2 t + e; or (long query ranges, split) this
+  // split's sums added into dkv_accum, which _post converts.
   const float sc = (float)p.scale;
   const i64 k0e = k0_of(p);  // k0, read anew (see key_block)
+  if (p.dkv) {
+    float *blk = dkv_block(p, blockIdx.y, k0e / BC);
+    const int r0 = wg * 64 + wr, kvl = (int)(Nk - k0e < BC ? Nk - k0e : BC) - r0;
+    dkv_wait(p, blk, tid);
+#pragma unroll
+    for (int nt = 0; nt < NT_D; ++nt) {
+      dkv_add(p, blk + r0 * D, g, t, 8 * nt + 2 * t, kvl, dk[4 * nt], dk[4 * nt + 1], dk[4 * nt + 2], dk[4 * nt + 3]);
+      dkv_add(p, blk + BC * D + r0 * D, g, t, 8 * nt + 2 * t, kvl, dv[4 * nt], dv[4 * nt + 1], dv[4 * nt + 2], dv[4 * nt + 3]);
+    }
+    dq_sem_release(p, dkv_sem(blk), tid);  // the next split's turn (deterministic mode)
+    return;
+  }
   u16 *gdK = (u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh + k0e * p.dk_sn;
   u16 *gdV = (u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + k0e * p.dv_sn;
   const int kv_left = (int)(Nk - k0e < BC ? Nk - k0e : BC);

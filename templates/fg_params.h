@@ -58,5 +58,9 @@ typedef struct fg_bwd_params {
    * semaphores at sem (unsigned, one per 16 query rows of every (batch, query head)). */
   long long deterministic;
   unsigned long long sem;
+  /* Long query ranges (a plan's workspace "dkv_accum", present only past its min_group_rows):
+   * an fp32 scratch of each key block's dK and dV partial sums, which the main kernel moves out
+   * of the tensor cores' accumulators every so many query blocks; 0 when absent. */
+  unsigned long long dkv;
 } fg_bwd_params;
 #endif

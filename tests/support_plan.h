@@ -1,5 +1,5 @@
 /* support_plan.h: launch plans for tests that make kernel images by hand (no generator): the
- * backward's three steps and three workspaces as templates/bwd.lua declares them (test_generator
+ * backward's three steps and four workspaces as templates/bwd.lua declares them (test_generator
  * checks the manifest against the same numbers), and a forward's one step. */
 #ifndef FG_TEST_SUPPORT_PLAN_H
 #define FG_TEST_SUPPORT_PLAN_H
@@ -10,21 +10,25 @@
 
 /* The backward plan of kernel `name` (its main entry is "fg_" + name): _pre and _post on
  * (ceil(Nq / 64), B * Hq) with 128 threads, the main kernel on (ceil(Nk / bc), B * Hkv); the dQ
- * accumulator (4 d B per row), D (4 B per row), semaphores (4 B per 16 rows, deterministic). */
+ * accumulator (4 d B per row), the dK/dV partial sums ((2 bc d + 4) * 4 B per key block of each
+ * (batch, KV head), only when Nq * Hq / Hkv > 65536, when the main kernel's grid splits the query
+ * range too), D (4 B per row), semaphores (4 B per 16 rows, deterministic). */
 static inline void test_backward_plan(fg_kernel_meta *m, const char *name, int d, int bc,
                                       int threads, int smem) {
   char e[64];
   snprintf(e, sizeof e, "fg_%.60s", name); /* entries hold 63 characters */
   fg_kernel_meta_single(m, e, FG_GRID_KV_TILES, bc, threads, smem);
+  m->steps[0].split_rows = 65536;
   m->n_steps = 3;
   m->main_step = 1;
   m->steps[1] = m->steps[0];
   m->steps[0] = m->steps[2] = (fg_plan_step){.grid = FG_GRID_Q_TILES, .br = 64, .threads = 128};
   snprintf(m->steps[0].entry, sizeof m->steps[0].entry, "%.58s_pre", e);
   snprintf(m->steps[2].entry, sizeof m->steps[2].entry, "%.58s_post", e);
-  m->n_workspaces = 3;
-  m->workspaces[0] = (fg_plan_workspace){"dq_accum", "workspace", 4 * d, 1, 0};
-  m->workspaces[1] = (fg_plan_workspace){"dsum", "dsum", 4, 1, 0};
-  m->workspaces[2] = (fg_plan_workspace){"semaphores", "sem", 4, 16, 1};
+  m->n_workspaces = 4;
+  m->workspaces[0] = (fg_plan_workspace){"dq_accum", "workspace", 4 * d, 1, 0, 0, 0};
+  m->workspaces[1] = (fg_plan_workspace){"dkv_accum", "dkv", 4 * (2 * bc * d + 4), bc, 0, 1, 65536};
+  m->workspaces[2] = (fg_plan_workspace){"dsum", "dsum", 4, 1, 0, 0, 0};
+  m->workspaces[3] = (fg_plan_workspace){"semaphores", "sem", 4, 16, 1, 0, 0};
 }
 #endif

@@ -918,6 +918,30 @@ Test(explain_backward, exported_choice_nearest_bucket_and_plan, .init = fake_dri
   b.workspace_size = sizeof ws;
   cr_assert_eq(fg_explain_backward(ctx, &b, buf, sizeof buf), FG_OK, "%s", buf);
   cr_assert(strstr(buf, "the caller's buffer of 16 bytes"), "%s", buf);
+  /* Below the threshold the main kernel is not split, and explain says why. */
+  cr_assert(strstr(buf, "query rows per KV head (seqlen_q * heads_q / heads_kv = 16384) within "
+                        "65536: one block per key block sums them all\n"),
+            "%s", buf);
+  /* Past 65536 query rows per K/V head (16385 * 16 / 4 = 65540), the main kernel's grid splits
+   * them in 2 (its z), and the dK/dV partial sums join: 2 * 4 K/V heads x 64 key blocks x
+   * (2 * 64 * 128 + 4) floats, about 32 MiB more. */
+  b = bwd_shape(4096, 1);
+  b.seqlen_q = 16385;
+  cr_assert_eq(fg_explain_backward(ctx, &b, buf, sizeof buf), FG_OK, "%s", buf);
+  char want[200];
+  snprintf(want, sizeof want,
+           "workspace: %.1f MiB (dq_accum, dkv_accum per key block, only when Nq*Hq/Hkv > 65536, "
+           "dsum)",
+           (2.0 * 16 * 16385 * 129 * 4 + 8.0 * 64 * (2 * 64 * 128 + 4) * 4) / (1024.0 * 1024.0));
+  cr_assert(strstr(buf, want), "no '%s' in:\n%s", want, buf);
+  cr_assert(strstr(buf, "2. fg_" BWD_CHOICE ": grid kv_tiles (64, 8, 2) x 256 threads"), "%s", buf);
+  cr_assert(strstr(buf, "query rows per KV head (seqlen_q * heads_q / heads_kv = 65540) past 65536: "
+                        "each key block's query blocks split over the grid's z, the splits' "
+                        "partial dK/dV summed in fp32 (dkv_accum)\n"),
+            "%s", buf);
+  b.seqlen_q = 16384;
+  cr_assert_eq(fg_explain_backward(ctx, &b, buf, sizeof buf), FG_OK, "%s", buf);
+  cr_assert(strstr(buf, "(dq_accum, dsum)") && !strstr(buf, "dkv_accum"), "%s", buf);
 
   /* Another bucket of the same prefix takes the nearest choice. */
   b = bwd_shape(1000, 1);

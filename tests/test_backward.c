@@ -897,6 +897,158 @@ Test(backward_launch, deterministic_semaphores_follow_d, .init = fake_setup,
             fg_context_last_error(ctx));
 }
 
+/* Long query ranges (templates/bwd.lua's SPLIT_ROWS, dkv_accum): past 65536 query rows per KV
+ * head (seqlen_q * Hq / Hkv) the main kernel's grid gets z = ceil(rows / 65536) splits, and the
+ * splits' fp32 dK/dV sums go to dkv_accum: per key block of Bc rows of each (batch, KV head), 2 Bc
+ * d floats and a 16-byte semaphore slot, placed right after the dQ accumulator (16-byte aligned);
+ * p.dkv is 0 and z is 1 otherwise. GQA 4: Nq = 16384 is at the threshold, 16385 past it. */
+static size_t dkv_bytes(int64_t B, int64_t Hkv, int64_t Nk, int64_t bc, int64_t d) {
+  return (size_t)(B * Hkv * (int64_t)cdiv((uint64_t)Nk, (uint64_t)bc) * 4 * (2 * bc * d + 4));
+}
+
+Test(backward_launch, dkv_partial_sums_and_splits_only_past_the_threshold, .init = fake_setup,
+     .fini = fake_teardown) {
+  char pre[128], mn[128], post[128];
+  fg_variant v;
+  for (int det = 0; det < 2; det++)
+    for (int causal = 0; causal < 2; causal++)
+      for (int64_t Nq = 16384; Nq <= 16385; Nq++) {
+        fake_reset();
+        fg_attention_backward_args a = bwd_problem(FG_DTYPE_BF16, causal, 3, 8, 2, Nq, 300, 64);
+        a.deterministic = det;
+        entries(&a, pre, mn, post, &v);
+        const int past = Nq == 16385;
+        const size_t sems = det ? (size_t)(3 * 8 * cdiv((uint64_t)Nq, 16) * 4) : 0;
+        const size_t dq = (size_t)(3 * 8 * Nq * 64 * 4), dkv = past ? dkv_bytes(3, 2, 300, v.bc, 64) : 0;
+        const size_t want = ws_bytes(3, 8, Nq, 64) + sems + dkv;
+        size_t need = 0;
+        cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &need), FG_OK, "%s",
+                     fg_context_last_error(ctx));
+        cr_assert_eq(need, want, "Nq %lld, deterministic %d: %zu bytes, want %zu", (long long)Nq,
+                     det, need, want);
+        a.workspace = P(BASE(10));
+        a.workspace_size = need;
+        cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s",
+                     fg_context_last_error(ctx));
+        cr_assert_eq(fake_launch_count(), 3);
+        for (int i = 0; i < 3; i++) {
+          const fake_launch *l = launch(i);
+          const fg_bwd_params *p = &l->params;
+          cr_assert_eq(p->dkv, past ? BASE(10) + dq : 0,
+                       "Nq %lld, deterministic %d, launch %d: dkv 0x%llx", (long long)Nq, det, i,
+                       p->dkv);
+          cr_assert_eq(p->dkv % 16, 0);
+          cr_assert_eq(p->workspace, BASE(10));
+          cr_assert_eq(p->dsum, BASE(10) + dq + dkv);
+          /* 8 * 16385 / 2 = 65540 rows per KV head: two splits of the main kernel only. */
+          cr_assert_eq(l->grid[2], i == 1 && past ? 2u : 1u, "launch %d: grid z %u", i, l->grid[2]);
+        }
+        cr_assert_eq(launch(1)->grid[0], (unsigned)cdiv(300, (uint64_t)v.bc));
+        cr_assert_eq(launch(1)->grid[1], 3u * 2);
+        /* Allocated for the call: the same bytes. */
+        fake_reset();
+        a.workspace = NULL;
+        a.workspace_size = 0;
+        cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s",
+                     fg_context_last_error(ctx));
+        int allocs, frees;
+        size_t bytes;
+        fake_mem_counts(&allocs, &frees, &bytes);
+        cr_assert(allocs == 1 && bytes == want, "%d allocations, %zu bytes (want %zu)", allocs,
+                  bytes, want);
+        cr_assert_eq(launch(1)->params.dkv != 0, past);
+      }
+  /* MQA: the group is all of Hq (8 * 8193 = 65544 > 65536: 2 splits); Hkv = Hq: no group (8 *
+   * 16385 rows are spread over 8 K/V heads: no split). */
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_BF16, 0, 1, 8, 1, 8193, 300, 64);
+  entries(&a, pre, mn, post, &v);
+  size_t need = 0;
+  cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &need), FG_OK);
+  cr_assert_eq(need, ws_bytes(1, 8, 8193, 64) + dkv_bytes(1, 1, 300, v.bc, 64));
+  fake_reset();
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(launch(1)->grid[2], 2u);
+  a = bwd_problem(FG_DTYPE_BF16, 0, 1, 8, 8, 16385, 300, 64);
+  cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &need), FG_OK);
+  cr_assert_eq(need, ws_bytes(1, 8, 16385, 64));
+  fake_reset();
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(launch(1)->grid[2], 1u);
+  /* check bwd/big's shape: 2^31 / 128 + 4097 rows, one head: ceil(16781313 / 65536) = 257. */
+  a = bwd_problem(FG_DTYPE_BF16, 0, 1, 1, 1, 16781313, 64, 128);
+  a.q = a.k = a.v = a.o = a.d_o = NULL;
+  a.lse = NULL;
+  a.dq = a.dk = a.dv = NULL;
+  entries(&a, pre, mn, post, &v);
+  cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &need), FG_OK);
+  cr_assert_eq(need, ws_bytes(1, 1, 16781313, 128) + dkv_bytes(1, 1, 64, v.bc, 128));
+}
+
+/* The splits of the query range (fg_plan_step_splits, from the plan's main step): ceil(rows per
+ * KV head / split_rows), capped at the grid's z limit (65535); 1 for a step that never splits. */
+Test(backward_launch, splits_of_the_query_range) {
+  fg_kernel_meta m;
+  test_backward_plan(&m, "k", 64, 128, 256, 1000);
+  const fg_plan_step *s = fg_kernel_main(&m);
+  cr_assert_eq(s->split_rows, 65536);
+  cr_assert_eq(fg_plan_step_splits(s, 1, 1, 65536), 1u);
+  cr_assert_eq(fg_plan_step_splits(s, 1, 1, 65537), 2u);
+  cr_assert_eq(fg_plan_step_splits(s, 8, 1, 8192), 1u);              /* MQA, at the threshold */
+  cr_assert_eq(fg_plan_step_splits(s, 8, 1, 8193), 2u);
+  cr_assert_eq(fg_plan_step_splits(s, 8, 8, 1 << 20), 16u);          /* no group: Nq only */
+  cr_assert_eq(fg_plan_step_splits(s, 1, 1, 16781313), 257u);        /* check bwd/big */
+  cr_assert_eq(fg_plan_step_splits(s, 64, 1, (int64_t)1 << 27), 65535u); /* 2^33 rows: capped */
+  cr_assert_eq(fg_plan_step_splits(s, 64, 1, INT64_MAX), 65535u);    /* saturates */
+  cr_assert_eq(fg_plan_step_splits(&m.steps[0], 1, 1, 1 << 30), 1u); /* _pre never splits */
+  uint64_t g[3];
+  fg_plan_grid(s, 3, 16, 2, 100000, 1000, g);
+  cr_assert(g[0] == 8 && g[1] == 6 && g[2] == 13, "grid %llu %llu %llu", (unsigned long long)g[0],
+            (unsigned long long)g[1], (unsigned long long)g[2]);
+  fg_plan_grid(&m.steps[2], 3, 16, 2, 100000, 1000, g);
+  cr_assert(g[0] == 1563 && g[1] == 48 && g[2] == 1);
+}
+
+/* Split along the batch past the grid's y limit, each chunk's p.dkv starts at its first batch's
+ * partial sums: b0 * Hkv * ceil(Nk / Bc) * (2 Bc d + 4) * 4 bytes in, after the dQ accumulators
+ * of all batches; D after the partial sums of all batches. Tensors 2^42 bytes apart (these are
+ * larger than BASE's spacing). */
+Test(backward_launch, dkv_partial_sums_follow_the_batch_split, .init = fake_setup,
+     .fini = fake_teardown) {
+  /* B * Hq = 80000 > 65535: chunks of 32767 batches; Nq * Hq / Hkv = 65538: 2 splits. */
+  const int64_t B = 40000, Hq = 2, Hkv = 1, Nq = 32769, Nk = 100, d = 32;
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_F16, 0, B, Hq, Hkv, Nq, Nk, d);
+  const void **in[6] = {&a.q, &a.k, &a.v, &a.o, (const void **)&a.lse, &a.d_o};
+  void **out[3] = {&a.dq, &a.dk, &a.dv};
+  for (int i = 0; i < 6; i++) *in[i] = P((uintptr_t)(i + 1) << 42);
+  for (int i = 0; i < 3; i++) *out[i] = P((uintptr_t)(i + 7) << 42);
+  char pre[128], mn[128], post[128];
+  fg_variant v;
+  entries(&a, pre, mn, post, &v);
+  const uintptr_t ws = (uintptr_t)10 << 42;
+  const size_t dq = (size_t)(B * Hq * Nq * d * 4), per_batch = dkv_bytes(1, Hkv, Nk, v.bc, d);
+  size_t need = 0;
+  cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &need), FG_OK, "%s",
+               fg_context_last_error(ctx));
+  cr_assert_eq(need, ws_bytes(B, Hq, Nq, d) + (size_t)B * per_batch);
+  a.workspace = P(ws);
+  a.workspace_size = need;
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 6, "%d launches", fake_launch_count());
+  for (int c = 0; c < 2; c++) {
+    const int64_t b0 = c * 32767;
+    for (int i = 0; i < 3; i++) {
+      const fake_launch *l = launch(3 * c + i);
+      const fg_bwd_params *p = &l->params;
+      cr_assert_eq(p->batch, c == 0 ? 32767 : B - 32767);
+      cr_assert_eq(p->dkv, ws + dq + (uint64_t)b0 * per_batch, "chunk %d, launch %d: dkv 0x%llx",
+                   c, i, p->dkv);
+      cr_assert_eq(p->workspace, ws + (uint64_t)(b0 * Hq * Nq * d * 4), "chunk %d", c);
+      cr_assert_eq(p->dsum, ws + dq + (uint64_t)B * per_batch + (uint64_t)(b0 * Hq * Nq * 4));
+      cr_assert_eq(l->grid[2], i == 1 ? 2u : 1u);
+    }
+  }
+}
+
 /* The runtime runs the kernel's plan as data: another plan (auxiliary kernels of 32 rows and 64
  * threads, shared memory for the last, semaphores per 32 rows, and then two steps only) changes
  * the launches, the workspace size and the workspaces' places, with no constant of its own. */
@@ -913,7 +1065,7 @@ Test(backward_launch, the_plan_is_data, .init = fake_setup, .fini = fake_teardow
   m->steps[0].br = m->steps[2].br = 32;
   m->steps[0].threads = m->steps[2].threads = 64;
   m->steps[2].smem_bytes = 1024;
-  m->workspaces[2].rows = 32;
+  m->workspaces[3].rows = 32; /* the semaphores */
   a.deterministic = 1;
   size_t need = 0;
   cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &need), FG_OK, "%s",

@@ -84,7 +84,7 @@ static fg_kernel_image make_image(const char *variant, unsigned seed, size_t cub
   img.ptx[ptx_size] = '\0';
   img.cubin_size = cubin_size;
   img.ptx_size = ptx_size;
-  /* A backward plan (three steps, three workspaces) on odd seeds, a forward one on even. */
+  /* A backward plan (three steps, four workspaces) on odd seeds, a forward one on even. */
   char name[32];
   snprintf(name, sizeof name, "kernel_%u", seed);
   if (seed % 2 == 1)
@@ -109,13 +109,15 @@ static int same_plan(const fg_kernel_meta *a, const fg_kernel_meta *b) {
   for (int i = 0; i < a->n_steps; i++) {
     const fg_plan_step *x = &a->steps[i], *y = &b->steps[i];
     if (strcmp(x->entry, y->entry) || x->grid != y->grid || x->br != y->br ||
-        x->threads != y->threads || x->smem_bytes != y->smem_bytes)
+        x->threads != y->threads || x->smem_bytes != y->smem_bytes ||
+        x->split_rows != y->split_rows)
       return 0;
   }
   for (int i = 0; i < a->n_workspaces; i++) {
     const fg_plan_workspace *x = &a->workspaces[i], *y = &b->workspaces[i];
     if (strcmp(x->name, y->name) || strcmp(x->param, y->param) || x->bytes != y->bytes ||
-        x->rows != y->rows || x->deterministic_only != y->deterministic_only)
+        x->rows != y->rows || x->deterministic_only != y->deterministic_only ||
+        x->per_key != y->per_key || x->min_group_rows != y->min_group_rows)
       return 0;
   }
   return 1;
@@ -350,6 +352,76 @@ Test(cache, changed_plan_is_caught) {
 
 Test(cache, malformed_plan_is_caught) {
   check_damage_is_caught("UPDATE kernels SET plan = 'main 7'", NULL);
+}
+
+/* A workspace line of the shape before per_key and min_group_rows ("workspace <name> <param>
+ * <bytes> <rows> <deterministic_only>") is a malformed plan: a miss, never a plan read without
+ * them. */
+Test(cache, a_workspace_line_of_the_old_shape_is_caught) {
+  check_damage_is_caught(
+      "UPDATE kernels SET plan = replace(plan, ' 1 0 0 0' || char(10), ' 1 0' || char(10))", NULL);
+}
+
+/* The plan's text carries the per-key workspace and the main step's split_rows, and reads back
+ * the same; the old workspace shape, a missing or extra number, a per-key workspace on a grid
+ * other than kv_tiles or with rows that do not divide its br, and a split without a per-key
+ * workspace of its threshold are refused; a step line without split_rows (written before it)
+ * reads as 0. */
+Test(cache, plan_text_of_per_key_workspaces) {
+  fg_kernel_meta m, back;
+  test_backward_plan(&m, "k", 64, 128, 256, 1000);
+  char text[FG_CACHE_PLAN_MAX];
+  cr_assert_lt(fg_kernel_plan_format(&m, text, sizeof text), (int)sizeof text);
+  cr_assert(strstr(text, "step fg_k kv_tiles 128 256 1000 65536\n"), "%s", text);
+  cr_assert(strstr(text, "step fg_k_pre q_tiles 64 128 0\n"), "%s", text); /* no split: 5 numbers */
+  cr_assert(strstr(text, "workspace dq_accum workspace 256 1 0 0 0\n"), "%s", text);
+  cr_assert(strstr(text, "workspace dkv_accum dkv 65552 128 0 1 65536\n"), "%s", text);
+  memset(&back, 0, sizeof back);
+  cr_assert_null(fg_kernel_plan_parse(text, &back));
+  cr_assert(same_plan(&m, &back));
+  cr_assert_eq(back.workspaces[1].per_key, 1);
+  cr_assert_eq(back.workspaces[1].min_group_rows, 65536);
+  cr_assert_eq(back.steps[1].split_rows, 65536);
+  cr_assert_eq(back.steps[0].split_rows, 0);
+  /* A threshold past 2^31 survives (on a plan whose main step does not split). */
+  m.workspaces[1].min_group_rows = 5000000000LL;
+  m.steps[1].split_rows = 0;
+  fg_kernel_plan_format(&m, text, sizeof text);
+  cr_assert_null(fg_kernel_plan_parse(text, &back));
+  cr_assert_eq(back.workspaces[1].min_group_rows, 5000000000LL);
+  static const struct {
+    const char *step, *line, *why;
+  } bad[] = {
+      {"kv_tiles 128 256 0", "workspace dq_accum workspace 256 1 0", "not main, step"},
+      {"kv_tiles 128 256 0", "workspace dq_accum workspace 256 1 0 0", "not main, step"},
+      {"kv_tiles 128 256 0", "workspace dq_accum workspace 256 1 0 0 0 7", "not main, step"},
+      {"kv_tiles 128 256 0", "workspace dkv_accum dkv 512 1 0 1 -1", "per_key or min_group_rows"},
+      {"kv_tiles 128 256 0", "workspace dkv_accum dkv 512 1 0 2 0", "per_key or min_group_rows"},
+      {"kv_tiles 128 256 0", "workspace dkv_accum dkv 512 48 0 1 0", "does not divide"},
+      {"kv_tiles 128 256 0 65536", "workspace dq_accum workspace 256 1 0 0 0", "no per-key workspace"},
+      {"kv_tiles 128 256 0 65536", "workspace dkv_accum dkv 512 128 0 1 4096", "no per-key workspace"},
+      {"kv_tiles 128 256 0 -1", "workspace dq_accum workspace 256 1 0 0 0", "split_rows"},
+      {"q_tiles 128 256 0 65536", "workspace dq_accum workspace 256 1 0 0 0", "split_rows"},
+      {"kv_tiles 128 256 0 65536 1", "workspace dq_accum workspace 256 1 0 0 0", "not main, step"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char t[512];
+    snprintf(t, sizeof t, "main 0\nstep fg_k %s\n%s\n", bad[i].step, bad[i].line);
+    const char *why = fg_kernel_plan_parse(t, &back);
+    cr_assert(why && strstr(why, bad[i].why), "%s / %s: %s", bad[i].step, bad[i].line,
+              why ? why : "(accepted)");
+  }
+  const char *fwd = "main 0\nstep fg_k q_tiles 64 256 0\nworkspace dkv_accum dkv 512 1 0 1 0\n";
+  const char *why = fg_kernel_plan_parse(fwd, &back);
+  cr_assert(why && strstr(why, "kv_tiles"), "%s", why ? why : "(accepted)");
+  /* The old step shape (five numbers) is a step that never splits; with the split's workspace
+   * the six-number shape splits. */
+  cr_assert_null(fg_kernel_plan_parse("main 0\nstep fg_k q_tiles 64 256 0\n", &back));
+  cr_assert_eq(back.steps[0].split_rows, 0);
+  cr_assert_null(fg_kernel_plan_parse(
+      "main 0\nstep fg_k kv_tiles 128 256 0 65536\nworkspace dkv_accum dkv 512 128 0 1 65536\n",
+      &back));
+  cr_assert_eq(back.steps[0].split_rows, 65536);
 }
 
 Test(cache, missing_cubin_is_caught) {

@@ -53,7 +53,7 @@ static fg_export_kernel kernel_sm80(void) {
   k.grid = FG_EXPORT_GRID_Q_TILES;
   k.br = 128;
   k.regs = k.spill_load_bytes = k.spill_store_bytes = k.stack_bytes = -1;
-  fwd_steps[0] = (fg_export_step){"fg_" D128 "sm80", FG_EXPORT_GRID_Q_TILES, 128, 256, 104448};
+  fwd_steps[0] = (fg_export_step){"fg_" D128 "sm80", FG_EXPORT_GRID_Q_TILES, 128, 256, 104448, 0};
   k.steps = fwd_steps;
   k.n_steps = 1;
   k.main_step = 0;
@@ -178,7 +178,7 @@ Test(register_export, a_table_from_before_plans_is_refused) {
 #define BWD128 "bwd_d128_br32_bc64_bf16_causal_kvouter_w8_s2_"
 
 static fg_export_step bwd_steps[3];
-static fg_export_workspace bwd_ws[3];
+static fg_export_workspace bwd_ws[4];
 
 static fg_export_kernel bwd_kernel_sm90a(void) {
   fg_export_kernel k;
@@ -194,17 +194,18 @@ static fg_export_kernel bwd_kernel_sm90a(void) {
   k.br = 64;
   k.workspace_floats_per_row = 129;
   k.regs = k.spill_load_bytes = k.spill_store_bytes = k.stack_bytes = -1;
-  bwd_steps[0] = (fg_export_step){"fg_" BWD128 "sm90a_pre", FG_EXPORT_GRID_Q_TILES, 64, 128, 0};
-  bwd_steps[1] = (fg_export_step){"fg_" BWD128 "sm90a", FG_EXPORT_GRID_KV_TILES, 64, 256, 90112};
-  bwd_steps[2] = (fg_export_step){"fg_" BWD128 "sm90a_post", FG_EXPORT_GRID_Q_TILES, 64, 128, 0};
-  bwd_ws[0] = (fg_export_workspace){"dq_accum", "workspace", 512, 1, 0};
-  bwd_ws[1] = (fg_export_workspace){"dsum", "dsum", 4, 1, 0};
-  bwd_ws[2] = (fg_export_workspace){"semaphores", "sem", 4, 16, 1};
+  bwd_steps[0] = (fg_export_step){"fg_" BWD128 "sm90a_pre", FG_EXPORT_GRID_Q_TILES, 64, 128, 0, 0};
+  bwd_steps[1] = (fg_export_step){"fg_" BWD128 "sm90a", FG_EXPORT_GRID_KV_TILES, 64, 256, 90112, 0};
+  bwd_steps[2] = (fg_export_step){"fg_" BWD128 "sm90a_post", FG_EXPORT_GRID_Q_TILES, 64, 128, 0, 0};
+  bwd_ws[0] = (fg_export_workspace){"dq_accum", "workspace", 512, 1, 0, 0, 0};
+  bwd_ws[1] = (fg_export_workspace){"dsum", "dsum", 4, 1, 0, 0, 0};
+  bwd_ws[2] = (fg_export_workspace){"semaphores", "sem", 4, 16, 1, 0, 0};
+  bwd_ws[3] = (fg_export_workspace){"dkv_accum", "dkv", 1024, 1, 0, 1, 65536};
   k.steps = bwd_steps;
   k.n_steps = 3;
   k.main_step = 1;
   k.workspaces = bwd_ws;
-  k.n_workspaces = 3;
+  k.n_workspaces = 4;
   return k;
 }
 
@@ -223,6 +224,7 @@ Test(register_export, a_backward_kernel_contract_is_checked_against_its_name) {
   char err[512];
   fg_export_kernel k = bwd_kernel_sm90a();
   fg_export e = table_of(&k, 1, NULL, 0);
+  k.n_workspaces = 3; /* without the per-key workspace, which needs the K/V-tile grid itself */
   bwd_steps[1].grid = FG_EXPORT_GRID_Q_TILES;
   cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
   cr_assert(strstr(err, "'" BWD128 "sm90a'") &&
@@ -242,9 +244,77 @@ Test(register_export, a_backward_kernel_contract_is_checked_against_its_name) {
   cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
   cr_assert(strstr(err, "workspace") && strstr(err, "malformed"), "%s", err);
   k = bwd_kernel_sm90a();
+  bwd_ws[3].min_group_rows = -1;
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "per_key or min_group_rows") && strstr(err, "export it again"), "%s", err);
+  k = bwd_kernel_sm90a();
+  bwd_ws[3].per_key = 2;
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "per_key or min_group_rows"), "%s", err);
+  k = bwd_kernel_sm90a();
   bwd_steps[2].grid = 5; /* a kind from a newer flashgen */
   cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
   cr_assert(strstr(err, "grid kind 5") && strstr(err, "newer flashgen"), "%s", err);
+}
+
+/* A workspace per key row needs the K/V-tile main grid (its units are that grid's key blocks): on
+ * a forward kernel it is refused, so per_key is read from the table. */
+Test(register_export, a_per_key_workspace_needs_the_kv_tile_grid) {
+  char err[512];
+  static fg_export_workspace ws[1];
+  ws[0] = (fg_export_workspace){"dkv_accum", "dkv", 1024, 1, 0, 1, 0};
+  static fg_export_kernel k[1];
+  k[0] = kernel_sm80();
+  k[0].workspaces = ws;
+  k[0].n_workspaces = 1;
+  static fg_export e;
+  e = table_of(k, 1, NULL, 0);
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "per key row") && strstr(err, "kv_tiles") && strstr(err, "export it again"),
+            "%s", err);
+}
+
+/* A table written before per_key and min_group_rows (its workspace_desc_size the struct without
+ * them) reads both as 0, whatever lies in that struct's tail padding: the backward plan with
+ * garbage there is accepted (read, per_key = -1 or min_group_rows < 0 would be refused). */
+Test(register_export, a_table_from_before_per_key_workspaces_reads_them_as_zero) {
+  typedef struct older_workspace {
+    const char *name, *param;
+    int bytes, rows, deterministic_only;
+  } older_workspace;
+  static older_workspace ows[3];
+  memset(ows, 0xff, sizeof ows);
+  static const char *const names[3][2] = {
+      {"dq_accum", "workspace"}, {"dsum", "dsum"}, {"semaphores", "sem"}};
+  for (int i = 0; i < 3; i++) {
+    ows[i].name = names[i][0];
+    ows[i].param = names[i][1];
+    ows[i].bytes = i == 0 ? 512 : 4;
+    ows[i].rows = i == 2 ? 16 : 1;
+    ows[i].deterministic_only = i == 2;
+  }
+  /* The garbage overlaps the new fields: were it read, the table would be refused. */
+  cr_assert(sizeof(older_workspace) > offsetof(fg_export_workspace, per_key));
+  static fg_export_kernel k[1];
+  k[0] = bwd_kernel_sm90a();
+  k[0].workspaces = (const fg_export_workspace *)(const void *)ows;
+  k[0].n_workspaces = 3;
+  static fg_export e;
+  e = table_of(k, 1, NULL, 0);
+  e.workspace_desc_size = sizeof(older_workspace);
+  char err[512] = "x";
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_OK, "%s", err);
+  /* The same garbage in a table of today's size is read, and refused. */
+  static fg_export_workspace nws[3];
+  memset(nws, 0xff, sizeof nws);
+  for (int i = 0; i < 3; i++) memcpy(&nws[i], &ows[i], offsetof(fg_export_workspace, per_key));
+  static fg_export_kernel k2[1];
+  k2[0] = k[0];
+  k2[0].workspaces = nws;
+  static fg_export e2; /* another table, not a second registration of the first */
+  e2 = table_of(k2, 1, NULL, 0);
+  cr_assert_eq(fg_register_export(&e2, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "per_key or min_group_rows"), "%s", err);
 }
 
 Test(register_export, choices_must_name_a_kernel_of_the_table) {
@@ -272,7 +342,7 @@ Test(register_export, a_newer_table_with_appended_fields_reads) {
   nk[1].k.variant = D128 "sm90a";
   nk[1].k.arch = "sm_90a";
   nk[1].k.entry = "fg_" D128 "sm90a";
-  static fg_export_step st90[1] = {{"fg_" D128 "sm90a", FG_EXPORT_GRID_Q_TILES, 128, 256, 104448}};
+  static fg_export_step st90[1] = {{"fg_" D128 "sm90a", FG_EXPORT_GRID_Q_TILES, 128, 256, 104448, 0}};
   nk[1].k.steps = st90;
   nk[0].appended = nk[1].appended = -1;
   static fg_export e;
@@ -566,19 +636,23 @@ Test(export_cli, a_backward_variant_is_exported_with_its_plan_and_runs_from_the_
   /* Its plan: the three entries of the module in launch order, and the three workspaces. */
   cr_assert(strstr(text, "_steps[3] = {\n"
                          "    {.entry = \"" E "_pre\", .grid = FG_EXPORT_GRID_Q_TILES, .br = 64, "
-                         ".threads = 128, .smem_bytes = 0},\n"
+                         ".threads = 128, .smem_bytes = 0, .split_rows = 0},\n"
                          "    {.entry = \"" E "\", .grid = FG_EXPORT_GRID_KV_TILES, .br = 64, "),
             "the plan's steps are missing");
+  cr_assert(strstr(text, ", .split_rows = 65536},\n"), "the main step's split is missing");
   cr_assert(strstr(text, "    {.entry = \"" E "_post\", .grid = FG_EXPORT_GRID_Q_TILES, .br = 64, "
-                         ".threads = 128, .smem_bytes = 0},\n};\n"),
+                         ".threads = 128, .smem_bytes = 0, .split_rows = 0},\n};\n"),
             "the plan's last step is missing");
-  cr_assert(strstr(text, "_workspaces[3] = {\n"
+  /* d = 64, Bc = 64: (2 * 64 * 64 + 4) * 4 = 32784 bytes per key block. */
+  cr_assert(strstr(text, "_workspaces[4] = {\n"
                          "    {.name = \"dq_accum\", .param = \"workspace\", .bytes = 256, .rows = 1, "
-                         ".deterministic_only = 0},\n"
+                         ".deterministic_only = 0, .per_key = 0, .min_group_rows = 0},\n"
+                         "    {.name = \"dkv_accum\", .param = \"dkv\", .bytes = 32784, .rows = 64, "
+                         ".deterministic_only = 0, .per_key = 1, .min_group_rows = 65536},\n"
                          "    {.name = \"dsum\", .param = \"dsum\", .bytes = 4, .rows = 1, "
-                         ".deterministic_only = 0},\n"
+                         ".deterministic_only = 0, .per_key = 0, .min_group_rows = 0},\n"
                          "    {.name = \"semaphores\", .param = \"sem\", .bytes = 4, .rows = 16, "
-                         ".deterministic_only = 1},\n};\n"),
+                         ".deterministic_only = 1, .per_key = 0, .min_group_rows = 0},\n};\n"),
             "the plan's workspaces are missing");
   const char *k = strstr(text, "{.variant = \"bwd_d64_br64_bc64_f16_noncausal_kvouter_w8_s2_sm90a\"");
   cr_assert_not_null(k, "the kernel entry is missing");
@@ -606,8 +680,16 @@ Test(export_cli, a_backward_variant_is_exported_with_its_plan_and_runs_from_the_
   cr_assert_eq(t->kernels[0].n_steps, 3);
   cr_assert_eq(t->kernels[0].main_step, 1);
   cr_assert_str_eq(t->kernels[0].steps[2].entry, E "_post");
-  cr_assert_eq(t->kernels[0].n_workspaces, 3);
-  cr_assert_eq(t->kernels[0].workspaces[2].deterministic_only, 1);
+  cr_assert_eq(t->kernels[0].n_workspaces, 4);
+  cr_assert_eq(t->kernels[0].workspaces[3].deterministic_only, 1);
+  cr_assert_eq(t->kernels[0].steps[1].split_rows, 65536);
+  cr_assert_eq(t->workspace_desc_size, sizeof(fg_export_workspace));
+  const fg_export_workspace *dkv = &t->kernels[0].workspaces[1];
+  cr_assert(strcmp(dkv->param, "dkv") == 0 && dkv->per_key == 1 && dkv->min_group_rows == 65536 &&
+                dkv->rows == 64 && dkv->bytes == 4 * (2 * 64 * 64 + 4),
+            "%s: %d B, per key %d, from %lld", dkv->param, dkv->bytes, dkv->per_key,
+            dkv->min_group_rows);
+  const uint64_t dkv_bytes = (uint64_t)dkv->bytes;
   cr_assert_not_null(t->kernels[0].ptx);
   cr_assert(strstr(t->kernels[0].ptx, ".entry " E "_pre("), "no _pre entry in the PTX");
   cr_assert(strstr(t->kernels[0].ptx, ".entry " E "("), "no main entry in the PTX");
@@ -646,6 +728,22 @@ Test(export_cli, a_backward_variant_is_exported_with_its_plan_and_runs_from_the_
   a.v = (const void *)(uintptr_t)m[2], a.o = (const void *)(uintptr_t)m[3];
   a.d_o = (const void *)(uintptr_t)m[4], a.lse = (const float *)(uintptr_t)lse;
   a.dq = (void *)(uintptr_t)m[5], a.dk = (void *)(uintptr_t)m[6], a.dv = (void *)(uintptr_t)m[7];
+  /* The table's plan sizes the workspace: past 65536 query rows, the dK/dV partial sums of
+   * seqlen_k = 32 rows: one key block of Bc = 64. */
+  {
+    fg_attention_backward_args big = a; /* shapes only: no tensors of 65537 rows */
+    big.q = big.k = big.v = big.o = big.d_o = NULL;
+    big.dq = big.dk = big.dv = NULL;
+    big.lse = NULL;
+    size_t at = 0, past = 0;
+    big.seqlen_q = 65536;
+    cr_assert_eq(fg_attention_backward_workspace_size(ctx, &big, &at), FG_OK, "%s",
+                 fg_context_last_error(ctx));
+    big.seqlen_q = 65537;
+    cr_assert_eq(fg_attention_backward_workspace_size(ctx, &big, &past), FG_OK, "%s",
+                 fg_context_last_error(ctx));
+    cr_assert_eq(past - at, (size_t)(4 * (D + 1)) + dkv_bytes, "%zu then %zu", at, past);
+  }
   fg_status st = fg_attention_backward(ctx, &a, NULL);
   cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
   /* dV = P^T dO with P and dO positive: every element finite, nonzero, so written by the plan. */

@@ -613,7 +613,7 @@ Test(variant, arch_for_compute_capability) {
 }
 
 /* The backward's plan comes from templates/bwd.lua: _pre, the main kernel, _post, in that order,
- * in one module; the three workspaces; and the template renders the auxiliary kernels' rows and
+ * in one module; the four workspaces; and the template renders the auxiliary kernels' rows and
  * threads from the same numbers (no second copy in bwd.cu). */
 Test(render, backward_plan_comes_from_the_manifest) {
   fg_generator *g = gen();
@@ -638,11 +638,13 @@ Test(render, backward_plan_comes_from_the_manifest) {
       cr_assert_eq(sp->br, v.bc, "the main kernel's grid runs over K/V blocks of Bc");
       cr_assert_eq(sp->threads, v.warps * 32);
       cr_assert_eq(sp->smem_bytes, r.smem_bytes);
+      cr_assert_eq(sp->split_rows, 65536, "the main kernel splits past 65536 rows per KV head");
     } else {
       cr_assert_eq(sp->grid, FG_GRID_Q_TILES, "step %d", i);
       cr_assert_eq(sp->br, 64, "step %d", i);
       cr_assert_eq(sp->threads, 128, "step %d", i);
       cr_assert_eq(sp->smem_bytes, 0, "step %d", i);
+      cr_assert_eq(sp->split_rows, 0, "step %d", i);
     }
     /* Every step is an entry of the one module. */
     char decl[160];
@@ -651,29 +653,76 @@ Test(render, backward_plan_comes_from_the_manifest) {
   }
   static const struct {
     const char *name, *param;
-    int bytes, rows, det;
-  } ws[3] = {{"dq_accum", "workspace", 4 * 128, 1, 0}, {"dsum", "dsum", 4, 1, 0},
-             {"semaphores", "sem", 4, 16, 1}};
-  cr_assert_eq(meta.n_workspaces, 3);
-  for (int i = 0; i < 3; i++) {
+    int bytes, rows, det, per_key;
+    long long min_group_rows;
+  } ws[4] = {{"dq_accum", "workspace", 4 * 128, 1, 0, 0, 0},
+             {"dkv_accum", "dkv", 4 * (2 * 128 * 128 + 4), 128, 0, 1, 65536},
+             {"dsum", "dsum", 4, 1, 0, 0, 0},
+             {"semaphores", "sem", 4, 16, 1, 0, 0}};
+  cr_assert_eq(meta.n_workspaces, 4);
+  for (int i = 0; i < 4; i++) {
     const fg_plan_workspace *w = &meta.workspaces[i];
     cr_assert_str_eq(w->name, ws[i].name);
     cr_assert_str_eq(w->param, ws[i].param);
     cr_assert(w->bytes == ws[i].bytes && w->rows == ws[i].rows &&
-                  w->deterministic_only == ws[i].det,
-              "workspace %s: %d B per %d rows, deterministic only %d", w->name, w->bytes, w->rows,
-              w->deterministic_only);
+                  w->deterministic_only == ws[i].det && w->per_key == ws[i].per_key &&
+                  w->min_group_rows == ws[i].min_group_rows,
+              "workspace %s: %d B per %d rows, deterministic only %d, per key %d, from %lld",
+              w->name, w->bytes, w->rows, w->deterministic_only, w->per_key, w->min_group_rows);
   }
   /* (d + 1) * 4 B per row, and 4 B per 16 rows when deterministic. */
   uint64_t b = 0;
-  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 100, 0, &b, NULL), 0);
+  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 5, 100, 100, 0, &b, NULL), 0);
   cr_assert_eq(b, 3u * 5 * 100 * 129 * 4);
-  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 100, 1, &b, NULL), 0);
+  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 5, 100, 100, 1, &b, NULL), 0);
   cr_assert_eq(b, 3u * 5 * 100 * 129 * 4 + 3u * 5 * 7 * 4);
+  /* Past 65536 query rows per K/V head (GQA 4: 16385 * 4), per key block of each (batch, KV
+   * head) (seqlen_k 300: 3 blocks of Bc = 128) 2 * 128 * 128 floats and a 16-byte semaphore, right
+   * after the dQ accumulator. */
+  uint64_t off[FG_PLAN_MAX_WORKSPACES];
+  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 8, 2, 16385, 300, 0, &b, off), 0);
+  cr_assert_eq(b, 3u * 8 * 16385 * 129 * 4 + 3u * 2 * 3 * (2 * 128 * 128 + 4) * 4);
+  cr_assert_eq(off[1], 3u * 8 * 16385 * 128 * 4);
+  cr_assert_eq(off[2], off[1] + 3u * 2 * 3 * (2 * 128 * 128 + 4) * 4);
+  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 8, 2, 16384, 300, 0, &b, NULL), 0);
+  cr_assert_eq(b, 3u * 8 * 16384 * 129 * 4);
   cr_assert_not_null(
       strstr(src, "constexpr int PRE_ROWS = 64, PRE_THREADS = 128, SEM_ROWS = 16;"),
       "bwd.cu renders its auxiliary constants from the manifest");
+  cr_assert_not_null(strstr(src, "constexpr int DKV_SEM_FLOATS = 4;"),
+                     "bwd.cu renders dkv_accum's layout from the manifest");
   free(src);
+  fg_generator_destroy(g);
+}
+
+/* Every backward template splits long query ranges (kv_outer at every d, kv_wgmma): the main
+ * step's split_rows and a per-key dkv_accum of the same threshold, (2 Bc d + 4) * 4 bytes per key
+ * block (the unpadded head dimension: the epilogue adds only the columns below d), and the
+ * kernels read the split from the grid's z and p.dkv. */
+Test(render, every_backward_template_splits_long_query_ranges) {
+  fg_generator *g = gen();
+  static const char *const names[] = {"bwd_d96_br64_bc128_bf16_causal_kvouter_w8_s2_sm90a",
+                                      "bwd_d64_br128_bc128_bf16_causal_kvwgmma_w8_s2_sm90a",
+                                      "bwd_d128_br64_bc128_f16_noncausal_kvwgmma_w8_s2_sm90a",
+                                      "bwd_d192_br64_bc64_bf16_noncausal_kvouter_w8_s1_sm90a",
+                                      "bwd_d256_br32_bc64_f16_causal_kvouter_w8_s1_sm80"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    fg_variant v = parse(names[i]);
+    char *src = NULL, err[4096];
+    fg_kernel_meta meta;
+    cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s: %s", names[i],
+                 err);
+    cr_assert_eq(fg_kernel_main(&meta)->split_rows, 65536, "%s", names[i]);
+    const fg_plan_workspace *w = &meta.workspaces[1];
+    cr_assert_str_eq(w->param, "dkv", "%s", names[i]);
+    cr_assert(w->per_key == 1 && w->rows == v.bc && w->min_group_rows == 65536 &&
+                  w->bytes == 4 * (2 * v.bc * v.d + 4),
+              "%s: %d B per %d key rows from %lld (expected %d)", names[i], w->bytes, w->rows,
+              w->min_group_rows, 4 * (2 * v.bc * v.d + 4));
+    cr_assert(strstr(src, "if (p.dkv) {"), "%s adds its split's sums to dkv_accum", names[i]);
+    cr_assert(strstr(src, "blockIdx.z"), "%s reads its split from the grid's z", names[i]);
+    free(src);
+  }
   fg_generator_destroy(g);
 }
 

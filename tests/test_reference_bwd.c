@@ -367,18 +367,23 @@ Test(reference_bwd, heads_kv_must_divide_heads_q) {
 
 /* fg_reference_backward_periodic (the reference of `flashgen check`'s case past 2^31 elements)
  * against fg_reference_backward of the same problem written out row by row: Q and dO repeat a
- * pattern of P rows over n = 3P + 5 rows (a partial period at the end; dO negated in odd
- * periods), without a mask (every row's dQ is its pattern row's, signed; dK, dV the full sums) and causal (only the last Nk rows see a
- * key), and a problem shorter than a period. */
+ * pattern of P rows over n rows (a partial period at the end or not), dO signed per period by a
+ * sign sequence that does not alternate (-, -, +, -, +, +, ...: the sum of the whole periods'
+ * signs is not 0 or 1), without a mask (every row's dQ is its pattern row's, signed; dK, dV the
+ * full sums) and causal (only the last Nk rows see a key), and a problem shorter than a period. */
+static const signed char test_signs[] = {-1, -1, 1, -1, 1, 1, 1, -1, -1, -1, 1, 1};
+
 static void periodic_vs_direct(int causal, int64_t P, int64_t n, int64_t Nk) {
   const int64_t d = 16;
+  const signed char *sg = test_signs;
+  cr_assert_leq((n + P - 1) / P, (int64_t)sizeof test_signs, "more periods than test signs");
   prob pat = make(FG_DTYPE_BF16, causal, 1, 1, 1, P, Nk, d, 77 + (uint64_t)n);
   uint16_t *q = xcalloc((size_t)(n * d), 2), *d_o = xcalloc((size_t)(n * d), 2);
   for (int64_t i = 0; i < n; i++) {
     memcpy(q + i * d, pat.q16 + (i % P) * d, (size_t)d * 2);
     memcpy(d_o + i * d, pat.do16 + (i % P) * d, (size_t)d * 2);
-    if (i / P % 2)
-      for (int64_t x = 0; x < d; x++) d_o[i * d + x] ^= 0x8000; /* odd periods: dO negated */
+    if (sg[i / P] < 0)
+      for (int64_t x = 0; x < d; x++) d_o[i * d + x] ^= 0x8000; /* dO negated */
   }
   fg_bwd_host_problem full = pat.p;
   full.seqlen_q = n;
@@ -390,7 +395,7 @@ static void periodic_vs_direct(int causal, int64_t P, int64_t n, int64_t Nk) {
   const int64_t rows = causal ? (n < Nk ? n : Nk) : P;
   double *pq = xcalloc((size_t)(rows * d), 8), *pk = xcalloc((size_t)(Nk * d), 8),
          *pv = xcalloc((size_t)(Nk * d), 8);
-  cr_assert_eq(fg_reference_backward_periodic(&pat.p, n, 1, pq, pk, pv, 2), 0);
+  cr_assert_eq(fg_reference_backward_periodic(&pat.p, n, sg, 1, pq, pk, pv, 2), 0);
   double mag = 0;
   for (int64_t x = 0; x < Nk * d; x++) mag = fmax(mag, fmax(fabs(fk[x]), fabs(fv[x])));
   cr_assert_gt(mag, 0.1, "the sums are not trivially small");
@@ -403,7 +408,7 @@ static void periodic_vs_direct(int causal, int64_t P, int64_t n, int64_t Nk) {
     for (int64_t x = 0; x < d; x++) {
       double want = fq[i * d + x], got;
       if (causal) got = i >= n - rows ? pq[(i - (n - rows)) * d + x] : 0.0;
-      else got = (i / P % 2 ? -1 : 1) * pq[(i % P) * d + x];
+      else got = sg[i / P] * pq[(i % P) * d + x];
       cr_assert_float_eq(got, want, 1e-12, "dQ row %lld col %lld (causal %d)", (long long)i,
                          (long long)x, causal);
     }
@@ -414,13 +419,21 @@ static void periodic_vs_direct(int causal, int64_t P, int64_t n, int64_t Nk) {
 Test(reference_bwd, periodic_equals_written_out) {
   for (int causal = 0; causal <= 1; causal++) {
     periodic_vs_direct(causal, 7, 3 * 7 + 5, 5);
+    periodic_vs_direct(causal, 7, 9 * 7 + 3, 5); /* whole periods' signs sum to -1 */
     periodic_vs_direct(causal, 7, 5 * 7, 9); /* whole periods, more keys than a period's rows */
     periodic_vs_direct(causal, 7, 4, 5);     /* shorter than a period; causal: fewer rows than
                                                 keys */
   }
   prob pat = make(FG_DTYPE_BF16, 0, 1, 2, 1, 7, 5, 16, 1);
   double x[512];
-  cr_assert_eq(fg_reference_backward_periodic(&pat.p, 20, 1, x, x, x, 1), -1,
+  cr_assert_eq(fg_reference_backward_periodic(&pat.p, 20, test_signs, 1, x, x, x, 1), -1,
                "more than one head is refused");
+  release(&pat);
+  pat = make(FG_DTYPE_BF16, 0, 1, 1, 1, 7, 5, 16, 1);
+  static const signed char zero[3] = {1, 0, 1};
+  cr_assert_eq(fg_reference_backward_periodic(&pat.p, 20, zero, 1, x, x, x, 1), -1,
+               "a sign of 0 is refused");
+  cr_assert_eq(fg_reference_backward_periodic(&pat.p, 20, NULL, 1, x, x, x, 1), -1,
+               "no signs is refused");
   release(&pat);
 }

@@ -189,7 +189,7 @@ Test(generator, reads_the_q_tma_plan_of_fwd_lua) {
   expect_tma_plan(&m, 128, 64);
   cr_assert_eq(m.steps[0].threads, 8 * 32 + 128, "consumers and the producer warpgroup");
   cr_assert_eq(fg_kernel_main(&m)->grid, FG_GRID_Q_TILES);
-  cr_assert_eq(render_in(dir, "fwd_d128_br64_bc128_f16_causal_qtma_w4_s2_sm90a", &m, err,
+  cr_assert_eq(render_in(dir, "fwd_d128_br64_bc128_f16_noncausal_qtma_w4_s2_sm90a", &m, err,
                          sizeof err),
                0, "%s", err);
   expect_tma_plan(&m, 64, 128);
@@ -350,7 +350,7 @@ static fg_export_kernel tma_export_kernel(void) {
   k.cubin = fake_cubin;
   k.cubin_size = sizeof fake_cubin;
   tma_steps[0] = (fg_export_step){"fg_fwd_d64_br128_bc64_bf16_noncausal_qtma_w8_s2_sm90a",
-                                  FG_EXPORT_GRID_Q_TILES, 128, 384, 99584};
+                                  FG_EXPORT_GRID_Q_TILES, 128, 384, 99584, 0};
   k.entry = tma_steps[0].entry;
   k.threads = 384;
   k.smem_bytes = 99584;
@@ -422,7 +422,7 @@ Test(export, malformed_tensor_maps_are_refused_naming_the_kernel) {
   kb[0] = tma_export_kernel();
   kb[0].variant = "bwd_d64_br64_bc128_bf16_noncausal_kvwgmma_w8_s2_sm90a";
   bsteps[0] = (fg_export_step){"fg_bwd_d64_br64_bc128_bf16_noncausal_kvwgmma_w8_s2_sm90a",
-                               FG_EXPORT_GRID_KV_TILES, 128, 256, 1000};
+                               FG_EXPORT_GRID_KV_TILES, 128, 256, 1000, 0};
   kb[0].steps = bsteps;
   kb[0].entry = bsteps[0].entry;
   kb[0].grid = FG_EXPORT_GRID_KV_TILES;
@@ -483,7 +483,7 @@ static void register_kernels(void) {
     kernels[i] = tma_export_kernel();
     kernels[i].variant = names[i];
     snprintf(entries[i], sizeof entries[i], "fg_%s", names[i]);
-    steps3[i][0] = (fg_export_step){entries[i], FG_EXPORT_GRID_Q_TILES, br[i], threads[i], 99000 + i};
+    steps3[i][0] = (fg_export_step){entries[i], FG_EXPORT_GRID_Q_TILES, br[i], threads[i], 99000 + i, 0};
     kernels[i].steps = steps3[i];
     kernels[i].entry = entries[i];
     kernels[i].br = br[i];
@@ -848,7 +848,7 @@ Test(export, a_table_from_before_tensor_maps_reads_as_no_maps, .init = fake_setu
   k[0] = tma_export_kernel();
   k[0].variant = name;
   st[0] = (fg_export_step){"fg_fwd_d64_br64_bc64_bf16_noncausal_qwgmma_w4_s2_sm90a",
-                           FG_EXPORT_GRID_Q_TILES, 64, 128, 1000};
+                           FG_EXPORT_GRID_Q_TILES, 64, 128, 1000, 0};
   k[0].steps = st;
   k[0].entry = st[0].entry;
   k[0].params = 1, k[0].n_tmaps = 3; /* past kernel_size */
