@@ -89,6 +89,13 @@ static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg
       count_pruned(pc, why);
     }
   }
+  /* The built-in choice too (its Bc, e.g. 112 causal at d = 128, is off this grid). */
+  {
+    const fg_variant b = fg_builtin_variant(d, dtype, causal, arch);
+    int dup = memcmp(&b, seed, sizeof b) == 0;
+    for (int i = 0; i < n && !dup; i++) dup = memcmp(&b, &out[i], sizeof b) == 0;
+    if (!dup && fg_variant_fits(g, &b, lim, why, sizeof why) == 1 && n < cap) out[n++] = b;
+  }
   return n;
 }
 
