@@ -242,16 +242,19 @@ fg_variant fg_portable_variant(int d, fg_dtype dtype, int causal, fg_arch arch) 
 fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
   fg_variant v = fg_portable_variant(d, dtype, causal, arch);
   if (arch != FG_ARCH_SM90A) return v;
-  /* Hopper (sm_90a): the TMA kernels (fwd_tma.cu) at d = 128 and 256, and at d = 64 without a
+  /* Hopper (sm_90a): the TMA kernels (fwd_tma.cu) at d = 128, 192 and 256, and at d = 64 without a
    * mask: a producer warpgroup and two consumer warpgroups of 64 rows (three at d = 64), the
    * largest spill-free key block (H100, bf16, N = 4k / 16k against q_wgmma: d = 128 1.5x / 1.7x,
    * d = 256 4x, d = 64 1.2x / 1.4x; bench/NOTES.md). d = 64 causal keeps the wgmma kernel in order
    * with K/V blocks of 128 (the TMA one is 0.73-0.94x of it up to N = 4k). */
-  if (d == 128 || d == 256 || (d == 64 && !causal)) {
+  if (d == 128 || d == 192 || d == 256 || (d == 64 && !causal)) {
     v.loop = FG_LOOP_Q_TMA;
     v.warps = d == 64 ? 12 : 8;
     v.br = 16 * v.warps;
-    v.bc = d == 64 ? 128 : d == 128 ? (causal ? 112 : 128) : (causal ? 64 : 80);
+    v.bc = d == 64    ? 128
+           : d == 128 ? (causal ? 112 : 128)
+           : d == 192 ? (causal ? 64 : 96)
+                      : (causal ? 64 : 80);
     v.stages = 2;
   } else if (d == 64) {
     v.loop = FG_LOOP_Q_WGMMA;

@@ -306,13 +306,16 @@ static void compile_all(const fg_variant *v, int n, const char *what) {
 static void default_set(fg_arch arch) {
   fg_variant v[512];
   int n = fg_default_variants(arch, 1, v, 512);
-  /* sm_90a: the wgmma kernels at d = 64 and 128 and their q_outer twins */
-  const int twins = arch == FG_ARCH_SM90A ? 2 * 2 * 2 : 0;
+  /* sm_90a: the Hopper kernels (TMA at d = 128, 192, 256 and d = 64 non-causal, wgmma at d = 64
+   * causal) and their q_outer twins */
+  const int twins = arch == FG_ARCH_SM90A ? 4 * 2 * 2 : 0;
   cr_assert_eq(n, 29 * 2 * 2 * 2 + twins,
                "29 head dims x 2 dtypes x 2 maskings x (built-in, kv_outer), plus %d", twins);
   int wg = 0;
-  for (int i = 0; i < n; i++) wg += v[i].loop == FG_LOOP_Q_WGMMA || v[i].loop == FG_LOOP_Q_WGMMA_OV;
-  cr_assert_eq(wg, twins, "wgmma kernels in the %s default set", fg_arch_name(arch));
+  for (int i = 0; i < n; i++)
+    wg += v[i].loop == FG_LOOP_Q_WGMMA || v[i].loop == FG_LOOP_Q_WGMMA_OV ||
+          v[i].loop == FG_LOOP_Q_TMA;
+  cr_assert_eq(wg, twins, "Hopper kernels in the %s default set", fg_arch_name(arch));
   char what[128];
   snprintf(what, sizeof what, "forward default set %s", fg_arch_name(arch));
   compile_all(v, n, what);
@@ -339,23 +342,29 @@ static void candidate_set(fg_arch arch, const fg_device_limits *lim) {
 
 Test(compile, candidates_d128_bf16_h100_sm90a, .timeout = 1800) { candidate_set(FG_ARCH_SM90A, &fg_limits_h100); }
 
-/* The wgmma candidates of the other head dims it takes (d = 128 is in the set above). */
-Test(compile, wgmma_candidates_d64_d256_h100, .timeout = 1800) {
+/* The Hopper candidates (wgmma and TMA) of the other head dims they take (d = 128 is in the set
+ * above). */
+Test(compile, hopper_candidates_d64_d192_d256_h100, .timeout = 1800) {
   char err[4096];
   fg_generator *g;
   cr_assert_eq(fg_generator_create(&g, err, sizeof err), 0, "%s", err);
-  fg_variant all[512], v[256];
-  int n = 0, m = 0;
-  static const int ds[] = {64, 256};
-  for (int i = 0; i < 2; i++)
+  fg_variant all[768], v[384];
+  int n = 0, m = 0, tma = 0;
+  static const int ds[] = {64, 192, 256};
+  for (int i = 0; i < 3; i++)
     for (int causal = 0; causal <= 1; causal++)
       n += fg_candidates(g, &(fg_problem){FG_PASS_FWD, ds[i], FG_DTYPE_BF16, causal, 0, 0},
-                         FG_ARCH_SM90A, &fg_limits_h100, all + n, 512 - n, NULL);
+                         FG_ARCH_SM90A, &fg_limits_h100, all + n, 768 - n, NULL);
   fg_generator_destroy(g);
-  for (int i = 0; i < n; i++)
-    if (all[i].loop == FG_LOOP_Q_WGMMA || all[i].loop == FG_LOOP_Q_WGMMA_OV) v[m++] = all[i];
-  cr_assert_gt(m, 10, "wgmma candidates of d = 64 and 256 on an H100");
-  compile_all_on(v, m, "forward wgmma candidates d=64/256 sm_90a", &fg_limits_h100);
+  for (int i = 0; i < n && m < 384; i++)
+    if (all[i].loop == FG_LOOP_Q_WGMMA || all[i].loop == FG_LOOP_Q_WGMMA_OV ||
+        all[i].loop == FG_LOOP_Q_TMA) {
+      tma += all[i].loop == FG_LOOP_Q_TMA;
+      v[m++] = all[i];
+    }
+  cr_assert_gt(m, 10, "Hopper candidates of d = 64, 192 and 256 on an H100");
+  cr_assert_gt(tma, 4, "TMA candidates among them");
+  compile_all_on(v, m, "forward Hopper candidates d=64/192/256 sm_90a", &fg_limits_h100);
 }
 Test(compile, candidates_d128_bf16_a100_sm80, .timeout = 1800) { candidate_set(FG_ARCH_SM80, &fg_limits_a100); }
 
