@@ -730,10 +730,14 @@ static int write_source(FILE *f, const char *file, const char *hfile, const expo
     }
     fprintf(f, "};\n\n");
   }
+  /* Version 2 when a kernel takes tensor maps: runtimes from before them refuse the table. */
+  int tma = 0;
+  for (int i = 0; i < s->n; i++) tma |= s->k[i].img.meta.params != FG_PARAMS_DEFAULT;
   fprintf(f, "static const fg_export %s_export = {\n", P);
-  fprintf(f, "    .abi_version = FG_EXPORT_ABI_VERSION,\n    .size = sizeof(fg_export),\n"
+  fprintf(f, "    .abi_version = %s,\n    .size = sizeof(fg_export),\n"
              "    .kernel_size = sizeof(fg_export_kernel),\n"
-             "    .choice_size = sizeof(fg_export_choice),\n    .description = ");
+             "    .choice_size = sizeof(fg_export_choice),\n    .description = ",
+          tma ? "FG_EXPORT_ABI_VERSION_TMA" : "FG_EXPORT_ABI_VERSION");
   write_cstr(f, desc);
   fprintf(f, ",\n    .flashgen_version = ");
   write_cstr(f, fg_version());

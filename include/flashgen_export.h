@@ -37,6 +37,11 @@ extern "C" {
 #define FG_EXPORT_ABI_VERSION 1
 /* Plans (steps and workspaces, appended to the kernels) came later in version 1: a runtime that
  * reads them refuses a table written before them (its step_size is 0), saying to export again. */
+/* A table holding a kernel that takes tensor maps (params FG_EXPORT_PARAMS_FWD_TMA: the Hopper
+ * loop order qtma) is written as version 2, with version 1's layout: a runtime from before tensor
+ * maps reads only version 1, so it refuses such a table (naming its version) rather than launch
+ * the kernel with the plain parameter block. This runtime reads both. */
+#define FG_EXPORT_ABI_VERSION_TMA 2
 
 /* How a kernel's grid is formed from the problem (the values of the runtime's fg_grid_kind). */
 #define FG_EXPORT_GRID_Q_TILES 1 /* (ceil(seqlen_q / br), batch * heads_q): one block per Q block */
@@ -129,9 +134,8 @@ typedef struct fg_export_kernel {
   const fg_export_workspace *workspaces;
   int n_workspaces;             /* 0 .. 4 */
   /* Tensor maps (came later in version 1; kernels of tables written before them read as
-   * FG_EXPORT_PARAMS_DEFAULT with no maps). A runtime from before them does not read these
-   * fields and would launch an FG_EXPORT_PARAMS_FWD_TMA kernel with the plain block: tables that
-   * hold one (a qtma variant) are for the runtime of the flashgen that exported them, or newer. */
+   * FG_EXPORT_PARAMS_DEFAULT with no maps). A table holding an FG_EXPORT_PARAMS_FWD_TMA kernel
+   * is version FG_EXPORT_ABI_VERSION_TMA, which runtimes from before them refuse. */
   int params;                   /* FG_EXPORT_PARAMS_* */
   const fg_export_tmap *tmaps;  /* tmap[i] of the parameter block, in order */
   int n_tmaps;                  /* 0 .. 4; only with FG_EXPORT_PARAMS_FWD_TMA */
@@ -152,7 +156,7 @@ typedef struct fg_export_choice {
 
 /* A whole export. */
 struct fg_export {
-  uint32_t abi_version;          /* FG_EXPORT_ABI_VERSION */
+  uint32_t abi_version;          /* FG_EXPORT_ABI_VERSION, or _TMA when a kernel takes tensor maps */
   uint32_t size;                 /* sizeof(struct fg_export) as written */
   uint32_t kernel_size;          /* sizeof(fg_export_kernel) as written: the stride of kernels */
   uint32_t choice_size;          /* sizeof(fg_export_choice) as written: the stride of choices */

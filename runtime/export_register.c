@@ -204,13 +204,15 @@ FG_API fg_status fg_register_export(const fg_export *table, char *err, size_t er
   pthread_mutex_unlock(&fg_export_lock);
 
   /* The header: abi_version and size come first in every version. */
-  if (table->abi_version != FG_EXPORT_ABI_VERSION || table->size < 4 * sizeof(uint32_t)) {
+  if ((table->abi_version != FG_EXPORT_ABI_VERSION &&
+       table->abi_version != FG_EXPORT_ABI_VERSION_TMA) ||
+      table->size < 4 * sizeof(uint32_t)) {
     if (err && errlen)
       snprintf(err, errlen,
                "fg_register_export: the table has layout version %u (size %u); this runtime (%s) "
-               "reads version %d: export again with this flashgen",
+               "reads versions %d and %d: export again with this flashgen",
                (unsigned)table->abi_version, (unsigned)table->size, fg_version(),
-               FG_EXPORT_ABI_VERSION);
+               FG_EXPORT_ABI_VERSION, FG_EXPORT_ABI_VERSION_TMA);
     return FG_ERROR_INVALID_ARGUMENT;
   }
   fg_export e;
@@ -245,6 +247,11 @@ FG_API fg_status fg_register_export(const fg_export *table, char *err, size_t er
     const char *bad =
         fg_export_convert_kernel(&k, e.step_size, e.workspace_desc_size, e.tmap_size, &imgs[i],
                                  why, sizeof why);
+    if (!bad && imgs[i].meta.params != FG_PARAMS_DEFAULT &&
+        table->abi_version != FG_EXPORT_ABI_VERSION_TMA)
+      bad = "takes tensor maps, but the table says layout version 1, which runtimes from before "
+            "them read without them (flashgen export writes version 2 for such a table): the "
+            "table is damaged or hand-written; export it again";
     if (bad)
       st = fg_export_fail(err, errlen, desc, "kernel %zu ('%s') %s", i,
                           k.variant ? k.variant : "(null)", bad);

@@ -280,6 +280,8 @@ Test(export_cli, flashgen_export_writes_the_maps_and_the_table_registers_them, .
   cr_assert_not_null(fn, "%s", dlerror());
   const fg_export *t = fn();
   cr_assert(t->n_kernels == 1 && t->tmap_size == sizeof(fg_export_tmap));
+  cr_assert_eq(t->abi_version, FG_EXPORT_ABI_VERSION_TMA,
+               "a table holding a TMA kernel is version 2 (runtimes before the maps refuse it)");
   cr_assert(t->kernels[0].params == FG_EXPORT_PARAMS_FWD_TMA && t->kernels[0].n_tmaps == 3);
   cr_assert(t->kernels[0].tmaps[1].tensor == FG_EXPORT_TENSOR_K && t->kernels[0].tmaps[1].rows == 64);
   cr_assert_eq(fg_register_export(t, err, sizeof err), FG_OK, "%s", err);
@@ -368,7 +370,11 @@ static fg_export_kernel tma_export_kernel(void) {
 static fg_export export_of(const fg_export_kernel *k, size_t kernel_size) {
   fg_export e;
   memset(&e, 0, sizeof e);
-  e.abi_version = FG_EXPORT_ABI_VERSION;
+  /* Version 2 when the kernel takes tensor maps, as flashgen export writes it (a kernel size from
+   * before the maps carries none). */
+  e.abi_version = kernel_size > offsetof(fg_export_kernel, params) && k->params
+                      ? FG_EXPORT_ABI_VERSION_TMA
+                      : FG_EXPORT_ABI_VERSION;
   e.size = sizeof e;
   e.kernel_size = (uint32_t)kernel_size;
   e.choice_size = sizeof(fg_export_choice);
@@ -379,6 +385,20 @@ static fg_export export_of(const fg_export_kernel *k, size_t kernel_size) {
   e.workspace_desc_size = sizeof(fg_export_workspace);
   e.tmap_size = sizeof(fg_export_tmap);
   return e;
+}
+
+/* A table whose kernel takes tensor maps must say version 2 (which runtimes from before the maps
+ * refuse); the same table as version 1 is refused, naming the kernel; flashgen export's output
+ * is checked to be version 2 in export_cli above. */
+Test(export, a_tma_kernel_in_a_version_1_table_is_refused) {
+  fg_export_kernel k = tma_export_kernel();
+  fg_export e = export_of(&k, sizeof k);
+  cr_assert_eq(e.abi_version, FG_EXPORT_ABI_VERSION_TMA);
+  e.abi_version = FG_EXPORT_ABI_VERSION;
+  char err[1024] = "";
+  cr_assert_neq(fg_register_export(&e, err, sizeof err), FG_OK);
+  cr_assert(strstr(err, "takes tensor maps") && strstr(err, "version 1") && strstr(err, "qtma"),
+            "%s", err);
 }
 
 Test(export, malformed_tensor_maps_are_refused_naming_the_kernel) {
