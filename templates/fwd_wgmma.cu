@@ -12,6 +12,7 @@
 // blocks above the diagonal skipped. Writes O and the log-sum-exp. Do not edit.
 {% include("common.cuh") %}
 {% include("wgmma.cuh") %}
+{% include("fwd_softmax.cuh") %}
 
 namespace {
 constexpr int D = {{ d }};            // head dimension: 64, 128 or 256 (fwd.lua)
@@ -90,81 +91,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
                sw128_desc(kst + (u32)(ks / 4) * BC * 128 + (u32)(ks % 4) * 32, 16, 1024), ks > 0);
     wg_commit();
   };
-  // Softmax of x (S_jb, or its masked copy in pf) into pf: the lazy running max and the row sums;
-  // then P packed into pa once wait_pv says O += P V of the previous block is done. O is
-  // rescaled when a row's max grows (wait_pv first: O may be in the tensor cores' hands).
-  auto softmax_of = [&](const float *x, auto wait_pv) {
-    // Online softmax with a lazy running max (as in fwd_q_outer.cu).
-    float mx[2];
-    bool grow = false;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float mr = m[hh];
-#pragma unroll
-      for (int nt = 0; nt < NT_S; ++nt) mr = fmaxf(mr, fmaxf(x[4 * nt + 2 * hh], x[4 * nt + 2 * hh + 1]));
-      mx[hh] = quad_max(mr);
-      grow |= (mx[hh] - m[hh]) * sl2 > RESCALE_LOG2;  // true for m = -inf < mx
-    }
-    if (__any_sync(0xffffffffu, grow)) {
-      wait_pv();
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const float m_use = mx[hh] == FG_NEG_INF ? 0.f : mx[hh];  // no key seen yet
-        const float alpha = fast_exp2((m[hh] - m_use) * sl2);
-        m[hh] = mx[hh];
-        l[hh] *= alpha;
-#pragma unroll
-        for (int nt = 0; nt < NT_O; ++nt) {
-          o[4 * nt + 2 * hh] *= alpha;
-          o[4 * nt + 2 * hh + 1] *= alpha;
-        }
-      }
-    }
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const float mb = (m[hh] == FG_NEG_INF ? 0.f : m[hh]) * sl2;
-#pragma unroll
-      for (int nt = 0; nt < NT_S; ++nt) {
-        const float p0 = fast_exp2(fmaf(x[4 * nt + 2 * hh], sl2, -mb));
-        const float p1 = fast_exp2(fmaf(x[4 * nt + 2 * hh + 1], sl2, -mb));
-        l[hh] += p0 + p1;
-        pf[4 * nt + 2 * hh] = p0;
-        pf[4 * nt + 2 * hh + 1] = p1;
-      }
-    }
-    wait_pv();  // P of the previous block is read from pa until its product is done
-#pragma unroll
-    for (int nt = 0; nt < NT_S; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) pa[nt / 2][(nt % 2) * 2 + hh] = pack2<BF16>(pf[4 * nt + 2 * hh], pf[4 * nt + 2 * hh + 1]);
-  };
-  // Softmax of S_jb: keys past the end and, when causal, above the diagonal masked (in a copy,
-  // only in blocks that need it). s[4 nt + 2 hh + e] is row wrow + g + 8 hh, key 8 nt + 2 t + e.
-  auto softmax = [&](int jb, auto wait_pv) {
-    const int kv_left = nk32 - jb * BC, diag_off0 = qdiag32 - jb * BC;
-    const bool need_mask = kv_left < BC || (CAUSAL && diag_off0 < BC - 1);
-    if (need_mask) {
-      const int kv_last = (kv_left < BC ? kv_left : BC) - 1 - 2 * t;
-      const int diag_off = diag_off0 - 2 * t;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        int lim = kv_last;
-        if constexpr (CAUSAL) {
-          const int dl = wrow + g + hh * 8 + diag_off;
-          lim = dl < lim ? dl : lim;
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT_S; ++nt) {
-          pf[4 * nt + 2 * hh] = nt * 8 > lim ? FG_NEG_INF : s[4 * nt + 2 * hh];
-          pf[4 * nt + 2 * hh + 1] = nt * 8 + 1 > lim ? FG_NEG_INF : s[4 * nt + 2 * hh + 1];
-        }
-      }
-      softmax_of(pf, wait_pv);
-    } else {
-      softmax_of(s, wait_pv);
-    }
-  };
-
+{% fwd_softmax() %}
   // O += P_j V_j: V is D-major for this product, 8-key groups 1024 bytes apart (SBO), 64-column
   // blocks BC x 128 bytes apart (LBO); k-step kk starts 2 groups further.
   auto issue_pv = [&](int jb) {
@@ -229,24 +156,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     }
   }
 
-  // Epilogue: normalise and store O from the accumulators (each quad of lanes writes 16
-  // contiguous bytes of a row), and the log-sum-exp.
   cp_async_wait<0>();
-  const int e_rows = (int)(Nq - q0 < BR ? Nq - q0 : BR);  // rows to write
-  u16 *gO = (u16 *)p.o + b * p.o_sb + h * p.o_sh + q0 * p.o_sn;
-  float *lse = (float *)p.lse;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const float lsum = quad_sum(l[hh]);
-    const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-    const int r = wrow + g + hh * 8;
-    if (r < e_rows) {
-      u16 *row = gO + r * p.o_sn + 2 * t;
-#pragma unroll
-      for (int nt = 0; nt < NT_O; ++nt)
-        st_global_u32(row + nt * 8, pack2<BF16>(o[4 * nt + 2 * hh] * inv, o[4 * nt + 2 * hh + 1] * inv));
-      if (lse != nullptr && t == 0)
-        lse[bh * p.seqlen_q + q0 + r] = lsum > 0.f ? m[hh] * (float)p.scale + logf(lsum) : FG_NEG_INF;
-    }
-  }
+{% fwd_epilogue() %}
 }
