@@ -1,7 +1,11 @@
 /* reference_bwd.c: the backward pass on the host, in fp64 (the yardstick) and as the naive
  * same-dtype computation (every matrix product and elementwise result rounded to f16/bf16, as
  * an eager framework computes it), whose error sets the tolerance of `flashgen check`. Work is
- * split over threads by (batch, KV head): dK and dV of a KV head sum over its query heads. */
+ * split over threads by (batch, KV head), and a KV head's query rows (all its query heads' rows,
+ * in order) in chunks of CHUNK_ROWS when the partial dK/dV sums fit in PARTIAL_BYTES: a long GQA
+ * group or one long head is then no longer one thread's work. The chunks' fp64 sums are added in
+ * chunk order, and the chunking depends on the problem only, so the result does not depend on
+ * the thread count. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -9,11 +13,16 @@
 
 #include "fg_autotune.h"
 
+#define CHUNK_ROWS 2048
+#define PARTIAL_BYTES (64ull << 20)
+
 typedef struct job {
   const fg_bwd_host_problem *p;
   int exact;
   double *dq, *dk, *dv, *lse;
-  int64_t next, total; /* (batch, KV head) pairs */
+  int64_t next, total; /* work items: (batch, KV head) pairs x chunks */
+  int64_t chunks;      /* chunks per pair; 1: dK, dV summed in place */
+  double *partial;     /* chunks > 1: per item, its dK then its dV sums (Nk x d each) */
   pthread_mutex_t mu;
 } job;
 
@@ -21,9 +30,10 @@ static double rnd(double x, fg_dtype t, int exact) {
   return exact ? x : (double)fg_half_to_f32(fg_f32_to_half((float)x, t), t);
 }
 
-/* One (batch, query head): rows i of Q, dO against all keys of KV head hk. */
-static void one_head(const job *j, int64_t b, int64_t h, int64_t hk, double *s, double *pr,
-                     double *dp) {
+/* Rows [i0, i1) of one (batch, query head) against all keys of KV head hk, adding their dK and
+ * dV contributions to dK, dV (Nk x d). */
+static void one_head(const job *j, int64_t b, int64_t h, int64_t hk, int64_t i0, int64_t i1,
+                     double *dK, double *dV, double *s, double *pr, double *dp) {
   const fg_bwd_host_problem *p = j->p;
   const int64_t Nq = p->seqlen_q, Nk = p->seqlen_k, d = p->head_dim;
   const int ex = j->exact;
@@ -33,9 +43,7 @@ static void one_head(const job *j, int64_t b, int64_t h, int64_t hk, double *s, 
   const uint16_t *K = p->k + ((b * p->heads_kv + hk) * Nk) * d;
   const uint16_t *V = p->v + ((b * p->heads_kv + hk) * Nk) * d;
   double *dQ = j->dq + ((b * p->heads_q + h) * Nq) * d;
-  double *dK = j->dk + ((b * p->heads_kv + hk) * Nk) * d;
-  double *dV = j->dv + ((b * p->heads_kv + hk) * Nk) * d;
-  for (int64_t i = 0; i < Nq; i++) {
+  for (int64_t i = i0; i < i1; i++) {
     int64_t n = Nk;
     if (p->causal) n = i + Nk - Nq + 1 < Nk ? i + Nk - Nq + 1 : Nk;
     if (n < 0) n = 0;
@@ -82,10 +90,19 @@ static void one_head(const job *j, int64_t b, int64_t h, int64_t hk, double *s, 
   }
 }
 
+/* dK times the scale and dV, rounded as the computation's result. */
+static void finish_kv(const job *j, double *dK, double *dV) {
+  const fg_bwd_host_problem *p = j->p;
+  for (int64_t x = 0; x < p->seqlen_k * p->head_dim; x++) {
+    dK[x] = rnd(dK[x] * p->scale, p->dtype, j->exact);
+    dV[x] = rnd(dV[x], p->dtype, j->exact);
+  }
+}
+
 static void *worker(void *arg) {
   job *j = arg;
   const fg_bwd_host_problem *p = j->p;
-  const int64_t Nk = p->seqlen_k, d = p->head_dim;
+  const int64_t Nq = p->seqlen_q, Nk = p->seqlen_k, d = p->head_dim, g = p->heads_q / p->heads_kv;
   double *s = malloc((size_t)(Nk > 0 ? Nk : 1) * 3 * sizeof *s);
   if (!s) return (void *)1;
   for (;;) {
@@ -93,16 +110,26 @@ static void *worker(void *arg) {
     const int64_t w = j->next++;
     pthread_mutex_unlock(&j->mu);
     if (w >= j->total) break;
-    const int64_t b = w / p->heads_kv, hk = w % p->heads_kv, g = p->heads_q / p->heads_kv;
-    double *dK = j->dk + ((b * p->heads_kv + hk) * Nk) * d;
-    double *dV = j->dv + ((b * p->heads_kv + hk) * Nk) * d;
+    const int64_t pair = w / j->chunks, c = w % j->chunks;
+    const int64_t b = pair / p->heads_kv, hk = pair % p->heads_kv;
+    double *dK, *dV;
+    if (j->chunks == 1) {
+      dK = j->dk + ((b * p->heads_kv + hk) * Nk) * d;
+      dV = j->dv + ((b * p->heads_kv + hk) * Nk) * d;
+    } else {
+      dK = j->partial + (size_t)w * 2 * (size_t)(Nk * d);
+      dV = dK + Nk * d;
+    }
     memset(dK, 0, (size_t)(Nk * d) * sizeof *dK);
     memset(dV, 0, (size_t)(Nk * d) * sizeof *dV);
-    for (int64_t h = hk * g; h < (hk + 1) * g; h++) one_head(j, b, h, hk, s, s + Nk, s + 2 * Nk);
-    for (int64_t x = 0; x < Nk * d; x++) {
-      dK[x] = rnd(dK[x] * p->scale, p->dtype, j->exact);
-      dV[x] = rnd(dV[x], p->dtype, j->exact);
+    /* The chunk's rows of the group (query head hk * g + r / Nq, row r % Nq). */
+    const int64_t r0 = c * CHUNK_ROWS, r1 = j->chunks == 1 ? g * Nq : (c + 1) * CHUNK_ROWS < g * Nq ? (c + 1) * CHUNK_ROWS : g * Nq;
+    for (int64_t r = r0; r < r1;) {
+      const int64_t h = r / Nq, i0 = r % Nq, i1 = i0 + (r1 - r) < Nq ? i0 + (r1 - r) : Nq;
+      one_head(j, b, hk * g + h, hk, i0, i1, dK, dV, s, s + Nk, s + 2 * Nk);
+      r += i1 - i0;
     }
+    if (j->chunks == 1) finish_kv(j, dK, dV);
   }
   free(s);
   return NULL;
@@ -118,8 +145,18 @@ int fg_reference_backward(const fg_bwd_host_problem *p, int exact, double *dq, d
   j.dk = dk;
   j.dv = dv;
   j.lse = lse;
-  j.total = p->batch * p->heads_kv;
   if (p->heads_kv <= 0 || p->heads_q % p->heads_kv) return -1;
+  const int64_t pairs = p->batch * p->heads_kv, rows = p->heads_q / p->heads_kv * p->seqlen_q;
+  const int64_t kv_el = p->seqlen_k * p->head_dim;
+  j.chunks = rows > CHUNK_ROWS ? (rows + CHUNK_ROWS - 1) / CHUNK_ROWS : 1;
+  if (j.chunks > 1 &&
+      (double)pairs * (double)j.chunks * (double)kv_el * 2 * sizeof(double) > (double)PARTIAL_BYTES)
+    j.chunks = 1; /* too much memory for the partial sums: one item per pair */
+  j.total = pairs * j.chunks;
+  if (j.chunks > 1) {
+    j.partial = malloc((size_t)j.total * 2 * (size_t)kv_el * sizeof *j.partial + 1);
+    if (!j.partial) return -1;
+  }
   pthread_mutex_init(&j.mu, NULL);
   if (threads < 1) threads = 1;
   if (threads > 64) threads = 64;
@@ -135,6 +172,18 @@ int fg_reference_backward(const fg_bwd_host_problem *p, int exact, double *dq, d
     if (r) rc = -1;
   }
   pthread_mutex_destroy(&j.mu);
+  /* The chunks' sums, added in chunk order (whatever thread computed them). */
+  for (int64_t pair = 0; rc == 0 && j.chunks > 1 && pair < pairs; pair++) {
+    double *dK = dk + pair * kv_el, *dV = dv + pair * kv_el;
+    memset(dK, 0, (size_t)kv_el * sizeof *dK);
+    memset(dV, 0, (size_t)kv_el * sizeof *dV);
+    for (int64_t c = 0; c < j.chunks; c++) {
+      const double *pk = j.partial + (size_t)(pair * j.chunks + c) * 2 * (size_t)kv_el;
+      for (int64_t x = 0; x < kv_el; x++) dK[x] += pk[x], dV[x] += pk[kv_el + x];
+    }
+    finish_kv(&j, dK, dV);
+  }
+  free(j.partial);
   return rc;
 }
 

@@ -437,3 +437,43 @@ Test(reference_bwd, periodic_equals_written_out) {
                "no signs is refused");
   release(&pat);
 }
+
+/* A KV head whose query rows (4 heads x 700 = 2800) pass the reference's chunk of 2048 rows is
+ * split over work items whose dK/dV sums are added afterwards: the result must be the sum over
+ * its query heads of the same problem without GQA (K and V repeated per head, 700 rows each,
+ * never split) up to fp64 rounding, dQ and LSE bit for bit, and the same with 1 or 8 threads. */
+Test(reference_bwd, a_long_group_split_in_chunks_sums_like_its_heads) {
+  for (int causal = 0; causal <= 1; causal++) {
+    const int64_t Hq = 4, Nq = 700, Nk = 9, d = 32;
+    prob g = make(FG_DTYPE_F16, causal, 1, Hq, 1, Nq, Nk, d, 99u + (uint64_t)causal);
+    prob m = make(FG_DTYPE_F16, causal, 1, Hq, Hq, Nq, Nk, d, 1u);
+    /* m: g's Q and dO, its one K/V head repeated for every query head */
+    memcpy(m.q16, g.q16, g.nq * 2);
+    memcpy(m.do16, g.do16, g.nq * 2);
+    for (int64_t h = 0; h < Hq; h++) {
+      memcpy(m.k16 + h * Nk * d, g.k16, (size_t)(Nk * d) * 2);
+      memcpy(m.v16 + h * Nk * d, g.v16, (size_t)(Nk * d) * 2);
+    }
+    cr_assert_eq(fg_reference_backward(&g.p, 1, g.dq, g.dk, g.dv, g.lse, 8), 0);
+    cr_assert_eq(fg_reference_backward(&m.p, 1, m.dq, m.dk, m.dv, m.lse, 8), 0);
+    cr_assert_eq(memcmp(g.dq, m.dq, g.nq * sizeof(double)), 0, "dQ (causal %d)", causal);
+    cr_assert_eq(memcmp(g.lse, m.lse, g.nl * sizeof(double)), 0, "LSE (causal %d)", causal);
+    double worst = 0, big = 0;
+    for (int64_t x = 0; x < Nk * d; x++) {
+      double sk = 0, sv = 0;
+      for (int64_t h = 0; h < Hq; h++) sk += m.dk[h * Nk * d + x], sv += m.dv[h * Nk * d + x];
+      worst = fmax(worst, fmax(fabs(sk - g.dk[x]), fabs(sv - g.dv[x])));
+      big = fmax(big, fmax(fabs(sk), fabs(sv)));
+    }
+    cr_assert_gt(big, 1e-3, "the sums are not all zero");
+    cr_assert_leq(worst, 1e-12 * big, "dK/dV of the split group differ by %g (of %g)", worst, big);
+    double *dq1 = xcalloc(g.nq, sizeof(double)), *dk1 = xcalloc(g.nkv, sizeof(double));
+    double *dv1 = xcalloc(g.nkv, sizeof(double)), *l1 = xcalloc(g.nl, sizeof(double));
+    cr_assert_eq(fg_reference_backward(&g.p, 1, dq1, dk1, dv1, l1, 1), 0);
+    cr_assert_eq(memcmp(dk1, g.dk, g.nkv * sizeof(double)), 0, "dK: 1 thread against 8");
+    cr_assert_eq(memcmp(dv1, g.dv, g.nkv * sizeof(double)), 0, "dV: 1 thread against 8");
+    free(dq1), free(dk1), free(dv1), free(l1);
+    release(&g);
+    release(&m);
+  }
+}
