@@ -65,6 +65,8 @@ DIFF_LIMIT = {"bf16": 2e-2, "f16": 5e-3}  # max |out - ref| above this is flagge
 ELEM_BYTES = {"bf16": 2, "f16": 2}
 
 DEFAULT_N = (512, 1024, 2048, 4096, 8192, 16384)
+DEFAULT_D_FWD = (64, 96, 128, 192, 256)  # forward head dims (issue 13's grid)
+DEFAULT_D_GRAD = (64, 128)  # backward and forward+backward head dims
 QUICK_N = (1024, 4096, 16384)
 STANDARD_ATTENTION_N = (512, 1024, 2048, 4096)  # the seeds' claim: speed-up and memory vs math
 MATH_MEMORY_FRACTION = 0.40  # skip math when its N*N buffers would need more of the free memory
@@ -206,7 +208,8 @@ def parse_args(argv=None):
                         "(explicit --dtypes/--d/--n/--causal still override)")
     p.add_argument("--dtypes", type=_dtype_list, default=None, help="bf16,f16 (default both)")
     p.add_argument("--d", type=lambda s: _int_list(s, "--d"), default=None,
-                   help="head dims (default 64,128)")
+                   help="head dims (default: the forward 64,96,128,192,256, the backward passes "
+                        "64,128)")
     p.add_argument("--causal", type=_causal_list, default=None, help="both, 0 or 1 (default both)")
     p.add_argument("--n", type=lambda s: _int_list(s, "--n"), default=None,
                    help="sequence lengths (default 512,1024,2048,4096,8192,16384)")
@@ -255,7 +258,10 @@ def parse_args(argv=None):
         a.n = a.n or list(QUICK_N)
         a.causal = a.causal or [False, True]
     a.dtypes = a.dtypes or ["bf16", "f16"]
-    a.d = a.d or [64, 128]
+    # The head dims: one list for every pass when given; by default issue 13's forward grid
+    # (64, 96, 128, 192, 256) and the backward's (64, 128).
+    a.d_grad = a.d or list(DEFAULT_D_GRAD)
+    a.d = a.d or list(DEFAULT_D_FWD)
     a.n = a.n or list(DEFAULT_N)
     a.causal = a.causal if a.causal is not None else [False, True]
     for name in ("tokens", "hidden", "reps", "budget"):
@@ -281,8 +287,9 @@ def build_grid(args):
     with pass, dtype, d, causal, B, H, N, flops (of one call of that pass), notes."""
     grid = []
     for pass_ in getattr(args, "passes", ["fwd"]):
+        ds = args.d if pass_ == "fwd" else getattr(args, "d_grad", args.d)
         for dtype in args.dtypes:
-            for d in args.d:
+            for d in ds:
                 for causal in args.causal:
                     for N in args.n:
                         notes = []

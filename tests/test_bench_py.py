@@ -58,29 +58,38 @@ class BenchCli(unittest.TestCase):
             self.assertIn(flag, r.stdout)
 
     def test_dry_run_default_grid(self):
-        r = run_bench("--dry-run")  # --pass all: fwd, bwd, fwdbwd, each over the whole grid
+        r = run_bench("--dry-run")  # --pass all: fwd, bwd, fwdbwd
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("configs: 144", r.stdout)
-        for p in ("fwd", "bwd", "fwdbwd"):  # 2 dtypes x 2 d x 2 causal x 6 N
+        # forward: 2 dtypes x d in {64, 96, 128, 192, 256} x 2 causal x 6 N; the backward passes
+        # at d in {64, 128}
+        self.assertIn("configs: 216", r.stdout)
+        self.assertIn("configs fwd: 120", r.stdout)
+        for p in ("bwd", "fwdbwd"):
             self.assertIn("configs %s: 48" % p, r.stdout)
         self.assertIn("passes fwd,bwd,fwdbwd", r.stdout)
         self.assertIn("backward backends flashgen,flashgen_direct,flash,cudnn", r.stdout)
         lines = grid_lines(r.stdout)
-        self.assertEqual(len(lines), 144)
-        self.assertEqual([c[1] for c in lines], ["fwd"] * 48 + ["bwd"] * 48 + ["fwdbwd"] * 48)
+        self.assertEqual(len(lines), 216)
+        self.assertEqual([c[1] for c in lines], ["fwd"] * 120 + ["bwd"] * 48 + ["fwdbwd"] * 48)
         per_pass = {}
         for cols in lines:
             _, pass_, dtype, d, causal, B, H, N, gflop = cols[:9]
             d, B, H, N = int(d), int(B), int(H), int(N)
             self.assertIn(dtype, ("bf16", "f16"))
             self.assertEqual(B * N, 16384)
-            self.assertEqual(H * d, 2048)
+            self.assertEqual(H, 2048 // d)  # H * d = 2048, or the largest below (d = 96, 192)
             fwd = 4 * B * H * N * N * d / (2 if causal == "yes" else 1)
             want = fwd * {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}[pass_]
             self.assertAlmostEqual(float(gflop), want / 1e9, places=2)
             per_pass.setdefault(pass_, []).append((dtype, d, causal, N))
-        self.assertEqual(per_pass["fwd"], per_pass["bwd"])  # the same grid in every pass
-        self.assertEqual(per_pass["fwd"], per_pass["fwdbwd"])
+        self.assertEqual({c[1] for c in per_pass["fwd"]}, {64, 96, 128, 192, 256})
+        self.assertEqual(per_pass["bwd"], [c for c in per_pass["fwd"] if c[1] in (64, 128)])
+        self.assertEqual(per_pass["bwd"], per_pass["fwdbwd"])
+        # --d names the head dims of every pass
+        r = run_bench("--dry-run", "--d", "96")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual({int(c[3]) for c in grid_lines(r.stdout)}, {96})
+        self.assertIn("configs bwd: 24", r.stdout)
 
     def test_dry_run_quick(self):
         r = run_bench("--dry-run", "--quick")
