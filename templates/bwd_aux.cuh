@@ -4,8 +4,9 @@
 // into dK, dV too), the fp32 reductions of dQ tiles, the query blocks a key block (and its split)
 // visits, the LSE/D loads of a query block, deterministic mode's semaphores, and the splits'
 // additions of their dK/dV partial sums.
-// Included after the template's constants (D, CHUNKS, BF16, BR, CAUSAL, THREADS) with
-// {% include("bwd_aux.cuh") %}.
+// Included after the template's constants (D, CHUNKS, BF16, BR, CAUSAL) and the main kernel's
+// working threads (MAIN_THREADS: every thread of the block, or the consumers of a warp-specialised
+// template) with their barrier (main_sync()), with {% include("bwd_aux.cuh") %}.
 namespace {
 // From the plan (bwd.lua, launch(v).constants): query rows and threads per block of the _pre
 // and _post kernels, and query rows per semaphore of deterministic mode.
@@ -112,7 +113,7 @@ FG_DEV bwd_span bwd_span_of(const fg_bwd_params &p, i64 k0, u32 z = blockIdx.z,
 // so their P is 0.
 FG_DEV void load_lse_d(float *sl, const fg_bwd_params &p, u32 b, i64 h, i64 q0, int tid) {
   const i64 Nq = p.seqlen_q, row0 = ((i64)b * p.heads_q + h) * Nq + q0;
-  for (int c = tid; c < BR; c += THREADS) {
+  for (int c = tid; c < BR; c += MAIN_THREADS) {
     const bool in = q0 + c < Nq;
     const float l = in ? ((const float *)p.lse)[row0 + c] : FG_NEG_INF;
     sl[c] = l == FG_NEG_INF ? __int_as_float(0x7f800000) : l * LOG2E;
@@ -169,13 +170,13 @@ FG_DEV void dq_sem_wait(const fg_bwd_params &p, u32 *sem, i64 q0, int tid) {
       while (ld_acquire(sem) != rank) {
       }
     }
-    __syncthreads();
+    main_sync();
   }
 }
 FG_DEV void dq_sem_release(const fg_bwd_params &p, u32 *sem, int tid) {
   if (p.deterministic) {
     __threadfence();
-    __syncthreads();
+    main_sync();
     // sem held this block's rank (dq_sem_wait): one more passes the tile on. An add, so that
     // nothing of the rank's computation stays live across the tile's reductions (that spilled).
     if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(sem) : "memory");
@@ -196,7 +197,7 @@ FG_DEV void dkv_wait(const fg_bwd_params &p, float *blk, int tid) {
       while (ld_acquire(dkv_sem(blk)) != blockIdx.z) {
       }
     }
-    __syncthreads();
+    main_sync();
   }
 }
 // Adds rows [0, rows) of a split's dK or dV, staged in shared memory (sacc: BC x D fp32,
@@ -206,7 +207,7 @@ FG_DEV void dkv_wait(const fg_bwd_params &p, float *blk, int tid) {
 // Called by every thread of the block.
 FG_DEV void dkv_add_rows(const fg_bwd_params &p, float *dst, const float *sacc, int rows, int tid) {
   const int n4 = rows * (D / 4);
-  for (int i = tid; i < n4; i += THREADS) {
+  for (int i = tid; i < n4; i += MAIN_THREADS) {
     const float4 x = ((const float4 *)sacc)[i];
     float *a = dst + 4 * i;
     if (p.deterministic) {
