@@ -138,16 +138,18 @@ int fg_lua_read_launch(lua_State *L, fg_kernel_meta *meta, const char *what, cha
 /* Adds the plan's template constants (launch(v).constants, e.g. the backward's PRE_ROWS) to the
  * params table at index params, so a template and its manifest share one copy. The launch table
  * is at the top of the stack. */
+void fg_lua_copy_fields(lua_State *L, int to) {
+  lua_pushnil(L);
+  while (lua_next(L, -2)) {
+    lua_pushvalue(L, -2);
+    lua_insert(L, -2);
+    lua_settable(L, to);
+  }
+}
+
 void fg_lua_add_constants(lua_State *L, int params) {
   lua_getfield(L, -1, "constants");
-  if (lua_istable(L, -1)) {
-    lua_pushnil(L);
-    while (lua_next(L, -2)) {
-      lua_pushvalue(L, -2);
-      lua_insert(L, -2);
-      lua_settable(L, params);
-    }
-  }
+  if (lua_istable(L, -1)) fg_lua_copy_fields(L, params);
   lua_pop(L, 1);
 }
 

@@ -620,12 +620,7 @@ int fg_generator_render(fg_generator *g, const fg_variant *v, char **src, fg_ker
     int params = lua_gettop(L);
     lua_pushvalue(L, params);
     if ((rc = call_manifest(g, v->pass, "layout", 1, err, errlen)) == 0) {
-      lua_pushnil(L);
-      while (lua_next(L, -2)) {
-        lua_pushvalue(L, -2);
-        lua_insert(L, -2);
-        lua_settable(L, params);
-      }
+      fg_lua_copy_fields(L, params);
       lua_pop(L, 1);
       lua_pushvalue(L, params);
       if ((rc = call_manifest(g, v->pass, "q_in_regs", 1, err, errlen)) == 0) {
