@@ -44,10 +44,6 @@ constexpr unsigned STAGE_BYTES = 2 * QTILE_BYTES + 2 * BR * 4;
 constexpr unsigned P_OFF = Q_OFF + STAGES * STAGE_BYTES, DS_OFF = P_OFF + BC * PROW * 2;
 
 }  // namespace
-// Every thread runs the main loop (the names bwd_aux.cuh's helpers use; macros rather than
-// declarations, which perturb ptxas: the cubins stay byte-identical).
-#define MAIN_THREADS THREADS
-#define main_sync() __syncthreads()
 {% include("bwd_aux.cuh") %}
 
 // The main kernel. Grid (ceil(Nk / BC), B * Hkv, splits of the query blocks: bwd_span_of).

@@ -4,9 +4,16 @@
 // into dK, dV too), the fp32 reductions of dQ tiles, the query blocks a key block (and its split)
 // visits, the LSE/D loads of a query block, deterministic mode's semaphores, and the splits'
 // additions of their dK/dV partial sums.
-// Included after the template's constants (D, CHUNKS, BF16, BR, CAUSAL) and the main kernel's
-// working threads (MAIN_THREADS: every thread of the block, or the consumers of a warp-specialised
-// template) with their barrier (main_sync()), with {% include("bwd_aux.cuh") %}.
+// Included after the template's constants (D, CHUNKS, BF16, BR, CAUSAL, THREADS) with
+// {% include("bwd_aux.cuh") %}. The helpers that every working thread of the main kernel calls
+// count MAIN_THREADS and meet at main_sync(): by default every thread of the block and
+// __syncthreads(); a warp-specialised template defines both (its consumers, a named barrier)
+// before the include. Macros, not declarations: a declaration perturbs ptxas's output, and the
+// verified kernels' cubins are compared byte for byte.
+#ifndef MAIN_THREADS
+#define MAIN_THREADS THREADS
+#define main_sync() __syncthreads()
+#endif
 namespace {
 // From the plan (bwd.lua, launch(v).constants): query rows and threads per block of the _pre
 // and _post kernels, and query rows per semaphore of deterministic mode.

@@ -62,10 +62,6 @@ FG_DEV u64 fresh(u64 x) {
 }
 FG_DEV void st_shared_u32(u32 a, u32 x) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(x) : "memory"); }
 }  // namespace
-// Every thread runs the main loop (the names bwd_aux.cuh's helpers use; macros rather than
-// declarations, which perturb ptxas: the cubins stay byte-identical).
-#define MAIN_THREADS THREADS
-#define main_sync() __syncthreads()
 {% include("bwd_aux.cuh") %}
 
 // The main kernel. Grid (ceil(Nk / BC), B * Hkv, splits of the query blocks: bwd_span_of).
