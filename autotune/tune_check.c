@@ -123,6 +123,15 @@ static fg_status run_reference(tdev *D, const fg_attention_args *a, int exact, d
   return FG_OK;
 }
 
+/* A candidate's launch returned st: when it launched, waits for its kernels. *stage names where
+ * it failed ("launch failed", "kernel failed"), for the candidate's record. */
+static fg_status launched(fg_context *ctx, tdev *D, fg_status st, const char **stage) {
+  *stage = "launch failed";
+  if (st != FG_OK) return st;
+  *stage = "kernel failed";
+  return fg_stream_synchronize(ctx, D->stream);
+}
+
 /* The backward's check of every candidate to measure for problem pi: fresh random Q, K, V, dO
  * (never zeros) of BWD_CHECK_HQ/BWD_CHECK_HKV heads and BWD_CHECK_N rows, O and LSE from the
  * forward (T->fwd_v), the gradients poisoned with NaN before each candidate, and
@@ -219,12 +228,8 @@ static fg_status check_problem_bwd(trun *R, int pi, uint64_t seed) {
         (st = fg_dev_fill16(ctx, dv, 0xFFFF, nk)) != FG_OK ||
         (st = fg_dev_synchronize(ctx)) != FG_OK)
       goto out;
-    st = fg_attention_backward_variant(ctx, &b, D->stream, cv);
-    const char *stage = "launch failed";
-    if (st == FG_OK) {
-      stage = "kernel failed";
-      st = fg_stream_synchronize(ctx, D->stream);
-    }
+    const char *stage;
+    st = launched(ctx, D, fg_attention_backward_variant(ctx, &b, D->stream, cv), &stage);
     if (st != FG_OK) {
       if ((st = fg_tune_candidate_failed(R, P, T, c, name, "checking", stage)) != FG_OK) goto out;
       continue;
@@ -316,12 +321,8 @@ fg_status fg_tune_check_problem(trun *R, int pi, uint64_t seed) {
         (st = fg_dev_fill32(ctx, D->clse, 0xFFFFFFFFu, rows)) != FG_OK ||
         (st = fg_dev_synchronize(ctx)) != FG_OK)
       return st;
-    st = fg_attention_forward_variant(ctx, &a, D->stream, v);
-    const char *stage = "launch failed";
-    if (st == FG_OK) {
-      stage = "kernel failed";
-      st = fg_stream_synchronize(ctx, D->stream);
-    }
+    const char *stage;
+    st = launched(ctx, D, fg_attention_forward_variant(ctx, &a, D->stream, v), &stage);
     if (st != FG_OK) {
       if ((st = fg_tune_candidate_failed(R, P, T, c, name, "checking", stage)) != FG_OK) return st;
       continue;
