@@ -207,6 +207,16 @@ void fg_check_bwd_fail(fg_check_bwd_result *r, const char *fmt, ...) {
   va_end(ap);
 }
 
+int fg_check_bwd_call(const fg_check_bwd_env *env, const fg_attention_backward_args *a,
+                      const fg_variant *v, fg_check_bwd_result *r) {
+  fg_status st = fg_attention_backward_variant(env->ctx, a, env->stream, v);
+  if (st == FG_OK) st = fg_stream_synchronize(env->ctx, env->stream);
+  if (st == FG_OK) return 0;
+  fg_check_bwd_fail(r, "the backward call failed: %s: %s", fg_status_string(st),
+                    fg_context_last_error(env->ctx));
+  return -1;
+}
+
 static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check_bwd_result *r) {
   fg_context *ctx = env->ctx;
   r->pass = 1;
@@ -308,13 +318,7 @@ static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check
     goto done;
   }
   a.deterministic = c->kind == B_DET;
-  st = fg_attention_backward_variant(ctx, &a, env->stream, &v);
-  if (st == FG_OK) st = fg_stream_synchronize(ctx, env->stream);
-  if (st != FG_OK) {
-    fg_check_bwd_fail(r, "the backward call failed: %s: %s", fg_status_string(st),
-                      fg_context_last_error(ctx));
-    goto done;
-  }
+  if (fg_check_bwd_call(env, &a, &v, r)) goto done;
   if (tensor_download(ctx, &dq, gq) != FG_OK || tensor_download(ctx, &dk, gk) != FG_OK ||
       tensor_download(ctx, &dv, gv) != FG_OK) {
     fg_check_bwd_fail(r, "downloading the gradients: %s", fg_context_last_error(ctx));

@@ -160,13 +160,7 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
                       fg_context_last_error(ctx));
     goto done;
   }
-  st = fg_attention_backward_variant(ctx, &a, env->stream, &v);
-  if (st == FG_OK) st = fg_stream_synchronize(ctx, env->stream);
-  if (st != FG_OK) {
-    fg_check_bwd_fail(r, "the backward call failed: %s: %s", fg_status_string(st),
-             fg_context_last_error(ctx));
-    goto done;
-  }
+  if (fg_check_bwd_call(env, &a, &v, r)) goto done;
 
   /* The references of the whole problem from one period (see the top of the file). */
   const fg_bwd_host_problem hp = {dt, c->causal, 1, 1, 1, P, Nk, d, 1.0 / sqrt((double)d),

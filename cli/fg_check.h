@@ -47,6 +47,9 @@ typedef struct fg_check_bwd_env {
   uint64_t seed;
   int threads;
 } fg_check_bwd_env;
+/* Runs backward variant v on a and waits for it; 0, or -1 with the failure recorded in r. */
+int fg_check_bwd_call(const fg_check_bwd_env *env, const fg_attention_backward_args *a,
+                      const fg_variant *v, fg_check_bwd_result *r);
 
 /* The problem key of a backward case (fg_problem_from_backward of its call). */
 fg_problem fg_check_bwd_problem(const fg_check_bwd_case *c);
