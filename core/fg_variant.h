@@ -19,7 +19,10 @@ const char *fg_pass_name(fg_pass p);
  * O += P_j V_j on the tensor cores. kv_wgmma is the backward's K/V-outer loop on wgmma (sm_90a only:
  * bwd_wgmma.cu), one warpgroup per 64 keys. q_tma is q_wgmma with a producer warpgroup (sm_90a only:
  * fwd_tma.cu): TMA loads of Q, K and V completing on mbarriers, the warps of the variant (4 or 8)
- * consuming them, one warpgroup per 64 query rows; the block has 128 threads more than 32 * warps. */
+ * consuming them, one warpgroup per 64 query rows; the block has 128 threads more than 32 * warps.
+ * kv_tma is kv_wgmma with a producer warpgroup (sm_90a only: bwd_tma.cu): TMA loads of K, V, Q and
+ * dO, LSE/D by a producer warp, dQ added by bulk reductions from shared memory; the variant's warps
+ * (8) are the consumers, the block has 128 threads more. */
 typedef enum fg_loop_order {
   FG_LOOP_Q_OUTER = 0,
   FG_LOOP_KV_OUTER = 1,
@@ -27,6 +30,7 @@ typedef enum fg_loop_order {
   FG_LOOP_Q_WGMMA_OV = 3,
   FG_LOOP_KV_WGMMA = 4,
   FG_LOOP_Q_TMA = 5,
+  FG_LOOP_KV_TMA = 6,
   FG_LOOP_COUNT
 } fg_loop_order;
 typedef enum fg_arch {
@@ -64,9 +68,9 @@ int fg_variant_parse(const char *name, fg_variant *out, char *err, size_t errlen
 int fg_variant_check(const fg_variant *v, char *err, size_t errlen);
 
 const char *fg_arch_name(fg_arch a);  /* "sm_80", ... "sm_90a" */
-/* The loop order's token in variant names ("qouter", "kvouter", "qwgmma", "qwgmmaov", "kvwgmma")
- * and its name in the templates ("q_outer", "kv_outer", "q_wgmma", "q_wgmma_ov", "kv_wgmma"); "?"
- * when out of range. */
+/* The loop order's token in variant names ("qouter", "kvouter", "qwgmma", "qwgmmaov", "kvwgmma",
+ * "qtma", "kvtma") and its name in the templates ("q_outer", "kv_outer", "q_wgmma", "q_wgmma_ov",
+ * "kv_wgmma", "q_tma", "kv_tma"); "?" when out of range. */
 const char *fg_loop_token(fg_loop_order l);
 const char *fg_loop_name(fg_loop_order l);
 int fg_arch_parse(const char *s, fg_arch *out); /* accepts "sm_90a" and "sm90a"; 0 on success */
