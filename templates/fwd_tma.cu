@@ -21,7 +21,7 @@ namespace {
 constexpr int D = {{ d }};            // head dimension: a multiple of 8 (fwd.lua)
 // The tiles' width: D rounded up to 64-column blocks. The TMA fills the columns past D with
 // zeros, which add nothing to S = Q K^T and give O columns that are not stored.
-constexpr int DP = {{ dp }};
+#define DP {{ dp }}  // a macro, not a declaration: when DP == D the cubin is main's, byte for byte
 constexpr int BR = {{ br }}, BC = {{ bc }}, STAGES = {{ stages }};
 constexpr int CONSUMERS = {{ warps }} / 4;            // warpgroups of 64 query rows
 constexpr int THREADS = 128 * (CONSUMERS + 1);        // + the producer warpgroup
