@@ -157,7 +157,10 @@ static void add_tma_cases(fg_check_list *l, fg_arch arch) {
   static const struct { int d, warps, bc, bc_causal, stages; } shapes[] = {
       {64, 12, 128, 64, 2}, {64, 8, 128, 128, 2}, {64, 4, 64, 64, 2},   {128, 8, 128, 112, 2},
       {128, 8, 64, 64, 3},  {128, 12, 64, 32, 2}, {128, 4, 64, 64, 2},  {192, 8, 96, 64, 2},
-      {256, 8, 80, 64, 2},  {256, 8, 32, 32, 2}};
+      {256, 8, 80, 64, 2},  {256, 8, 32, 32, 2},
+      /* head dims off the 64-column blocks: tiles rounded up, the TMA's zeros past d */
+      {40, 12, 128, 64, 2}, {72, 8, 128, 112, 2}, {96, 8, 128, 112, 2}, {160, 8, 96, 64, 2},
+      {200, 8, 64, 64, 2},  {248, 8, 64, 64, 2}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
     for (int dt = 0; dt < 2; dt++)
       for (int causal = 0; causal <= 1; causal++) {
@@ -165,7 +168,8 @@ static void add_tma_cases(fg_check_list *l, fg_arch arch) {
                                  causal ? shapes[i].bc_causal : shapes[i].bc, shapes[i].stages);
         char vn[FG_VARIANT_NAME_MAX];
         fg_variant_name(&v, vn, sizeof vn);
-        const int quick = shapes[i].d == 128 && shapes[i].warps == 8 && shapes[i].stages == 2;
+        const int quick = (shapes[i].d == 128 || shapes[i].d == 96) && shapes[i].warps == 8 &&
+                          shapes[i].stages == 2;
         force(add(l, FG_CHECK_RUN, alt(dt), causal, shapes[i].d, 2, 2, 1, causal ? 160 : 300,
                   causal ? 224 : 300, quick, "tma/%s", vn),
               v);

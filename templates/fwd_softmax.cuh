@@ -96,8 +96,8 @@
     if (r < e_rows) {
       u16 *row = gO + r * p.o_sn + 2 * t;
 #pragma unroll
-      for (int nt = 0; nt < NT_O; ++nt)
-        st_global_u32(row + nt * 8, pack2<BF16>(o[4 * nt + 2 * hh] * inv, o[4 * nt + 2 * hh + 1] * inv));
+      for (int nt = 0; nt < NT_O; ++nt)  // columns past D (zero padding of the tiles) not stored
+        if (nt * 8 < D) st_global_u32(row + nt * 8, pack2<BF16>(o[4 * nt + 2 * hh] * inv, o[4 * nt + 2 * hh + 1] * inv));
       if (lse != nullptr && t == 0)
         lse[bh * p.seqlen_q + q0 + r] = lsum > 0.f ? m[hh] * (float)p.scale + logf(lsum) : FG_NEG_INF;
     }

@@ -17,7 +17,11 @@
 {% include("fwd_softmax.cuh") %}
 
 namespace {
-constexpr int D = {{ d }};            // head dimension: a multiple of 64 (fwd.lua)
+{% dp = (d + 63) // 64 * 64 %}
+constexpr int D = {{ d }};            // head dimension: a multiple of 8 (fwd.lua)
+// The tiles' width: D rounded up to 64-column blocks. The TMA fills the columns past D with
+// zeros, which add nothing to S = Q K^T and give O columns that are not stored.
+#define DP {{ dp }}  // a macro, not a declaration: when DP == D the cubin is main's, byte for byte
 constexpr int BR = {{ br }}, BC = {{ bc }}, STAGES = {{ stages }};
 constexpr int CONSUMERS = {{ warps }} / 4;            // warpgroups of 64 query rows
 constexpr int THREADS = 128 * (CONSUMERS + 1);        // + the producer warpgroup
@@ -27,14 +31,14 @@ constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 240 : 160;
 constexpr float RESCALE_LOG2 = 8.f;  // lazy-max threshold: P <= 2^8 (fits f16 and bf16)
 constexpr bool CAUSAL = {{ causal }};
 constexpr bool BF16 = {{ dtype == "bf16" }};
-constexpr int CB = D / 64;            // 64-column blocks of a tile (one TMA box each)
-constexpr int KSTEPS = D / 16;        // k-steps of S = Q K^T
-constexpr int NT_S = BC / 8, NT_O = D / 8;
-static_assert(D % 64 == 0 && BR == 64 * CONSUMERS && CONSUMERS >= 1 && CONSUMERS <= 3 &&
+constexpr int CB = DP / 64;           // 64-column blocks of a tile (one TMA box each)
+constexpr int KSTEPS = DP / 16;       // k-steps of S = Q K^T
+constexpr int NT_S = BC / 8, NT_O = DP / 8;
+static_assert(D % 8 == 0 && D <= DP && DP % 64 == 0 && BR == 64 * CONSUMERS && CONSUMERS >= 1 && CONSUMERS <= 3 &&
               BC % 16 == 0 && BC <= 256 && STAGES >= 2 && STAGES <= 4, "tile shape (fwd.lua)");
 // Shared memory, from a 1024-byte aligned base: Q (BR rows), STAGES K blocks, STAGES V blocks
 // (BC rows each), then the mbarriers. A tile of R rows is CB column blocks of R rows x 128 bytes.
-constexpr u32 Q_BYTES = BR * D * 2, STAGE_BYTES = BC * D * 2;
+constexpr u32 Q_BYTES = BR * DP * 2, STAGE_BYTES = BC * DP * 2;  // whole boxes, zeros included
 constexpr u32 K_OFF = Q_BYTES, V_OFF = K_OFF + STAGES * STAGE_BYTES;
 constexpr u32 BAR_OFF = V_OFF + STAGES * STAGE_BYTES;
 // mbarriers, 8 bytes each: Q full, then per stage K full, V full, K empty, V empty.
@@ -48,9 +52,9 @@ constexpr u32 CONSUMER_WARPS = 4 * CONSUMERS;  // arrivals on an "empty" barrier
 // d (64 x BC, f32) = Q K^T over one k-step: A (64 x 16) and B (BC x 16) from shared memory, both
 // K-major; scale_d = 0 starts from zero.
 {% wgmma_ss("wgmma_qk", bc, 0, 0) %}
-// d (64 x D, f32) += P V over 16 keys: A = P from registers (the mma.sync m16k16 fragment, per
+// d (64 x DP, f32) += P V over 16 keys: A = P from registers (the mma.sync m16k16 fragment, per
 // warp), B = V (16 x D) from shared memory, D-major (transposed).
-{% wgmma_rs("wgmma_pv", d) %}
+{% wgmma_rs("wgmma_pv", dp) %}
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __grid_constant__ fg_fwd_tma_params P) {
@@ -112,9 +116,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const int ctid = tid - 128, warp = ctid / 32, lane = ctid % 32;
   const int g = lane / 4, t = lane % 4;
   const int wg = warp / 4;
-  float o[D / 2];  // this thread's share of the warpgroup's 64 x D output (wgmma's layout)
+  float o[DP / 2];  // this thread's share of the warpgroup's 64 x DP output (wgmma's layout)
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  for (int i = 0; i < DP / 2; ++i) o[i] = 0.f;
   float m[2] = {FG_NEG_INF, FG_NEG_INF}, l[2] = {0.f, 0.f};  // rows g and g + 8 of the warp
   const float sl2 = (float)p.scale_log2;
   const int wrow = warp * 16;  // this warp's first row in the block
@@ -154,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     const int st = jb % STAGES;
     mbar_wait(bars + bar_vfull(st), (u32)(jb / STAGES) & 1);
     const u32 vst = sbase + V_OFF + (u32)st * STAGE_BYTES;
-    fence_regs<D / 2>(o);
+    fence_regs<DP / 2>(o);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) wgmma_pv(o, pa[kk], sw128_desc(vst + (u32)kk * 2048, BC * 128, 1024));
@@ -162,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   };
   auto wait_pv = [&] {  // a second call waits for nothing
     wg_wait<0>();
-    fence_regs<D / 2>(o);
+    fence_regs<DP / 2>(o);
   };
 
   // S_0 and its softmax before the loop; then each block j issues S_{j+1} and O += P_j V_j to the
