@@ -212,7 +212,7 @@ function M.launch(v)
     local t = one_step("fwd_tma.cu", M.entry(v), "q_tiles", v.br, r.threads, r.smem)
     t.params = "fwd_tma"
     t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "k", rows = v.bc },
-                { tensor = "v", rows = v.bc } }
+                { tensor = "v", rows = v.bc }, { tensor = "o", rows = 64 } }
     return t
   else
     return one_step("fwd_kv_outer.cu", M.entry(v), "heads", v.br, r.threads, r.smem,

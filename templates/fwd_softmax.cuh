@@ -6,6 +6,7 @@
 // Nq; and the constants D, BC, BR, NT_S, NT_O, CAUSAL, BF16, RESCALE_LOG2.
 //   {% fwd_softmax() %}   the lambdas softmax_of(x, wait_pv) and softmax(jb, wait_pv)
 //   {% fwd_epilogue() %}  O normalised and stored from the accumulators, and the log-sum-exp
+//                         (fwd_wgmma.cu; fwd_tma.cu stores O through shared memory and the TMA)
 {% function fwd_softmax() %}
   // Softmax of x (S_jb, or its masked copy in pf) into pf: the lazy running max and the row sums;
   // then P packed into pa once wait_pv says O += P V of the previous block is done. O is

@@ -10,7 +10,8 @@
 // TMA's SWIZZLE_128B writes what wgmma's descriptors read. With two or three consumers the producer
 // gives its registers to them (setmaxnreg). Rows past the end of Q, K or V arrive as zeros. Online
 // softmax in exp2 with the scale folded in and a lazy running max; causal blocks above the
-// diagonal skipped. Writes O and the log-sum-exp. Do not edit.
+// diagonal skipped. O goes out through shared memory with a TMA store (tensor map 3), the
+// log-sum-exp directly. Do not edit.
 {% include("common.cuh") %}
 {% include("wgmma.cuh") %}
 {% include("tma.cuh") %}
@@ -195,5 +196,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     release_v(j);
   }
 
-{% fwd_epilogue() %}
+  // Epilogue: O normalised into this warpgroup's 64 rows of the Q tile (their S products are done,
+  // so Q is no longer read there), in the 128-byte-swizzled layout of the loads, then stored by one
+  // thread with a tensor-map store per 64-column block (the TMA clips rows past Nq); the
+  // log-sum-exp directly. o[4 nt + 2 hh + e] is row wrow + g + 8 hh, column 8 nt + 2 t + e.
+  const int e_rows = (int)(Nq - q0 < BR ? Nq - q0 : BR);  // rows of this block that exist
+  float *lse = (float *)p.lse;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const float lsum = quad_sum(l[hh]);
+    const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+    const int r = wrow + g + hh * 8, rw = r - wg * 64;  // in the block; in the warpgroup's rows
+#pragma unroll
+    for (int nt = 0; nt < NT_O; ++nt)
+      st_shared_b32(q_base + (u32)((nt / 8) * BR * 128 + rw * 128 + (((nt % 8) ^ (rw % 8)) * 16) + 4 * t),
+                    pack2<BF16>(o[4 * nt + 2 * hh] * inv, o[4 * nt + 2 * hh + 1] * inv));
+    if (lse != nullptr && t == 0 && r < e_rows)
+      lse[bh * p.seqlen_q + q0 + r] = lsum > 0.f ? m[hh] * (float)p.scale + logf(lsum) : FG_NEG_INF;
+  }
+  fence_async_smem();  // the generic stores, visible to the TMA
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // this warpgroup's rows written
+  if (ctid % 128 == 0) {
+#pragma unroll
+    for (int c = 0; c < CB; ++c)
+      tma_store_4d(&P.tmap[3], q_base + (u32)c * BR * 128, 64 * c, (int)q0 + wg * 64, (int)h, (int)b);
+    bulk_commit();
+    bulk_wait_read0();  // shared memory must outlive the store's reads
+  }
 }

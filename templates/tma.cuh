@@ -35,6 +35,16 @@ FG_DEV void tma_load_4d(u32 dst, const void *tmap, int c0, int c1, int c2, int c
                "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                : "memory");
 }
+// Stores the box at coordinates (c0 .. c3) of the tensor map at tmap from shared memory at src
+// (a bulk group: commit it, then wait for its reads before src is reused or the block exits).
+FG_DEV void tma_store_4d(const void *tmap, u32 src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+               ::"l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+               : "memory");
+}
+FG_DEV void st_shared_b32(u32 a, u32 x) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(x) : "memory"); }
+FG_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+FG_DEV void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 FG_DEV void tma_prefetch_map(const void *tmap) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(tmap) : "memory");
 }

@@ -38,21 +38,27 @@ static void tma_plan(fg_kernel_meta *m, const char *name, int br, int bc) {
   snprintf(e, sizeof e, "fg_%.60s", name);
   fg_kernel_meta_single(m, e, FG_GRID_Q_TILES, br, 384, 99584);
   m->params = FG_PARAMS_FWD_TMA;
-  m->n_tmaps = 3;
+  m->n_tmaps = 4;
   m->tmaps[0] = (fg_plan_tmap){FG_TMAP_Q, br};
   m->tmaps[1] = (fg_plan_tmap){FG_TMAP_K, bc};
   m->tmaps[2] = (fg_plan_tmap){FG_TMAP_V, bc};
+  m->tmaps[3] = (fg_plan_tmap){FG_TMAP_O, 64};
 }
 
-static void expect_tma_plan(const fg_kernel_meta *m, int br, int bc) {
+/* A q_tma plan: Q, K, V loaded, and (fwd.lua's, n_maps 4) O stored by each consumer warpgroup,
+ * 64 rows; the runtime tests' hand-made tables hold the first three. */
+static void expect_tma_plan_n(const fg_kernel_meta *m, int br, int bc, int n_maps) {
   cr_assert_eq(m->params, FG_PARAMS_FWD_TMA);
-  cr_assert_eq(m->n_tmaps, 3);
-  const fg_tmap_tensor t[3] = {FG_TMAP_Q, FG_TMAP_K, FG_TMAP_V};
-  const int rows[3] = {br, bc, bc};
-  for (int i = 0; i < 3; i++)
+  cr_assert_eq(m->n_tmaps, n_maps);
+  const fg_tmap_tensor t[4] = {FG_TMAP_Q, FG_TMAP_K, FG_TMAP_V, FG_TMAP_O};
+  const int rows[4] = {br, bc, bc, 64};
+  for (int i = 0; i < n_maps; i++)
     cr_assert(m->tmaps[i].tensor == t[i] && m->tmaps[i].rows == rows[i],
               "map %d: tensor %d, %d rows; want %d, %d", i, (int)m->tmaps[i].tensor,
               m->tmaps[i].rows, (int)t[i], rows[i]);
+}
+static void expect_tma_plan(const fg_kernel_meta *m, int br, int bc) {
+  expect_tma_plan_n(m, br, bc, 4);
 }
 
 Test(plan_text, tensor_maps_round_trip) {
@@ -61,7 +67,7 @@ Test(plan_text, tensor_maps_round_trip) {
   char text[1024];
   const int n = fg_kernel_plan_format(&m, text, sizeof text);
   cr_assert(n > 0 && (size_t)n < sizeof text);
-  cr_assert(strstr(text, "params fwd_tma\ntmap q 128\ntmap k 64\ntmap v 64\n"), "%s", text);
+  cr_assert(strstr(text, "params fwd_tma\ntmap q 128\ntmap k 64\ntmap v 64\ntmap o 64\n"), "%s", text);
   memset(&back, 0x5a, sizeof back);
   const char *why = fg_kernel_plan_parse(text, &back);
   cr_assert_null(why, "%s", why);
@@ -204,7 +210,7 @@ Test(generator, reads_the_q_tma_plan_of_fwd_lua) {
 Test(generator, malformed_tensor_maps_are_refused) {
   static const char *const tmaps =
       "t.tmaps = { { tensor = \"q\", rows = v.br }, { tensor = \"k\", rows = v.bc },\n"
-      "                { tensor = \"v\", rows = v.bc } }";
+      "                { tensor = \"v\", rows = v.bc }, { tensor = \"o\", rows = 64 } }";
   static const struct {
     const char *from, *to, *needle;
   } bad[] = {
@@ -256,10 +262,11 @@ Test(export_cli, flashgen_export_writes_the_maps_and_the_table_registers_them, .
   cr_assert_not_null(text);
   snprintf(path, sizeof path, "%s/out/tt_kernels.c", dir);
   fg_test_slurp(path, text, cap);
-  cr_assert(strstr(text, "_tmaps[3] = {\n"
+  cr_assert(strstr(text, "_tmaps[4] = {\n"
                          "    {.tensor = FG_EXPORT_TENSOR_Q, .rows = 128},\n"
                          "    {.tensor = FG_EXPORT_TENSOR_K, .rows = 64},\n"
-                         "    {.tensor = FG_EXPORT_TENSOR_V, .rows = 64},\n};\n"),
+                         "    {.tensor = FG_EXPORT_TENSOR_V, .rows = 64},\n"
+                         "    {.tensor = FG_EXPORT_TENSOR_O, .rows = 64},\n};\n"),
             "the maps are missing: %.2000s", text);
   cr_assert(strstr(text, "     .params = FG_EXPORT_PARAMS_FWD_TMA,\n"), "no parameter block");
   cr_assert(strstr(text, "    .tmap_size = sizeof(fg_export_tmap)};\n"), "no tmap_size");
@@ -282,7 +289,7 @@ Test(export_cli, flashgen_export_writes_the_maps_and_the_table_registers_them, .
   cr_assert(t->n_kernels == 1 && t->tmap_size == sizeof(fg_export_tmap));
   cr_assert_eq(t->abi_version, FG_EXPORT_ABI_VERSION_TMA,
                "a table holding a TMA kernel is version 2 (runtimes before the maps refuse it)");
-  cr_assert(t->kernels[0].params == FG_EXPORT_PARAMS_FWD_TMA && t->kernels[0].n_tmaps == 3);
+  cr_assert(t->kernels[0].params == FG_EXPORT_PARAMS_FWD_TMA && t->kernels[0].n_tmaps == 4);
   cr_assert(t->kernels[0].tmaps[1].tensor == FG_EXPORT_TENSOR_K && t->kernels[0].tmaps[1].rows == 64);
   cr_assert_eq(fg_register_export(t, err, sizeof err), FG_OK, "%s", err);
   remove_dir(dir);
@@ -886,7 +893,7 @@ Test(export, a_table_from_before_tensor_maps_reads_as_no_maps, .init = fake_setu
   /* And the maps of the table registered at setup arrived. */
   fg_variant t = variant(TMA_NAME);
   cr_assert_eq(fg_registry_get(ctx, &t, &lk), FG_OK, "%s", fg_context_last_error(ctx));
-  expect_tma_plan(&lk->meta, 128, 64);
+  expect_tma_plan_n(&lk->meta, 128, 64, 3);
 }
 
 Test(explain, names_the_tensor_maps, .init = fake_setup, .fini = fake_teardown) {
