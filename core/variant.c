@@ -246,15 +246,18 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
    * mask: a producer warpgroup and two consumer warpgroups of 64 rows (three at d = 64), the
    * largest spill-free key block (H100, bf16, N = 4k / 16k against q_wgmma: d = 128 1.5x / 1.7x,
    * d = 256 4x, d = 64 1.2x / 1.4x; bench/NOTES.md). d = 64 causal keeps the wgmma kernel in order
-   * with K/V blocks of 128 (the TMA one is 0.73-0.94x of it up to N = 4k). */
-  if (d == 128 || d == 192 || d == 256 || (d == 64 && !causal)) {
+   * with K/V blocks of 128 (the TMA one is 0.73-0.94x of it up to N = 4k). A head dimension off the
+   * 64-column blocks runs the TMA kernel on tiles rounded up to the next one (dp: d = 96 as 128,
+   * the columns past d zeros) with that one's blocks; below 64 with a causal mask the portable one. */
+  const int dp = (d + 63) / 64 * 64;
+  if (dp == 128 || dp == 192 || dp == 256 || (dp == 64 && !causal)) {
     v.loop = FG_LOOP_Q_TMA;
-    v.warps = d == 64 ? 12 : 8;
+    v.warps = dp == 64 ? 12 : 8;
     v.br = 16 * v.warps;
-    v.bc = d == 64    ? 128
-           : d == 128 ? (causal ? 112 : 128)
-           : d == 192 ? (causal ? 64 : 96)
-                      : (causal ? 64 : 80);
+    v.bc = dp == 64    ? 128
+           : dp == 128 ? (causal ? 112 : 128)
+           : dp == 192 ? (causal ? 64 : 96)
+                       : (causal ? 64 : 80);
     v.stages = 2;
   } else if (d == 64) {
     v.loop = FG_LOOP_Q_WGMMA;
