@@ -16,7 +16,7 @@ local function round_up(x, m) return (x + m - 1) // m * m end
 -- warp. The head dimension is padded (with zeros, in shared memory) to 16 columns per warp
 -- along it: d_pad = d rounded up to 16 * max(WN, WD).
 function M.layout(v)
-  if v.loop == "kv_wgmma" then return {} end
+  if v.loop == "kv_wgmma" or v.loop == "kv_tma" then return {} end
   local wm = math.min(v.warps, math.max(1, v.bc // 32))
   if v.br % (16 * (v.warps // wm)) ~= 0 then wm = math.min(v.warps, v.bc // 16) end
   local wq = math.min(v.warps, math.max(1, v.br // 32))
@@ -79,8 +79,45 @@ local function wgmma_check(v)
   return nil
 end
 
+-- kv_tma (bwd_tma.cu, sm_90a): kv_wgmma's tiles and math with a producer warpgroup in front of the
+-- 2 consumer warpgroups (8 warps, 64 keys each; 128 threads more): one thread loads K and V once
+-- and Q, dO per query block into `stages` buffers with TMA, one warp LSE and D, one warp adds each
+-- dQ tile to the accumulator with bulk reductions from shared memory. Shared memory, from a
+-- 1024-byte aligned base: K, V; the Q/dO stages; two dS^T buffers (the consumers meet once per
+-- query block); the fp32 dQ tile in rows of 4 d + 32 bytes (conflict-free fragment stores);
+-- LSE and D per stage; 256 bytes of mbarriers. Registers: the producer gives its own up
+-- (setmaxnreg 40), the consumers take 232.
+local function tma_loop(v) return v.loop == "kv_tma" end
+local TMA_CONSUMER_REGS = 232
+
+local function tma_resources(v)
+  return { threads = 32 * v.warps + 128,
+           smem = 1024 + (2 * v.bc * v.d + v.stages * 2 * v.br * v.d + 2 * v.bc * v.br) * 2 +
+                  v.br * (4 * v.d + 32) + v.stages * 2 * v.br * 4 + 256,
+           regs = TMA_CONSUMER_REGS }
+end
+
+local function tma_check(v)
+  if v.arch ~= "sm_90a" then
+    return "kv_tma needs sm_90a: TMA and wgmma are instructions of Hopper (compute capability 9.0)"
+  end
+  if v.d ~= 64 and v.d ~= 128 then
+    return "kv_tma takes d = 64 or 128 (dK and dV of larger head dims do not fit in registers)"
+  end
+  if v.bc ~= 128 or v.warps ~= 8 then
+    return "kv_tma has two consumer warpgroups of 64 keys: Bc = 128, warps = 8"
+  end
+  if v.stages ~= 2 and v.stages ~= 3 then return "kv_tma takes 2 or 3 stages of Q and dO" end
+  if not ((v.br == 64 and v.d == 128) or (v.br == 128 and v.d == 64) or (v.br == 64 and v.d == 64)) then
+    return "kv_tma splits dQ (Br x d) into one 64-row block per warpgroup (Br = 128 at d = 64) " ..
+           "or one block into 64-column halves (Br = 64 at d = 128)"
+  end
+  return nil
+end
+
 function M.resources(v)
   if wgmma_loop(v) then return wgmma_resources(v) end
+  if tma_loop(v) then return tma_resources(v) end
   local L = M.layout(v)
   local tile = v.bc * L.row * 2
   local stage = 2 * v.br * L.row * 2 + 2 * v.br * 4
@@ -92,9 +129,10 @@ end
 -- Rules the template adds to the shared structural ones (core/variant.c).
 function M.check(v)
   if wgmma_loop(v) then return wgmma_check(v) end
+  if tma_loop(v) then return tma_check(v) end
   if v.loop ~= "kv_outer" then
     return "the backward pass takes the loop orders kv_outer (K/V blocks outer, seed 003; " ..
-           "mma.sync) and kv_wgmma (the same on Hopper's wgmma)"
+           "mma.sync), kv_wgmma (the same on Hopper's wgmma) and kv_tma (kv_wgmma fed by TMA)"
   end
   if v.stages ~= 1 and v.stages ~= 2 then
     return "backward takes 1 or 2 stages (Q/dO single- or double-buffered)"
@@ -176,6 +214,13 @@ end
 
 function M.launch(v)
   local r = M.resources(v)
+  if tma_loop(v) then
+    local t = plan(v, "bwd_tma.cu", r.threads, r.smem)
+    t.params = "bwd_tma"
+    t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "do", rows = v.br },
+                { tensor = "k", rows = v.bc }, { tensor = "v", rows = v.bc } }
+    return t
+  end
   return plan(v, wgmma_loop(v) and "bwd_wgmma.cu" or "bwd.cu", r.threads, r.smem)
 end
 

@@ -14,6 +14,12 @@
 #define MAIN_THREADS THREADS
 #define main_sync() __syncthreads()
 #endif
+// The plan's parameter block as every kernel declares it, and the name p of its fg_bwd_params
+// (a template whose plan takes tensor maps defines both, its block holding p).
+#ifndef BWD_PARAMS
+#define BWD_PARAMS const __grid_constant__ fg_bwd_params p
+#define BWD_PARAMS_BIND
+#endif
 namespace {
 // From the plan (bwd.lua, launch(v).constants): query rows and threads per block of the _pre
 // and _post kernels, and query rows per semaphore of deterministic mode.
@@ -116,11 +122,12 @@ FG_DEV bwd_span bwd_span_of(const fg_bwd_params &p, i64 k0, u32 z = blockIdx.z,
 }
 
 // LSE * log2(e) and D of query rows q0 ... q0 + BR - 1 of head (b, h) into sl[0, BR) and
-// sl[BR, 2 BR) with plain loads. Rows past Nq, and rows that saw no key (LSE = -inf), get +inf,
-// so their P is 0.
-FG_DEV void load_lse_d(float *sl, const fg_bwd_params &p, u32 b, i64 h, i64 q0, int tid) {
+// sl[BR, 2 BR) with plain loads, by `threads` threads (tid one of them). Rows past Nq, and rows
+// that saw no key (LSE = -inf), get +inf, so their P is 0.
+FG_DEV void load_lse_d(float *sl, const fg_bwd_params &p, u32 b, i64 h, i64 q0, int tid,
+                       int threads = MAIN_THREADS) {
   const i64 Nq = p.seqlen_q, row0 = ((i64)b * p.heads_q + h) * Nq + q0;
-  for (int c = tid; c < BR; c += MAIN_THREADS) {
+  for (int c = tid; c < BR; c += threads) {
     const bool in = q0 + c < Nq;
     const float l = in ? ((const float *)p.lse)[row0 + c] : FG_NEG_INF;
     sl[c] = l == FG_NEG_INF ? __int_as_float(0x7f800000) : l * LOG2E;
@@ -284,7 +291,8 @@ FG_DEV void row_out(const float *acc_row, u16 *dst, float sc, int lane) {
 }  // namespace
 
 // D = rowsum(dO * O) in fp32; zeroes the row's dQ accumulator. Grid (ceil(Nq / 64), B * Hq).
-extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_pre(const __grid_constant__ fg_bwd_params p) {
+extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_pre(BWD_PARAMS) {
+  BWD_PARAMS_BIND
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const u32 bh = blockIdx.y, b = bh / (u32)p.heads_q, h = bh % (u32)p.heads_q;
   for (int rr = warp; rr < PRE_ROWS; rr += PRE_THREADS / 32) {
@@ -321,7 +329,8 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_pre(const 
 
 // dQ = scale * accumulator, in the element type, at dQ's strides; for long query ranges (p.dkv)
 // dK = scale * dkv_accum's dK and dV = its dV too. Grid (ceil(Nq / 64), B * Hq).
-extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_post(const __grid_constant__ fg_bwd_params p) {
+extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_post(BWD_PARAMS) {
+  BWD_PARAMS_BIND
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const u32 bh = blockIdx.y, b = bh / (u32)p.heads_q, h = bh % (u32)p.heads_q;
   const float sc = (float)p.scale;

@@ -45,6 +45,17 @@ FG_DEV void tma_store_4d(const void *tmap, u32 src, int c0, int c1, int c2, int 
 FG_DEV void st_shared_b32(u32 a, u32 x) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(x) : "memory"); }
 FG_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 FG_DEV void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Adds `bytes` (a multiple of 16) of fp32 values from shared memory at src to global memory at dst,
+// element by element atomically, as one bulk operation of the current bulk group.
+FG_DEV void bulk_reduce_add_f32(void *dst, u32 src, u32 bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(src), "r"(bytes) : "memory");
+}
+// Waits until this thread's bulk groups are complete (their writes done, not only their reads).
+FG_DEV void bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Orders this thread's global accesses of the generic proxy and of the async proxy (bulk
+// operations) on either side of it.
+FG_DEV void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 FG_DEV void tma_prefetch_map(const void *tmap) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(tmap) : "memory");
 }
