@@ -356,8 +356,9 @@ static fg_export_kernel bwd_export_kernel(const char *variant) {
   k.cubin = fake_cubin;
   k.cubin_size = sizeof fake_cubin;
   for (int i = 0; i < 3; i++)
-    ex_steps[i] = (fg_export_step){m.steps[i].entry, (int)m.steps[i].grid, m.steps[i].br,
-                                   m.steps[i].threads, m.steps[i].smem_bytes, m.steps[i].split_rows};
+    ex_steps[i] = (fg_export_step){m.steps[i].entry,      (int)m.steps[i].grid,
+                                   m.steps[i].br,         m.steps[i].threads,
+                                   m.steps[i].smem_bytes, m.steps[i].split_rows};
   for (int i = 0; i < 4; i++) {
     const fg_plan_workspace *w = &m.workspaces[i];
     ex_ws[i] = (fg_export_workspace){w->name, w->param, w->bytes, w->rows, w->deterministic_only,
@@ -589,7 +590,8 @@ static problem make_problem(int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq, int6
   const int64_t n2[T_N] = {Nq, Nk, Nk, Nq, Nq, Nq, Nk, Nk, Nq};
   unsigned seed = 4242;
   for (int i = 0; i < T_N; i++) {
-    pr.bytes[i] = i == T_LSE ? (size_t)(4 * B * Hq * Nq) : 2 * span(B, n1[i], n2[i], d, st[i] ? st[i] : zero);
+    pr.bytes[i] = i == T_LSE ? (size_t)(4 * B * Hq * Nq)
+                             : 2 * span(B, n1[i], n2[i], d, st[i] ? st[i] : zero);
     pr.mem[i] = aligned_alloc(256, (pr.bytes[i] + 256) / 256 * 256); /* 256 B at least */
     cr_assert_not_null(pr.mem[i]);
     memset(pr.mem[i], 0, pr.bytes[i]);
@@ -767,8 +769,8 @@ Test(launch, each_batch_chunk_gets_its_own_maps, .init = fake_setup, .fini = fak
     expect_map(8 + i, base + 2 * sb, ULL(64, 2, h, 1), ULL(128, 256, sb), rows);
   }
   for (int i = 0; i < 6; i++) {
-    const fake_bwd_tma_launch *l = expect_tma_launch(i, i % 3 == 0 ? "_pre" : i % 3 == 1 ? "" : "_post",
-                                                     i < 3 ? 4 : 8);
+    const char *step = i % 3 == 0 ? "_pre" : i % 3 == 1 ? "" : "_post";
+    const fake_bwd_tma_launch *l = expect_tma_launch(i, step, i < 3 ? 4 : 8);
     cr_assert_eq(l->params.p.batch, i < 3 ? 2 : 1);
   }
   /* The second chunk's workspaces start at its first batch's part: dq_accum (4 d B per row)
@@ -868,7 +870,8 @@ Test(refuse, a_do_row_stride_not_a_multiple_of_16_bytes, .init = fake_setup,
   const fg_status st = fg_bwd_tma_params_fill(ctx, k, &p, &tp);
   fg_ctx_pop(ctx);
   EXPECT_REFUSED(st, "cannot read do", "row stride is 68 elements (136 bytes)",
-                 "not a multiple of 16 bytes", "make do contiguous", "a loop order other than kvtma");
+                 "not a multiple of 16 bytes", "make do contiguous",
+                 "a loop order other than kvtma");
   cr_assert_eq(fake_tmap_count(), 1, "q's map was encoded, dO's refused before the driver");
 }
 

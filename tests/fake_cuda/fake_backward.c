@@ -35,8 +35,10 @@ static CUresult fake_backward(const char *name, const fg_bwd_params *p,
       const uint16_t *v = (const uint16_t *)(uintptr_t)p->v + b * p->v_sb + hk * p->v_sh;
       for (long long j = 0; j < nk; j++)
         for (long long c = 0; c < d; c++) {
-          kd[j * d + c] = to_double(bf16, mk ? fake_tmap_read(mk, c, j, hk, b) : k[j * p->k_sn + c]);
-          vd[j * d + c] = to_double(bf16, mv ? fake_tmap_read(mv, c, j, hk, b) : v[j * p->v_sn + c]);
+          kd[j * d + c] =
+              to_double(bf16, mk ? fake_tmap_read(mk, c, j, hk, b) : k[j * p->k_sn + c]);
+          vd[j * d + c] =
+              to_double(bf16, mv ? fake_tmap_read(mv, c, j, hk, b) : v[j * p->v_sn + c]);
           dk[j * d + c] = dv[j * d + c] = 0;
         }
       for (long long h = hk * p->hq_per_hkv; h < (hk + 1) * p->hq_per_hkv; h++) {
