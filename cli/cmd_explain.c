@@ -18,6 +18,7 @@ static void explain_usage(FILE *f) {
           "rule, the variant, where its binary comes from, the launch (and the tensor maps of a\n"
           "TMA kernel).\n\n"
           "  --backward       the backward pass (dQ, dK, dV): key bwd_..., its plan's launches\n"
+          "                   (and the tensor maps each is passed, for a kvtma plan)\n"
           "  --d N            head dimension (32..256, multiple of 8; default 128)\n"
           "  --dtype T        f16 or bf16 (default bf16)\n"
           "  --causal         causal masking (bottom-right aligned when nq != nk)\n"

@@ -121,6 +121,7 @@ static const char *params_name(fg_param_block p) {
   switch (p) {
     case FG_PARAMS_DEFAULT: return "FG_EXPORT_PARAMS_DEFAULT";
     case FG_PARAMS_FWD_TMA: return "FG_EXPORT_PARAMS_FWD_TMA";
+    case FG_PARAMS_BWD_TMA: return "FG_EXPORT_PARAMS_BWD_TMA";
   }
   return NULL;
 }
@@ -130,16 +131,18 @@ static const char *tensor_name(fg_tmap_tensor t) {
     case FG_TMAP_K: return "FG_EXPORT_TENSOR_K";
     case FG_TMAP_V: return "FG_EXPORT_TENSOR_V";
     case FG_TMAP_O: return "FG_EXPORT_TENSOR_O";
+    case FG_TMAP_DO: return "FG_EXPORT_TENSOR_DO";
   }
   return NULL;
 }
 
-/* Checks a compiled kernel's plan before it is written: well formed, grid kinds the layout
- * names, the main kernel's grid the pass's (the backward's K/V tiles), and every step's entry in
- * the module. NULL, or what is wrong. */
+/* Checks a compiled kernel's plan before it is written: well formed, its parameter block the
+ * pass's (fwd_tma forward, bwd_tma backward), grid kinds the layout names, the main kernel's grid
+ * the pass's (the backward's K/V tiles), and every step's entry in the module. NULL, or what is
+ * wrong. */
 const char *fg_export_check_contract(const export_kernel *k, char *why, size_t whylen) {
   const fg_kernel_meta *m = &k->img.meta;
-  const char *bad = fg_kernel_meta_invalid(m);
+  const char *bad = fg_kernel_meta_invalid_for(m, k->v.pass);
   if (bad) {
     snprintf(why, whylen, "has a malformed plan: %s", bad);
     return why;
@@ -151,9 +154,9 @@ const char *fg_export_check_contract(const export_kernel *k, char *why, size_t w
       return why;
     }
   const int bwd = k->v.pass == FG_PASS_BWD;
-  if (!params_name(m->params) || (bwd && m->params != FG_PARAMS_DEFAULT)) {
-    snprintf(why, whylen, "is a %s variant but its template declared parameter block %d",
-             bwd ? "backward" : "forward", (int)m->params);
+  if (!params_name(m->params)) {
+    snprintf(why, whylen, "has parameter block %d, which include/flashgen_export.h does not name",
+             (int)m->params);
     return why;
   }
   const fg_plan_step *mk = fg_kernel_main(m);

@@ -57,21 +57,25 @@ typedef struct fg_plan_workspace {
 } fg_plan_workspace;
 
 /* The parameter block a plan's kernels take (launch(v).params): the pass's usual block
- * (fg_fwd_params, fg_bwd_params of templates/fg_params.h), or fg_fwd_tma_params: the plan's tensor
- * maps, encoded by the runtime from the call, then the forward's block. */
+ * (fg_fwd_params, fg_bwd_params of templates/fg_params.h), or a TMA block: the plan's tensor
+ * maps, encoded by the runtime from the call, then the pass's block (fg_fwd_tma_params for a
+ * forward plan, fg_bwd_tma_params for every step of a backward plan). */
 typedef enum fg_param_block {
-  FG_PARAMS_DEFAULT = 0, /* "fwd" (or absent) */
-  FG_PARAMS_FWD_TMA = 1  /* "fwd_tma" */
+  FG_PARAMS_DEFAULT = 0, /* "fwd" (or absent): the pass's own block */
+  FG_PARAMS_FWD_TMA = 1, /* "fwd_tma": forward plans only */
+  FG_PARAMS_BWD_TMA = 2  /* "bwd_tma": backward plans only */
 } fg_param_block;
 
-/* One tensor map of a plan (launch(v).tmaps[i], passed in fg_fwd_tma_params.tmap[i]): which
- * tensor of the call it views and the rows of its box (templates/fwd.lua, launch). */
+/* One tensor map of a plan (launch(v).tmaps[i], passed in the TMA block's tmap[i]): which
+ * tensor of the call it views and the rows of its box (templates/fwd.lua, bwd.lua: launch). A
+ * fwd_tma plan's maps view q, k, v or o; a bwd_tma plan's q, k, v or do (the backward's dO). */
 #define FG_PLAN_MAX_TMAPS 4
 typedef enum fg_tmap_tensor {
   FG_TMAP_Q = 1,
   FG_TMAP_K = 2,
   FG_TMAP_V = 3,
-  FG_TMAP_O = 4
+  FG_TMAP_O = 4,
+  FG_TMAP_DO = 5
 } fg_tmap_tensor;
 typedef struct fg_plan_tmap {
   fg_tmap_tensor tensor;
@@ -88,7 +92,7 @@ typedef struct fg_kernel_meta {
   /* Resource usage reported by ptxas when it was compiled (-1 when unknown). */
   int regs, spill_store_bytes, spill_load_bytes, stack_bytes;
   fg_param_block params; /* FG_PARAMS_DEFAULT unless the plan says otherwise */
-  int n_tmaps;           /* 0 .. FG_PLAN_MAX_TMAPS; only with FG_PARAMS_FWD_TMA */
+  int n_tmaps;           /* 0 .. FG_PLAN_MAX_TMAPS; only with a TMA block (fwd_tma, bwd_tma) */
   fg_plan_tmap tmaps[FG_PLAN_MAX_TMAPS];
 } fg_kernel_meta;
 
@@ -107,12 +111,15 @@ void fg_kernel_meta_single(fg_kernel_meta *m, const char *entry, fg_grid_kind gr
  * a param, bytes > 0, rows >= 1, min_group_rows >= 0, per_key 0 or 1 and only with a kv_tiles
  * main step whose br rows divides; split_rows >= 0, > 0 only on a kv_tiles main step and then
  * with a per-key workspace whose min_group_rows is split_rows; a known parameter block, tensor
- * maps only with FG_PARAMS_FWD_TMA, each of a known tensor with 1 .. 256 rows), else what is wrong (a static
- * string). */
+ * maps only with a TMA block, each with 1 .. 256 rows and of a tensor that block takes: q, k, v,
+ * o for fwd_tma, q, k, v, do for bwd_tma), else what is wrong (a static string). */
 const char *fg_kernel_meta_invalid(const fg_kernel_meta *m);
+/* fg_kernel_meta_invalid, then whether m's parameter block is one a plan of pass `pass` may take
+ * (fwd_tma forward plans only, bwd_tma backward plans only); NULL, or what is wrong. */
+const char *fg_kernel_meta_invalid_for(const fg_kernel_meta *m, fg_pass pass);
 
 /* The names of parameter blocks and tensor-map tensors in manifests and plans ("fwd",
- * "fwd_tma"; "q", "k", "v", "o"), and back (-1, 0 when unknown). */
+ * "fwd_tma", "bwd_tma"; "q", "k", "v", "o", "do"), and back (-1, 0 when unknown). */
 const char *fg_param_block_name(fg_param_block p);
 int fg_param_block_parse(const char *s);
 const char *fg_tmap_tensor_name(fg_tmap_tensor t);
@@ -158,7 +165,7 @@ int fg_plan_workspace_bytes(const fg_kernel_meta *m, int64_t batch, int64_t head
 /* The plan as text, one line per item ("main 1", "step <entry> <grid> <br> <threads> <smem>
  * [<split_rows>, only when > 0]", "workspace <name> <param> <bytes> <rows> <deterministic_only> <per_key>
  * <min_group_rows>", then only when the plan has them "params <block>" and "tmap <tensor>
- * <rows>"): what the cache stores (a workspace line of another shape does not parse; a step line
+ * <rows>", e.g. "params bwd_tma" and "tmap do 64"): what the cache stores (a workspace line of another shape does not parse; a step line
  * without split_rows, as written before it, reads as split_rows 0, what it meant).
  * Returns the length (snprintf's), the text truncated at len. */
 int fg_kernel_plan_format(const fg_kernel_meta *m, char *buf, size_t len);

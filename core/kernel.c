@@ -41,25 +41,25 @@ fg_grid_kind fg_grid_kind_parse(const char *s) {
   return (fg_grid_kind)0;
 }
 
-static const char *const param_names[] = {"fwd", "fwd_tma"};
-static const char *const tmap_names[] = {NULL, "q", "k", "v", "o"};
+static const char *const param_names[] = {"fwd", "fwd_tma", "bwd_tma"};
+static const char *const tmap_names[] = {NULL, "q", "k", "v", "o", "do"};
 
 const char *fg_param_block_name(fg_param_block p) {
-  return p >= FG_PARAMS_DEFAULT && p <= FG_PARAMS_FWD_TMA ? param_names[p] : "?";
+  return p >= FG_PARAMS_DEFAULT && p <= FG_PARAMS_BWD_TMA ? param_names[p] : "?";
 }
 
 int fg_param_block_parse(const char *s) {
-  for (int p = FG_PARAMS_DEFAULT; s && p <= FG_PARAMS_FWD_TMA; p++)
+  for (int p = FG_PARAMS_DEFAULT; s && p <= FG_PARAMS_BWD_TMA; p++)
     if (strcmp(s, param_names[p]) == 0) return p;
   return -1;
 }
 
 const char *fg_tmap_tensor_name(fg_tmap_tensor t) {
-  return t >= FG_TMAP_Q && t <= FG_TMAP_O ? tmap_names[t] : "?";
+  return t >= FG_TMAP_Q && t <= FG_TMAP_DO ? tmap_names[t] : "?";
 }
 
 fg_tmap_tensor fg_tmap_tensor_parse(const char *s) {
-  for (int t = FG_TMAP_Q; s && t <= FG_TMAP_O; t++)
+  for (int t = FG_TMAP_Q; s && t <= FG_TMAP_DO; t++)
     if (strcmp(s, tmap_names[t]) == 0) return (fg_tmap_tensor)t;
   return (fg_tmap_tensor)0;
 }
@@ -103,16 +103,37 @@ const char *fg_kernel_meta_invalid(const fg_kernel_meta *m) {
       return "its main step splits its query range (split_rows) but no per-key workspace of the "
              "same threshold (min_group_rows) takes the splits' partial sums";
   }
-  if (m->params < FG_PARAMS_DEFAULT || m->params > FG_PARAMS_FWD_TMA)
+  if (m->params < FG_PARAMS_DEFAULT || m->params > FG_PARAMS_BWD_TMA)
     return "its plan has an unknown parameter block";
   if (m->n_tmaps < 0 || m->n_tmaps > FG_PLAN_MAX_TMAPS)
-    return "its plan has more tensor maps than fg_fwd_tma_params holds (4)";
-  if (m->n_tmaps && m->params != FG_PARAMS_FWD_TMA)
-    return "its plan has tensor maps but not the parameter block that carries them (fwd_tma)";
-  for (int i = 0; i < m->n_tmaps; i++)
-    if (m->tmaps[i].tensor < FG_TMAP_Q || m->tmaps[i].tensor > FG_TMAP_O ||
-        m->tmaps[i].rows < 1 || m->tmaps[i].rows > 256)
-      return "a tensor map of its plan is malformed (tensor q, k, v or o; rows 1 to 256)";
+    return "its plan has more tensor maps than a TMA parameter block holds (4)";
+  if (m->n_tmaps && m->params == FG_PARAMS_DEFAULT)
+    return "its plan has tensor maps but not a parameter block that carries them (fwd_tma or "
+           "bwd_tma)";
+  for (int i = 0; i < m->n_tmaps; i++) {
+    const fg_tmap_tensor t = m->tmaps[i].tensor;
+    if (t < FG_TMAP_Q || t > FG_TMAP_DO || m->tmaps[i].rows < 1 || m->tmaps[i].rows > 256)
+      return "a tensor map of its plan is malformed (tensor q, k, v, o or do; rows 1 to 256)";
+    /* The forward has no dO; the backward's maps are of its inputs (O is read through p). */
+    if (m->params == FG_PARAMS_FWD_TMA && t == FG_TMAP_DO)
+      return "a tensor map of its fwd_tma plan views do, which the forward does not have (its "
+             "maps view q, k, v or o)";
+    if (m->params == FG_PARAMS_BWD_TMA && t == FG_TMAP_O)
+      return "a tensor map of its bwd_tma plan views o, which the backward's maps do not (they "
+             "view q, k, v or do)";
+  }
+  return NULL;
+}
+
+const char *fg_kernel_meta_invalid_for(const fg_kernel_meta *m, fg_pass pass) {
+  const char *bad = fg_kernel_meta_invalid(m);
+  if (bad) return bad;
+  if (pass != FG_PASS_FWD && m->params == FG_PARAMS_FWD_TMA)
+    return "its plan takes the forward's tensor-map block (fwd_tma) but the variant is a "
+           "backward one, whose plan takes bwd_tma (or the default block)";
+  if (pass != FG_PASS_BWD && m->params == FG_PARAMS_BWD_TMA)
+    return "its plan takes the backward's tensor-map block (bwd_tma) but the variant is a "
+           "forward one, whose plan takes fwd_tma (or the default block)";
   return NULL;
 }
 
@@ -271,7 +292,7 @@ const char *fg_kernel_plan_parse(const char *text, fg_kernel_meta *m) {
       if (m->n_tmaps == FG_PLAN_MAX_TMAPS) return "its plan has too many tensor maps";
       fg_plan_tmap *t = &m->tmaps[m->n_tmaps++];
       if (!(t->tensor = fg_tmap_tensor_parse(a)))
-        return "a tensor map of its plan names a tensor other than q, k, v or o";
+        return "a tensor map of its plan names a tensor other than q, k, v, o or do";
       t->rows = x;
     } else {
       return "its plan has a line that is not main, step, workspace, params or tmap";

@@ -29,8 +29,8 @@ static int get_str_field(lua_State *L, int idx, const char *k, char *out, size_t
 
 /* Fills meta from the plan (a launch table: main, steps, workspaces, params, tmaps) at the top of
  * the stack; what names the manifest function for messages. 0, or -1 with the reason. */
-int fg_lua_read_launch(lua_State *L, fg_kernel_meta *meta, const char *what, char *err,
-                       size_t errlen) {
+int fg_lua_read_launch(lua_State *L, fg_pass pass, fg_kernel_meta *meta, const char *what,
+                       char *err, size_t errlen) {
   memset(meta, 0, sizeof *meta);
   meta->regs = meta->spill_store_bytes = meta->spill_load_bytes = meta->stack_bytes = -1;
   const char *bad = NULL;
@@ -93,12 +93,12 @@ int fg_lua_read_launch(lua_State *L, fg_kernel_meta *meta, const char *what, cha
   }
   lua_pop(L, 1);
   /* The parameter block (absent: the pass's own) and the tensor maps the runtime encodes into
-   * it (fg_fwd_tma_params.tmap[i] from tmaps[i]). */
+   * it (tmap[i] of fg_fwd_tma_params or fg_bwd_tma_params from tmaps[i]). */
   lua_getfield(L, -1, "params");
   if (!bad && !lua_isnil(L, -1)) {
     const char *pb = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
     const int b = pb ? fg_param_block_parse(pb) : -1;
-    if (b < 0) bad = "returns params other than \"fwd\" or \"fwd_tma\"";
+    if (b < 0) bad = "returns params other than \"fwd\", \"fwd_tma\" or \"bwd_tma\"";
     else meta->params = (fg_param_block)b;
   }
   lua_pop(L, 1);
@@ -106,16 +106,17 @@ int fg_lua_read_launch(lua_State *L, fg_kernel_meta *meta, const char *what, cha
   if (!bad && !lua_isnil(L, -1) && !lua_istable(L, -1)) bad = "returns tmaps that is not a list";
   n = !bad && lua_istable(L, -1) ? (int)luaL_len(L, -1) : 0;
   if (!bad && n > FG_PLAN_MAX_TMAPS)
-    bad = "returns more than 4 tensor maps (fg_fwd_tma_params holds 4)";
-  if (!bad && n > 0 && meta->params != FG_PARAMS_FWD_TMA)
-    bad = "returns tmaps without params = \"fwd_tma\" (the block that carries them)";
+    bad = "returns more than 4 tensor maps (a TMA parameter block holds 4)";
+  if (!bad && n > 0 && meta->params == FG_PARAMS_DEFAULT)
+    bad = "returns tmaps without params = \"fwd_tma\" or \"bwd_tma\" (the block that carries "
+          "them)";
   for (int i = 0; !bad && i < n; i++) {
     fg_plan_tmap *t = &meta->tmaps[meta->n_tmaps++];
     char tensor[8] = "";
     lua_rawgeti(L, -1, i + 1);
     if (!lua_istable(L, -1) || get_str_field(L, -1, "tensor", tensor, sizeof tensor) ||
         !(t->tensor = fg_tmap_tensor_parse(tensor)))
-      bad = "returns a tensor map whose tensor is not \"q\", \"k\", \"v\" or \"o\"";
+      bad = "returns a tensor map whose tensor is not \"q\", \"k\", \"v\", \"o\" or \"do\"";
     else {
       lua_getfield(L, -1, "rows");
       int isint = 0;
@@ -129,7 +130,7 @@ int fg_lua_read_launch(lua_State *L, fg_kernel_meta *meta, const char *what, cha
     lua_pop(L, 1);
   }
   lua_pop(L, 1);
-  if (!bad) bad = fg_kernel_meta_invalid(meta);
+  if (!bad) bad = fg_kernel_meta_invalid_for(meta, pass);
   if (!bad) return 0;
   snprintf(err, errlen, "the manifest's %s %s: fix its plan (see templates/README.md)", what, bad);
   return -1;

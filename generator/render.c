@@ -608,7 +608,7 @@ int fg_generator_render(fg_generator *g, const fg_variant *v, char **src, fg_ker
     push_variant(L, v);
     rc = call_manifest(g, v->pass, "launch", 1, err, errlen);
   }
-  if (rc == 0) rc = fg_lua_read_launch(L, meta, "launch(v)", err, errlen);
+  if (rc == 0) rc = fg_lua_read_launch(L, v->pass, meta, "launch(v)", err, errlen);
   if (rc == 0) {
     int launch = lua_gettop(L);
     lua_getfield(L, -1, "template");
@@ -650,7 +650,8 @@ int fg_generator_render_reference(fg_generator *g, fg_dtype dtype, int exact, ch
   lua_pushstring(L, fg_dtype_name(dtype));
   lua_pushboolean(L, exact);
   int rc = call_manifest(g, FG_PASS_FWD, "reference", 2, err, errlen);
-  if (rc == 0) rc = fg_lua_read_launch(L, meta, "reference(dtype, exact)", err, errlen);
+  if (rc == 0)
+    rc = fg_lua_read_launch(L, FG_PASS_FWD, meta, "reference(dtype, exact)", err, errlen);
   if (rc == 0) {
     lua_createtable(L, 0, 4);
     lua_pushstring(L, fg_dtype_name(dtype));

@@ -176,7 +176,11 @@ FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_args *
  * is required. d_o is dO, the shape of O, at do_stride. dq (the shape of Q), dk and dv (the shape
  * of K and V) receive the gradients at their strides; with GQA/MQA, dK and dV of a KV head are
  * the sums over the query heads it serves. All strides follow the forward's rules (elements,
- * batch/head/row, all zero = contiguous, multiples of 16 bytes).
+ * batch/head/row, all zero = contiguous, multiples of 16 bytes); a plan that loads through TMA
+ * tensor maps (Hopper, loop order kvtma) maps q, d_o, k and v as the forward's TMA kernels map
+ * their inputs, with the same limits (strides below 2^40 bytes, a driver with
+ * cuTensorMapEncodeTiled; otherwise FG_ERROR_UNSUPPORTED naming the tensor, "do" for d_o, and
+ * nothing launched).
  *
  * Checked before anything is launched (FG_ERROR_INVALID_ARGUMENT, naming the argument): every
  * tensor's pointer and strides as for the forward; lse present; dq, dk, dv not overlapping each
@@ -250,7 +254,8 @@ FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char
  * fg_attention_backward would run for args and why: the key ("bwd_d128_bf16_causal_nk4096"),
  * the exported choice, tuning record (exact bucket or the nearest) or built-in rule that chose
  * it, the variant, where its binary comes from, the plan's three launches (D and the dQ
- * accumulator, the main K/V-outer kernel, the dQ conversion) and the workspace. Launches and
+ * accumulator, the main K/V-outer kernel, the dQ conversion), the tensor maps every launch of a
+ * TMA plan is passed ("TMA: q 64 rows, do 64, k 128, v 128") and the workspace. Launches and
  * compiles nothing; the pointers in args may be NULL (only the shapes matter). Returns FG_OK, or
  * the error the call would fail with before launching (invalid arguments; FG_ERROR_KERNEL_MISSING
  * when the policy forbids compiling and no binary is available), with buf explaining it as

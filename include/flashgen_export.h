@@ -38,9 +38,11 @@ extern "C" {
 /* Plans (steps and workspaces, appended to the kernels) came later in version 1: a runtime that
  * reads them refuses a table written before them (its step_size is 0), saying to export again. */
 /* A table holding a kernel that takes tensor maps (params FG_EXPORT_PARAMS_FWD_TMA: the Hopper
- * loop order qtma) is written as version 2, with version 1's layout: a runtime from before tensor
- * maps reads only version 1, so it refuses such a table (naming its version) rather than launch
- * the kernel with the plain parameter block. This runtime reads both. */
+ * forward's loop order qtma; FG_EXPORT_PARAMS_BWD_TMA: the Hopper backward's kvtma) is written as
+ * version 2, with version 1's layout: a runtime from before tensor maps reads only version 1, so
+ * it refuses such a table (naming its version) rather than launch the kernel with the plain
+ * parameter block. This runtime reads both. (A runtime that knows FWD_TMA but not BWD_TMA refuses
+ * a table holding a BWD_TMA kernel by its parameter block, naming the kernel.) */
 #define FG_EXPORT_ABI_VERSION_TMA 2
 
 /* How a kernel's grid is formed from the problem (the values of the runtime's fg_grid_kind). */
@@ -85,16 +87,20 @@ typedef struct fg_export_workspace {
 } fg_export_workspace;
 
 /* The parameter block a kernel's plan takes (fg_export_kernel.params; the runtime's
- * fg_param_block): the pass's usual block, or the forward's behind four CUDA tensor maps that the
- * runtime encodes from each call (templates/fg_params.h: fg_fwd_tma_params; Hopper's TMA loads). */
+ * fg_param_block): the pass's usual block, or the pass's block behind four CUDA tensor maps that
+ * the runtime encodes from each call (templates/fg_params.h; Hopper's TMA loads):
+ * fg_fwd_tma_params for a forward kernel, fg_bwd_tma_params for every step of a backward one. */
 #define FG_EXPORT_PARAMS_DEFAULT 0
 #define FG_EXPORT_PARAMS_FWD_TMA 1
+#define FG_EXPORT_PARAMS_BWD_TMA 2
 
-/* The tensor a map views (fg_export_tmap.tensor; the runtime's fg_tmap_tensor). */
+/* The tensor a map views (fg_export_tmap.tensor; the runtime's fg_tmap_tensor): Q, K, V, O for a
+ * FWD_TMA kernel, Q, K, V, DO (the backward's dO) for a BWD_TMA kernel. */
 #define FG_EXPORT_TENSOR_Q 1
 #define FG_EXPORT_TENSOR_K 2
 #define FG_EXPORT_TENSOR_V 3
 #define FG_EXPORT_TENSOR_O 4
+#define FG_EXPORT_TENSOR_DO 5
 
 /* One tensor map of a kernel's plan, passed as the i-th map of its parameter block: the tensor
  * viewed as {head_dim, rows, heads, batch}, loaded in boxes of 64 columns x `rows` rows.
@@ -134,11 +140,12 @@ typedef struct fg_export_kernel {
   const fg_export_workspace *workspaces;
   int n_workspaces;             /* 0 .. 4 */
   /* Tensor maps (came later in version 1; kernels of tables written before them read as
-   * FG_EXPORT_PARAMS_DEFAULT with no maps). A table holding an FG_EXPORT_PARAMS_FWD_TMA kernel
-   * is version FG_EXPORT_ABI_VERSION_TMA, which runtimes from before them refuse. */
-  int params;                   /* FG_EXPORT_PARAMS_* */
+   * FG_EXPORT_PARAMS_DEFAULT with no maps). A table holding a kernel of FG_EXPORT_PARAMS_FWD_TMA
+   * or _BWD_TMA is version FG_EXPORT_ABI_VERSION_TMA, which runtimes from before them refuse. */
+  int params;                   /* FG_EXPORT_PARAMS_*: FWD_TMA forward kernels only, BWD_TMA
+                                   backward kernels only */
   const fg_export_tmap *tmaps;  /* tmap[i] of the parameter block, in order */
-  int n_tmaps;                  /* 0 .. 4; only with FG_EXPORT_PARAMS_FWD_TMA */
+  int n_tmaps;                  /* 0 .. 4; only with FG_EXPORT_PARAMS_FWD_TMA or _BWD_TMA */
 } fg_export_kernel;
 
 /* A tuned choice: for problems of this key, run this variant. The key is the runtime's problem

@@ -3,8 +3,10 @@
  * rowsum(dO * O) and the dQ accumulator zeroed, the main K/V-outer kernel, dQ converted; past
  * the plan's threshold of query rows per KV head the main kernel's grid splits them along z and
  * the last step converts dK/dV too, fg_plan_grid); split along the batch past the grid's y
- * limit, with the workspaces the plan declares from the caller or allocated on the stream.
- * fg_attention_backward_workspace_size sizes them from the same plan. */
+ * limit, with the workspaces the plan declares from the caller or allocated on the stream; a plan
+ * with params bwd_tma gets its tensor maps (q, do, k, v) encoded for each launch and passes
+ * fg_bwd_tma_params to every step. fg_attention_backward_workspace_size sizes the workspaces from
+ * the same plan. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -82,11 +84,13 @@ FG_API fg_status fg_attention_backward_workspace_size(fg_context *ctx,
   return FG_OK;
 }
 
+/* Launches step i of k's plan on grid g with the parameter block at block (fg_bwd_params, or
+ * fg_bwd_tma_params for a bwd_tma plan). */
 static fg_status fg_launch_one(fg_context *ctx, const fg_loaded_kernel *k, int i,
-                               const uint64_t g[3], fg_bwd_params *p, CUstream s) {
+                               const uint64_t g[3], void *block, CUstream s) {
   if (g[0] == 0 || g[1] == 0) return FG_OK;
   const fg_plan_step *sp = &k->meta.steps[i];
-  void *params[] = {p};
+  void *params[] = {block};
   CUresult r = fg_cu.cuLaunchKernel(k->fn[i], (unsigned)g[0], (unsigned)g[1], (unsigned)g[2],
                                     (unsigned)sp->threads, 1, 1, (unsigned)sp->smem_bytes, s,
                                     params, NULL);
@@ -107,6 +111,73 @@ static unsigned long long *fg_bwd_param_slot(fg_bwd_params *p, const char *param
   if (strcmp(param, "sem") == 0) return &p->sem;
   if (strcmp(param, "dkv") == 0) return &p->dkv;
   return NULL;
+}
+
+/* ---- tensor maps (plans with params bwd_tma) ---- */
+
+/* The view of map t's tensor in the launch block c: q and do have heads_q heads of seqlen_q rows,
+ * k and v heads_kv of seqlen_k; elements of 2 bytes. */
+static fg_tmap_view fg_bwd_tmap_view(const fg_plan_tmap *t, const fg_bwd_params *c) {
+  fg_tmap_view w = {t->tensor, 0, 0, 0, 0, c->heads_kv, c->seqlen_k, c->batch, c->head_dim, 2};
+  switch (t->tensor) {
+    case FG_TMAP_Q:
+      w.addr = c->q, w.sb = c->q_sb, w.sh = c->q_sh, w.sn = c->q_sn;
+      w.heads = c->heads_q, w.rows = c->seqlen_q;
+      break;
+    case FG_TMAP_DO:
+      w.addr = c->d_o, w.sb = c->do_sb, w.sh = c->do_sh, w.sn = c->do_sn;
+      w.heads = c->heads_q, w.rows = c->seqlen_q;
+      break;
+    case FG_TMAP_K: w.addr = c->k, w.sb = c->k_sb, w.sh = c->k_sh, w.sn = c->k_sn; break;
+    case FG_TMAP_V: w.addr = c->v, w.sb = c->v_sb, w.sh = c->v_sh, w.sn = c->v_sn; break;
+    default: w.tensor = (fg_tmap_tensor)0; break; /* not a backward map (fg_kernel_meta_invalid) */
+  }
+  return w;
+}
+
+fg_status fg_bwd_tma_params_fill(fg_context *ctx, const fg_loaded_kernel *k, const fg_bwd_params *p,
+                                 fg_bwd_tma_params *out) {
+  const fg_kernel_meta *m = &k->meta;
+  out->p = *p;
+  for (int i = 0; i < FG_PLAN_MAX_TMAPS; i++) {
+    if (i >= m->n_tmaps) {
+      memset(&out->tmap[i], 0, sizeof out->tmap[i]);
+      continue;
+    }
+    const fg_tmap_view w = fg_bwd_tmap_view(&m->tmaps[i], p);
+    if (!w.tensor)
+      return fg_fail(ctx, FG_ERROR_INTERNAL,
+                     "kernel %s has a tensor map of a tensor the backward's maps do not view "
+                     "(%s): rebuild or re-export it",
+                     k->name, fg_tmap_tensor_name(m->tmaps[i].tensor));
+    const fg_status st = fg_tmap_encode(ctx, k, &w, m->tmaps[i].rows, &out->tmap[i]);
+    if (st != FG_OK) return st;
+  }
+  return FG_OK;
+}
+
+/* The parameter block of the launch of batches b0 .. b0 + nb - 1 of p: its batches' base
+ * addresses, its batch count, its part of every workspace of the plan m (workspace ws; each
+ * starts at offsets[i] and holds per_batch[i] bytes per batch, 0: unused, passed as 0). */
+static void fg_bwd_chunk(const fg_kernel_meta *m, const fg_bwd_params *p, int64_t b0, int64_t nb,
+                         CUdeviceptr ws, const uint64_t *offsets, const uint64_t *per_batch,
+                         fg_bwd_params *c) {
+  *c = *p;
+  c->batch = nb;
+  for (int i = 0; i < m->n_workspaces; i++)
+    *fg_bwd_param_slot(c, m->workspaces[i].param) =
+        per_batch[i] ? (unsigned long long)ws + offsets[i] + (uint64_t)b0 * per_batch[i] : 0;
+  if (b0 > 0) {
+    c->q += (unsigned long long)(b0 * p->q_sb * 2);
+    c->k += (unsigned long long)(b0 * p->k_sb * 2);
+    c->v += (unsigned long long)(b0 * p->v_sb * 2);
+    c->o += (unsigned long long)(b0 * p->o_sb * 2);
+    c->d_o += (unsigned long long)(b0 * p->do_sb * 2);
+    c->dq += (unsigned long long)(b0 * p->dq_sb * 2);
+    c->dk += (unsigned long long)(b0 * p->dk_sb * 2);
+    c->dv += (unsigned long long)(b0 * p->dv_sb * 2);
+    c->lse += (unsigned long long)(b0 * p->heads_q * p->seqlen_q * 4);
+  }
 }
 
 /* Runs the plan with ctx current: every step in order, for each chunk of batches the grid's y
@@ -155,28 +226,32 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
                    (uint64_t)w->bytes;
   }
   fg_status st = FG_OK;
+  fg_bwd_tma_params tp; /* 64-byte aligned (fg_tmap), as the driver's CUtensorMap must be */
+  const int tma = m->params == FG_PARAMS_BWD_TMA;
+  if (tma && chunk < a->batch) {
+    /* Every launch encodes its own maps; all but the last have the first's shape, which fails
+     * (if it does) before anything runs. The last's is tried first, so that a refusal launches
+     * nothing either. */
+    const int64_t last = (a->batch - 1) / chunk * chunk;
+    fg_bwd_params c;
+    fg_bwd_chunk(m, &p, last, a->batch - last, ws, offsets, per_batch, &c);
+    st = fg_bwd_tma_params_fill(ctx, k, &c, &tp);
+  }
   for (int64_t b0 = 0; b0 < a->batch && st == FG_OK; b0 += chunk) {
-    fg_bwd_params c = p;
     const int64_t nb = a->batch - b0 < chunk ? a->batch - b0 : chunk;
-    c.batch = nb;
-    for (int i = 0; i < m->n_workspaces; i++)
-      *fg_bwd_param_slot(&c, m->workspaces[i].param) =
-          per_batch[i] ? (unsigned long long)ws + offsets[i] + (uint64_t)b0 * per_batch[i] : 0;
-    if (b0 > 0) {
-      c.q += (unsigned long long)(b0 * p.q_sb * 2);
-      c.k += (unsigned long long)(b0 * p.k_sb * 2);
-      c.v += (unsigned long long)(b0 * p.v_sb * 2);
-      c.o += (unsigned long long)(b0 * p.o_sb * 2);
-      c.d_o += (unsigned long long)(b0 * p.do_sb * 2);
-      c.dq += (unsigned long long)(b0 * p.dq_sb * 2);
-      c.dk += (unsigned long long)(b0 * p.dk_sb * 2);
-      c.dv += (unsigned long long)(b0 * p.dv_sb * 2);
-      c.lse += (unsigned long long)(b0 * a->heads_q * a->seqlen_q * 4);
+    fg_bwd_params c;
+    fg_bwd_chunk(m, &p, b0, nb, ws, offsets, per_batch, &c);
+    void *block = &c;
+    if (tma) {
+      /* This launch's maps (its batches' base addresses, batch dimension = its batches), then its
+       * block with the workspaces: the same for every step of the plan. */
+      if ((st = fg_bwd_tma_params_fill(ctx, k, &c, &tp)) != FG_OK) break;
+      block = &tp;
     }
     for (int i = 0; i < m->n_steps && st == FG_OK; i++) {
       uint64_t g[3];
       fg_plan_grid(&m->steps[i], nb, a->heads_q, a->heads_kv, a->seqlen_q, a->seqlen_k, g);
-      st = fg_launch_one(ctx, k, i, g, &c, s);
+      st = fg_launch_one(ctx, k, i, g, block, s);
     }
   }
   fg_workspace_free(ctx, &own, s);

@@ -283,6 +283,15 @@ static fg_status fg_explain_choice(fg_context *ctx, fg_text *t, fg_pass pass,
   return FG_OK;
 }
 
+/* The tensor maps the runtime encodes for each launch of the plan m (runtime/tmap.c), box rows
+ * each, in the plan's order: "TMA: q 128 rows, k 64, v 64" (nothing when it has none). */
+static void fg_explain_tmaps(fg_text *t, const fg_kernel_meta *m) {
+  for (int i = 0; i < m->n_tmaps && i < FG_PLAN_MAX_TMAPS; i++)
+    fg_text_add(t, i ? ", %s %d" : "TMA: %s %d rows", fg_tmap_tensor_name(m->tmaps[i].tensor),
+                m->tmaps[i].rows);
+  if (m->n_tmaps > 0) fg_text_add(t, "\n");
+}
+
 FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char *buf, size_t len) {
   fg_text t = {buf, len, 0};
   if (buf && len) buf[0] = 0;
@@ -334,11 +343,7 @@ FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char
                   ((uint64_t)a.batch + per - 1) / per, per);
     }
     fg_text_add(&t, "\n");
-    /* The tensor maps the runtime encodes for each launch (runtime/forward.c), box rows each. */
-    for (int i = 0; i < meta.n_tmaps && i < FG_PLAN_MAX_TMAPS; i++)
-      fg_text_add(&t, i ? ", %s %d" : "TMA: %s %d rows", fg_tmap_tensor_name(meta.tmaps[i].tensor),
-                  meta.tmaps[i].rows);
-    if (meta.n_tmaps > 0) fg_text_add(&t, "\n");
+    fg_explain_tmaps(&t, &meta);
   }
   return st;
 }
@@ -414,6 +419,8 @@ FG_API fg_status fg_explain_backward(fg_context *ctx, const fg_attention_backwar
     fg_text_add(&t, "  (batch * heads_q past the grid's %" PRIu64 ": each kernel split into %" PRIu64
                     " launches of at most %" PRIu64 " batches)\n",
                 grid_y, ((uint64_t)a.batch + per - 1) / per, per);
+  /* A bwd_tma plan's maps, encoded for each launch and passed to every kernel of the plan. */
+  fg_explain_tmaps(&t, &meta);
   uint64_t ws = 0;
   if (fg_plan_workspace_bytes(&meta, a.batch, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k,
                               b.deterministic != 0, &ws, NULL) == 0 &&

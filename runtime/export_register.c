@@ -2,7 +2,8 @@
  * the stable layout of flashgen_export.h (by the sizes it records, so older and newer tables
  * both read, but a table from before kernel plans is refused: export it again), checks it (a
  * kernel's plan against its variant name: backward variants, and only they, with the K/V-tile
- * grid for their main kernel; tensor maps, in tables that have them, for forward variants only),
+ * grid for their main kernel; tensor maps, in tables that have them, in the block of the
+ * variant's pass: FWD_TMA for forward variants, BWD_TMA for backward ones),
  * turns it into the registry's
  * fg_exported_table and hands that to fg_register_exported. The converted tables live as long as
  * the process, like the tables. */
@@ -129,11 +130,12 @@ static const char *fg_export_convert_kernel(const fg_export_kernel *k, size_t st
     }
   }
   /* Its parameter block and tensor maps (zero in tables from before them: none). */
-  if (k->params != FG_EXPORT_PARAMS_DEFAULT && k->params != FG_EXPORT_PARAMS_FWD_TMA) {
+  if (k->params != FG_EXPORT_PARAMS_DEFAULT && k->params != FG_EXPORT_PARAMS_FWD_TMA &&
+      k->params != FG_EXPORT_PARAMS_BWD_TMA) {
     snprintf(why, whylen,
              "has parameter block %d, which this runtime (flashgen %s) does not know (it knows "
-             "0 and 1: DEFAULT, FWD_TMA): the table is damaged or from a newer flashgen; export "
-             "it again with flashgen %s",
+             "0 to 2: DEFAULT, FWD_TMA, BWD_TMA): the table is damaged or from a newer flashgen; "
+             "export it again with flashgen %s",
              k->params, fg_version(), fg_version());
     return why;
   }
@@ -174,6 +176,9 @@ static const char *fg_export_convert_kernel(const fg_export_kernel *k, size_t st
   }
   if (bwd && m->params == FG_PARAMS_FWD_TMA)
     return "is a backward variant whose plan takes the forward's tensor-map block (FWD_TMA): the "
+           "table is damaged, export it again";
+  if (!bwd && m->params == FG_PARAMS_BWD_TMA)
+    return "is a forward variant whose plan takes the backward's tensor-map block (BWD_TMA): the "
            "table is damaged, export it again";
   snprintf(img->variant, sizeof img->variant, "%s", k->variant);
   /* The registry never writes through these: the arrays stay in read-only storage. */

@@ -160,7 +160,8 @@ typedef struct fg_loaded_kernel {
  * GPU; resolves the entry of every step of its plan; opts each into its dynamic shared memory
  * when above 48 KB. Fails with FG_ERROR_UNSUPPORTED when a step exceeds the device (threads,
  * shared memory) or its plan takes tensor maps the driver cannot encode (no
- * cuTensorMapEncodeTiled); FG_ERROR_INTERNAL when such a plan is not a forward variant's.
+ * cuTensorMapEncodeTiled); FG_ERROR_INTERNAL when such a plan's block is not its variant's pass's
+ * (fwd_tma for a forward variant, bwd_tma for a backward one).
  * out->source is left empty for the caller. */
 fg_status fg_kernel_load(fg_context *ctx, const fg_kernel_image *img, fg_loaded_kernel *out);
 void fg_kernel_unload(fg_context *ctx, fg_loaded_kernel *k);
@@ -187,17 +188,38 @@ void fg_launch_grid(const fg_plan_step *s, const fg_fwd_params *p, uint64_t grid
 fg_status fg_kernel_launch(fg_context *ctx, const fg_loaded_kernel *k, const fg_fwd_params *p,
                            fg_launch_elems elems, CUstream s);
 
-/* The parameter block of a plan that takes tensor maps (k->meta.params == FG_PARAMS_FWD_TMA):
- * out->p = *p, and out->tmap[i] encoded (cuTensorMapEncodeTiled) from the plan's i-th map and p's
- * pointers, sizes and strides (elems: their element sizes), the unused ones zero. Each map views
- * its tensor as {head_dim, rows, heads, batch} (p->batch: one launch's batches) in k->dtype, box
- * {64, the map's rows, 1, 1}, 128-byte swizzle; the stride of a dimension of size 1 is taken as
- * the contiguous one. FG_ERROR_UNSUPPORTED, nothing written to the context's state but the last
- * error, for a stride the TMA cannot take (not a multiple of 16 bytes, 2^40 bytes or more) or an
- * encode the driver refuses, naming the tensor and what to do. No allocation. The caller has made
- * ctx current. (forward.c) */
+/* One tensor of a call as a tensor map sees it: {head_dim, rows, heads, batch} elements of
+ * elem_size bytes at addr, with element strides sn (row), sh (head), sb (batch). */
+typedef struct fg_tmap_view {
+  fg_tmap_tensor tensor; /* which one, for messages ("do" for dO) */
+  unsigned long long addr;
+  long long sb, sh, sn;
+  long long heads, rows, batch, head_dim;
+  int elem_size;
+} fg_tmap_view;
+
+/* Encodes the map of t for kernel k (cuTensorMapEncodeTiled) into out: t's dims in k->dtype, box
+ * {64, box_rows, 1, 1}, 128-byte swizzle, out-of-bounds elements read as zeros; the stride of a
+ * dimension of size 1 is taken as the contiguous one; t->rows == 0 (a tensor the kernel never
+ * reads: no keys) leaves out zero. FG_ERROR_UNSUPPORTED, nothing written to the context's state
+ * but the last error, for a dimension past 2^32, a stride the TMA cannot take (not a multiple of
+ * 16 bytes, 2^40 bytes or more) or an encode the driver refuses, naming the kernel, the tensor and
+ * what to do (k's loop order: qtma for a fwd_tma plan, kvtma for bwd_tma). No allocation. The
+ * caller has made ctx current. The forward's and the backward's maps alike (tmap.c). */
+fg_status fg_tmap_encode(fg_context *ctx, const fg_loaded_kernel *k, const fg_tmap_view *t,
+                         int box_rows, fg_tmap *out);
+
+/* The parameter block of a forward plan that takes tensor maps (k->meta.params ==
+ * FG_PARAMS_FWD_TMA): out->p = *p, and out->tmap[i] encoded (fg_tmap_encode) from the plan's i-th
+ * map and p's pointers, sizes and strides (elems: their element sizes; p->batch: one launch's
+ * batches), the unused ones zero. Fails as fg_tmap_encode. (forward.c) */
 fg_status fg_fwd_tma_params_fill(fg_context *ctx, const fg_loaded_kernel *k, const fg_fwd_params *p,
                                  fg_launch_elems elems, fg_fwd_tma_params *out);
+/* The same for every step of a backward plan that takes them (FG_PARAMS_BWD_TMA): out->p = *p
+ * (one launch's batches, its workspaces already in place), out->tmap[i] the plan's i-th map of q,
+ * do (dO: d_o, do_sb/do_sh/do_sn, heads_q, seqlen_q), k or v, elements of 2 bytes. (backward.c) */
+fg_status fg_bwd_tma_params_fill(fg_context *ctx, const fg_loaded_kernel *k, const fg_bwd_params *p,
+                                 fg_bwd_tma_params *out);
 
 /* ---- exported tables (registry.c) ---- */
 /* A tuned choice of an exported table: the problem key (fg_problem_format) and the variant. */

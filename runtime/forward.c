@@ -1,7 +1,7 @@
 /* forward.c: fg_attention_forward (validate, empty problems, dispatch, launch) and launching a
  * loaded kernel from its contract: the grid, splitting along the batch past the grid's y limit,
- * the stream-ordered workspace, and the tensor maps of plans that take them (fwd_tma: encoded
- * per launch from the call's pointers and strides). */
+ * the stream-ordered workspace, and the tensor maps of plans that take them (fwd_tma: q, k, v, o
+ * picked from each launch's block and encoded by tmap.c). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -38,97 +38,24 @@ void fg_launch_grid(const fg_plan_step *s, const fg_fwd_params *p, uint64_t grid
 
 /* ---- tensor maps (plans with params fwd_tma) ---- */
 
-static const char *fg_tmap_dim_names[4] = {"head_dim", "row", "head", "batch"};
-
-/* Encodes map t of kernel k for the launch block c into out. */
-static fg_status fg_tmap_encode(fg_context *ctx, const fg_loaded_kernel *k, const fg_plan_tmap *t,
-                                const fg_fwd_params *c, fg_launch_elems el, fg_tmap *out) {
-  unsigned long long addr;
-  long long sb, sh, sn, heads = c->heads_kv, rows = c->seqlen_k;
-  int es = el.in;
+/* The view of map t's tensor in the launch block c (elements of el's sizes). */
+static fg_tmap_view fg_fwd_tmap_view(const fg_plan_tmap *t, const fg_fwd_params *c,
+                                     fg_launch_elems el) {
+  fg_tmap_view w = {t->tensor, 0, 0, 0, 0, c->heads_kv, c->seqlen_k, c->batch, c->head_dim, el.in};
   switch (t->tensor) {
     case FG_TMAP_Q:
-      addr = c->q, sb = c->q_sb, sh = c->q_sh, sn = c->q_sn, heads = c->heads_q, rows = c->seqlen_q;
+      w.addr = c->q, w.sb = c->q_sb, w.sh = c->q_sh, w.sn = c->q_sn;
+      w.heads = c->heads_q, w.rows = c->seqlen_q;
       break;
-    case FG_TMAP_K: addr = c->k, sb = c->k_sb, sh = c->k_sh, sn = c->k_sn; break;
-    case FG_TMAP_V: addr = c->v, sb = c->v_sb, sh = c->v_sh, sn = c->v_sn; break;
+    case FG_TMAP_K: w.addr = c->k, w.sb = c->k_sb, w.sh = c->k_sh, w.sn = c->k_sn; break;
+    case FG_TMAP_V: w.addr = c->v, w.sb = c->v_sb, w.sh = c->v_sh, w.sn = c->v_sn; break;
     case FG_TMAP_O:
-      addr = c->o, sb = c->o_sb, sh = c->o_sh, sn = c->o_sn, heads = c->heads_q, rows = c->seqlen_q;
-      es = el.out;
+      w.addr = c->o, w.sb = c->o_sb, w.sh = c->o_sh, w.sn = c->o_sn;
+      w.heads = c->heads_q, w.rows = c->seqlen_q, w.elem_size = el.out;
       break;
-    default:
-      return fg_fail(ctx, FG_ERROR_INTERNAL,
-                     "kernel %s has a tensor map of an unknown tensor (%d): rebuild or re-export "
-                     "it",
-                     k->name, (int)t->tensor);
+    default: w.tensor = (fg_tmap_tensor)0; break; /* not a forward map (fg_kernel_meta_invalid) */
   }
-  const char *name = fg_tmap_tensor_name(t->tensor);
-  /* A tensor without rows (seqlen_k = 0: no key for any query) is never read, since the kernel
-   * sees no K/V block; its map stays zero (a tensor map cannot describe an empty dimension). */
-  if (rows == 0) {
-    memset(out, 0, sizeof *out);
-    return FG_OK;
-  }
-  /* {head_dim, rows, heads, batch}, innermost first, as the TMA counts them. */
-  const unsigned long long dims[4] = {(unsigned long long)c->head_dim, (unsigned long long)rows,
-                                      (unsigned long long)heads, (unsigned long long)c->batch};
-  const long long elem_strides[3] = {sn, sh, sb};
-  unsigned long long strides[3], contiguous = (unsigned long long)es;
-  for (int i = 0; i < 4; i++) {
-    if (dims[i] < 1 || dims[i] > FG_TMA_MAX_DIM)
-      return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
-                     "kernel %s (TMA) cannot read %s: its %s dimension is %llu, more than a "
-                     "tensor map holds (2^32); split the call, or use a variant without TMA (a "
-                     "loop order other than qtma)",
-                     k->name, name, fg_tmap_dim_names[i], dims[i]);
-    if (i == 3) break;
-    /* A dimension of size 1 is never stepped over: its stride is the contiguous one (whatever
-     * the caller's tensor library left there). The contiguous stride of the next dimension. */
-    if (__builtin_mul_overflow(contiguous, dims[i], &contiguous)) contiguous = ~0ull;
-    const unsigned long long b = (unsigned long long)elem_strides[i] * (unsigned long long)es;
-    strides[i] = dims[i + 1] == 1 ? contiguous : b;
-    if (dims[i + 1] == 1) continue;
-    if (elem_strides[i] < 0 || b % 16 != 0 || b >= FG_TMA_MAX_STRIDE)
-      return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
-                     "kernel %s (TMA) cannot read %s: its %s stride is %lld elements (%llu bytes), "
-                     "%s; make %s contiguous (or pass strides that are multiples of 8 elements), "
-                     "or use a variant without TMA (a loop order other than qtma)",
-                     k->name, name, fg_tmap_dim_names[i + 1], elem_strides[i], b,
-                     b % 16 ? "not a multiple of 16 bytes as a tensor map needs"
-                            : "2^40 bytes or more, past what a tensor map holds",
-                     name);
-  }
-  for (int i = 0; i < 3; i++)
-    if (strides[i] >= FG_TMA_MAX_STRIDE) /* the contiguous stride of a dimension of size 1 */
-      return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
-                     "kernel %s (TMA) cannot read %s: it spans 2^40 bytes or more per %s, past "
-                     "what a tensor map holds; split the call, or use a variant without TMA (a "
-                     "loop order other than qtma)",
-                     k->name, name, fg_tmap_dim_names[i + 2]);
-  const unsigned int box[4] = {64, (unsigned)t->rows, 1, 1}, ones[4] = {1, 1, 1, 1};
-  const int type = k->dtype == FG_DTYPE_BF16 ? FG_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                              : FG_CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  if (!fg_cu.cuTensorMapEncodeTiled) /* fg_kernel_load refuses such kernels; never reached */
-    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
-                   "kernel %s loads through TMA, but the CUDA driver has no "
-                   "cuTensorMapEncodeTiled: update the NVIDIA driver",
-                   k->name);
-  const CUresult r = fg_cu.cuTensorMapEncodeTiled(
-      out, type, 4, (void *)(uintptr_t)addr, dims, strides, box, ones,
-      FG_CU_TENSOR_MAP_INTERLEAVE_NONE, FG_CU_TENSOR_MAP_SWIZZLE_128B,
-      FG_CU_TENSOR_MAP_L2_PROMOTION_L2_256B, FG_CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != FG_CUDA_SUCCESS) {
-    char d[512];
-    fg_cuda_describe(d, sizeof d, "cuTensorMapEncodeTiled", r);
-    return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
-                   "kernel %s (TMA): the tensor map of %s (address 0x%llx, dims {%llu, %llu, "
-                   "%llu, %llu}, strides {%llu, %llu, %llu} B, box {64, %d, 1, 1}) was refused: "
-                   "%s; make %s contiguous, or use a variant without TMA (a loop order other "
-                   "than qtma)",
-                   k->name, name, addr, dims[0], dims[1], dims[2], dims[3], strides[0],
-                   strides[1], strides[2], t->rows, d, name);
-  }
-  return FG_OK;
+  return w;
 }
 
 fg_status fg_fwd_tma_params_fill(fg_context *ctx, const fg_loaded_kernel *k, const fg_fwd_params *p,
@@ -140,7 +67,13 @@ fg_status fg_fwd_tma_params_fill(fg_context *ctx, const fg_loaded_kernel *k, con
       memset(&out->tmap[i], 0, sizeof out->tmap[i]);
       continue;
     }
-    const fg_status st = fg_tmap_encode(ctx, k, &m->tmaps[i], p, elems, &out->tmap[i]);
+    const fg_tmap_view w = fg_fwd_tmap_view(&m->tmaps[i], p, elems);
+    if (!w.tensor)
+      return fg_fail(ctx, FG_ERROR_INTERNAL,
+                     "kernel %s has a tensor map of a tensor the forward does not have (%s): "
+                     "rebuild or re-export it",
+                     k->name, fg_tmap_tensor_name(m->tmaps[i].tensor));
+    const fg_status st = fg_tmap_encode(ctx, k, &w, m->tmaps[i].rows, &out->tmap[i]);
     if (st != FG_OK) return st;
   }
   return FG_OK;

@@ -331,21 +331,24 @@ fg_status fg_kernel_load(fg_context *ctx, const fg_kernel_image *img, fg_loaded_
                      "block",
                      img->variant, s->smem_bytes, s->entry, lim->name, lim->smem_optin_per_block);
   }
-  if (m->params == FG_PARAMS_FWD_TMA) {
-    /* The maps are encoded per call in the variant's dtype (runtime/forward.c). */
+  if (m->params != FG_PARAMS_DEFAULT) {
+    /* The maps are encoded per call in the variant's dtype (runtime/tmap.c); fwd_tma is the
+     * forward's block, bwd_tma the backward's. */
+    const int bwd = m->params == FG_PARAMS_BWD_TMA;
     fg_variant v;
     char perr[256];
-    if (fg_variant_parse(img->variant, &v, perr, sizeof perr) != 0 || v.pass != FG_PASS_FWD)
+    if (fg_variant_parse(img->variant, &v, perr, sizeof perr) != 0 ||
+        v.pass != (bwd ? FG_PASS_BWD : FG_PASS_FWD))
       return fg_fail(ctx, FG_ERROR_INTERNAL,
-                     "kernel %s takes tensor maps (parameter block fwd_tma), which only forward "
-                     "variants do: its plan is damaged (rebuild or re-export it)",
-                     img->variant);
+                     "kernel %s takes tensor maps (parameter block %s), which only %s variants "
+                     "do: its plan is damaged (rebuild or re-export it)",
+                     img->variant, fg_param_block_name(m->params), bwd ? "backward" : "forward");
     if (!fg_cu.cuTensorMapEncodeTiled)
       return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
                      "kernel %s loads through TMA tensor maps, but the CUDA driver %s has no "
                      "cuTensorMapEncodeTiled (it is older than CUDA 12.0): update the NVIDIA "
-                     "driver, or use a variant without TMA (a loop order other than qtma)",
-                     img->variant, fg_cuda_library_path());
+                     "driver, or use a variant without TMA (a loop order other than %s)",
+                     img->variant, fg_cuda_library_path(), bwd ? "kvtma" : "qtma");
     out->dtype = v.dtype;
   }
   int compat = fg_arch_compat(img->arch, lim->cc_major, lim->cc_minor);

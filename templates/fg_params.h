@@ -63,4 +63,13 @@ typedef struct fg_bwd_params {
    * of the tensor cores' accumulators every so many query blocks; 0 when absent. */
   unsigned long long dkv;
 } fg_bwd_params;
+
+/* The argument block of every kernel of a backward plan that declares tensor maps
+ * (launch(v).params = "bwd_tma" in bwd.lua: its _pre, main and _post steps alike): tmap[i] is
+ * the plan's i-th map (of q, do, k or v; unused ones zero), then the backward's block, whose
+ * workspaces the runtime fills as for any backward plan. */
+typedef struct fg_bwd_tma_params {
+  fg_tmap tmap[4];
+  fg_bwd_params p;
+} fg_bwd_tma_params;
 #endif

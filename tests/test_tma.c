@@ -95,11 +95,11 @@ Test(plan_text, malformed_lines_are_refused) {
     const char *tail, *needle;
   } bad[] = {
       {"params fwd_tmx\n", "parameter block"},
-      {"params fwd_tma\ntmap x 64\n", "other than q, k, v or o"},
+      {"params fwd_tma\ntmap x 64\n", "other than q, k, v, o or do"},
       {"params fwd_tma\ntmap q 0\n", "tensor map of its plan is malformed"},
       {"params fwd_tma\ntmap q 257\n", "tensor map of its plan is malformed"},
       {"params fwd_tma\ntmap q 64 1\n", "not main, step, workspace, params or tmap"},
-      {"tmap q 64\n", "not the parameter block that carries them"},
+      {"tmap q 64\n", "not a parameter block that carries them"},
       {"params fwd_tma\ntmap q 1\ntmap k 1\ntmap v 1\ntmap o 1\ntmap q 1\n", "too many tensor maps"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -214,9 +214,11 @@ Test(generator, malformed_tensor_maps_are_refused) {
   static const struct {
     const char *from, *to, *needle;
   } bad[] = {
-      {"t.params = \"fwd_tma\"", "t.params = \"fwd_tmz\"", "params other than \"fwd\" or \"fwd_tma\""},
+      {"t.params = \"fwd_tma\"", "t.params = \"fwd_tmz\"",
+       "params other than \"fwd\", \"fwd_tma\" or \"bwd_tma\""},
       {"t.params = \"fwd_tma\"", "t.params = 3", "params other than"},
-      {"t.params = \"fwd_tma\"", "t.params = nil", "tmaps without params = \"fwd_tma\""},
+      {"t.params = \"fwd_tma\"", "t.params = nil",
+       "tmaps without params = \"fwd_tma\" or \"bwd_tma\""},
       {tmaps, "t.tmaps = { { tensor = \"x\", rows = v.br } }", "whose tensor is not"},
       {tmaps, "t.tmaps = { { tensor = \"q\", rows = 257 } }", "rows is not an integer from 1 to 256"},
       {tmaps, "t.tmaps = { { tensor = \"q\", rows = 0 } }", "rows is not an integer from 1 to 256"},
@@ -417,12 +419,12 @@ Test(export, malformed_tensor_maps_are_refused_naming_the_kernel) {
 #define Q FG_EXPORT_TENSOR_Q
 #define SZ sizeof(fg_export_tmap)
 #define MALFORMED "tensor map of its plan is malformed"
-      {2, Q, 128, SZ, "parameter block 2"},
+      {3, Q, 128, SZ, "parameter block 3"},
       {TMA, 9, 128, SZ, MALFORMED},
       {TMA, Q, 0, SZ, MALFORMED},
       {TMA, Q, 300, SZ, MALFORMED},
       {TMA, Q, 128, 0, "malformed list of tensor maps"},
-      {FG_EXPORT_PARAMS_DEFAULT, Q, 128, SZ, "not the parameter block that carries them"},
+      {FG_EXPORT_PARAMS_DEFAULT, Q, 128, SZ, "not a parameter block that carries them"},
 #undef TMA
 #undef Q
 #undef SZ

@@ -1,14 +1,19 @@
 /* fake_backward.c: the backward plan on the fake driver (#included by libcuda.c, which owns the
  * rest): a launch of a kernel named fg_bwd_... computes what the plan computes, on the CPU, from
- * the fg_bwd_params block. The main entry does all of it in double: P recomputed from Q and K
+ * the fg_bwd_params block, reading Q, dO, K and V through the tensor maps given (a kvtma
+ * kernel's: fake_tmap_read, rows past a map's end as zeros) or else through the block's pointers. The main entry does all of it in double: P recomputed from Q and K
  * (it does not read O or lse, so any forward run on this driver is enough),
  * dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q, dK and
  * dV summed over the query heads of a KV head, each written once in the variant's dtype; the
  * _pre and _post entries do nothing (their work, the workspace, is the main entry's here).
  * Masking and dtype come from the name, as the generated kernels fix them. */
 
-/* 0, or a CUDA error for a block the emulation cannot read. */
-static CUresult fake_backward(const char *name, const fg_bwd_params *p) {
+/* 0, or a CUDA error for a block the emulation cannot read. maps: of q, do, k, v (each NULL:
+ * read through p's pointer), or NULL. */
+static CUresult fake_backward(const char *name, const fg_bwd_params *p,
+                              const fake_tmap *const *maps) {
+  const fake_tmap *mq = maps ? maps[0] : NULL, *mdo = maps ? maps[1] : NULL;
+  const fake_tmap *mk = maps ? maps[2] : NULL, *mv = maps ? maps[3] : NULL;
   const size_t len = strlen(name);
   if ((len > 4 && strcmp(name + len - 4, "_pre") == 0) ||
       (len > 5 && strcmp(name + len - 5, "_post") == 0))
@@ -30,8 +35,10 @@ static CUresult fake_backward(const char *name, const fg_bwd_params *p) {
       const uint16_t *v = (const uint16_t *)(uintptr_t)p->v + b * p->v_sb + hk * p->v_sh;
       for (long long j = 0; j < nk; j++)
         for (long long c = 0; c < d; c++) {
-          kd[j * d + c] = to_double(bf16, k[j * p->k_sn + c]);
-          vd[j * d + c] = to_double(bf16, v[j * p->v_sn + c]);
+          kd[j * d + c] =
+              to_double(bf16, mk ? fake_tmap_read(mk, c, j, hk, b) : k[j * p->k_sn + c]);
+          vd[j * d + c] =
+              to_double(bf16, mv ? fake_tmap_read(mv, c, j, hk, b) : v[j * p->v_sn + c]);
           dk[j * d + c] = dv[j * d + c] = 0;
         }
       for (long long h = hk * p->hq_per_hkv; h < (hk + 1) * p->hq_per_hkv; h++) {
@@ -43,8 +50,8 @@ static CUresult fake_backward(const char *name, const fg_bwd_params *p) {
           if (causal && i + nk - nq + 1 < n) n = i + nk - nq + 1;
           if (n < 0) n = 0;
           for (long long c = 0; c < d; c++) {
-            qd[c] = to_double(bf16, q[i * p->q_sn + c]);
-            dod[c] = to_double(bf16, dO[i * p->do_sn + c]);
+            qd[c] = to_double(bf16, mq ? fake_tmap_read(mq, c, i, h, b) : q[i * p->q_sn + c]);
+            dod[c] = to_double(bf16, mdo ? fake_tmap_read(mdo, c, i, h, b) : dO[i * p->do_sn + c]);
           }
           double mx = -INFINITY, sum = 0, dsum = 0;
           for (long long j = 0; j < n; j++) {

@@ -21,7 +21,11 @@
  * CUDA 12). A forward kernel whose entry says qtma takes fg_fwd_tma_params: its launch is
  * recorded with the block (fake_tma_launch_count, fake_tma_launch_get) and computed reading Q, K
  * and V through its maps 0, 1 and 2 (rows past a map's end read as zeros), so a map that
- * describes its tensor wrongly gives a wrong O (tests/test_tma.c). */
+ * describes its tensor wrongly gives a wrong O (tests/test_tma.c). A backward kernel whose entry
+ * says kvtma (each step of its plan) takes fg_bwd_tma_params: recorded with the whole block
+ * (fake_bwd_tma_launch_count, fake_bwd_tma_launch_get; fake_launch_get holds its inner block),
+ * refused unless its maps are this launch's q, do, k, v (by base address) with its batch count,
+ * and emulated reading Q, dO, K and V through them (tests/test_tma_bwd.c). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -141,10 +145,10 @@ static int fake_n_allocs, fake_n_frees, fake_n_async_allocs, fake_n_async_frees;
 static size_t fake_last_alloc_bytes;
 static void *fake_last_async_stream;
 
-static int fake_n_tmaps, fake_n_tma_launches;
+static int fake_n_tmaps, fake_n_tma_launches, fake_n_bwd_tma_launches;
 API void fake_reset(void) {
   fake_n_launches = fake_n_allocs = fake_n_frees = fake_n_async_allocs = fake_n_async_frees = 0;
-  fake_n_tmaps = fake_n_tma_launches = 0;
+  fake_n_tmaps = fake_n_tma_launches = fake_n_bwd_tma_launches = 0;
   fake_last_alloc_bytes = 0;
   fake_last_async_stream = NULL;
 }
@@ -262,8 +266,6 @@ static uint16_t from_double(int bf16, double v) {
   return (uint16_t)h;
 }
 
-#include "fake_backward.c" /* fake_backward: the fg_bwd_* kernels */
-
 /* ---- tensor maps ---- */
 /* A call of cuTensorMapEncodeTiled, and what the fake writes into the map's opaque bytes (the
  * first fields of this struct; 128 bytes at most). */
@@ -346,6 +348,46 @@ static uint16_t fake_tmap_read(const fake_tmap *t, long long c, long long r, lon
   return x;
 }
 
+#include "fake_backward.c" /* fake_backward: the fg_bwd_* kernels */
+
+/* Backward launches of kernels that take fg_bwd_tma_params (entries fg_bwd_..._kvtma_..., every
+ * step of the plan), with their whole block. */
+typedef struct fake_bwd_tma_launch {
+  char entry[160];
+  unsigned grid[3], block[3], smem;
+  fg_bwd_tma_params params;
+} fake_bwd_tma_launch;
+#define FAKE_BWD_TMA_LAUNCH_MAX 16
+static fake_bwd_tma_launch fake_bwd_tma_launches[FAKE_BWD_TMA_LAUNCH_MAX];
+API int fake_bwd_tma_launch_count(void) { return fake_n_bwd_tma_launches; }
+API const fake_bwd_tma_launch *fake_bwd_tma_launch_get(int i) {
+  return i >= 0 && i < fake_n_bwd_tma_launches && i < FAKE_BWD_TMA_LAUNCH_MAX
+             ? &fake_bwd_tma_launches[i]
+             : NULL;
+}
+
+/* The maps of a kvtma block, by tensor (q, do, k, v), told apart by their base addresses, which
+ * must be the block's own (this launch's batches); each of rank 4 with the block's head_dim and
+ * batch count. NULL where the plan has no map of the tensor. -1 for a map that fits none: a map
+ * the runtime described wrongly. K and V may be zero maps when there are no keys. */
+static int fake_bwd_maps(const fg_bwd_tma_params *tp, const fake_tmap *out[4]) {
+  const fg_bwd_params *p = &tp->p;
+  const unsigned long long addr[4] = {p->q, p->d_o, p->k, p->v};
+  out[0] = out[1] = out[2] = out[3] = NULL;
+  for (int i = 0; i < 4; i++) {
+    const fake_tmap *m = fake_tmap_encoded(&tp->tmap[i]);
+    if (!m) continue;
+    int which = -1;
+    for (int t = 0; t < 4 && which < 0; t++)
+      if (m->address == addr[t] && !out[t]) which = t;
+    if (which < 0 || m->rank != 4 || m->dims[0] != (unsigned long long)p->head_dim ||
+        m->dims[3] != (unsigned long long)p->batch)
+      return -1;
+    out[which] = m;
+  }
+  return 0;
+}
+
 /* Forward launches of kernels that take tensor maps (entries with _qtma_). */
 typedef struct fake_tma_launch {
   char entry[160];
@@ -366,17 +408,35 @@ API CUresult cuLaunchKernel(void *fnp, unsigned gx, unsigned gy, unsigned gz, un
   (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)st; (void)extra;
   const fake_fn *f = fnp;
   if (strncmp(f->name, "fg_bwd_", 7) == 0) {
+    /* A kvtma kernel takes fg_bwd_tma_params: its maps, then the usual block. */
+    const fg_bwd_tma_params *tp = strstr(f->name, "_kvtma_") ? params[0] : NULL;
+    const fg_bwd_params *bp = tp ? &tp->p : params[0];
     if (fake_n_launches < FAKE_LAUNCH_MAX) {
       fake_launch *l = &fake_launches[fake_n_launches];
       strncpy(l->entry, f->name, sizeof l->entry - 1);
       l->grid[0] = gx, l->grid[1] = gy, l->grid[2] = gz;
       l->block[0] = bx, l->block[1] = by, l->block[2] = bz;
       l->smem = smem;
-      memcpy(&l->params, params[0], sizeof l->params);
+      memcpy(&l->params, bp, sizeof l->params);
     }
     fake_n_launches++;
+    const fake_tmap *maps[4];
+    if (tp) {
+      if (fake_n_bwd_tma_launches < FAKE_BWD_TMA_LAUNCH_MAX) {
+        fake_bwd_tma_launch *l = &fake_bwd_tma_launches[fake_n_bwd_tma_launches];
+        strncpy(l->entry, f->name, sizeof l->entry - 1);
+        l->grid[0] = gx, l->grid[1] = gy, l->grid[2] = gz;
+        l->block[0] = bx, l->block[1] = by, l->block[2] = bz;
+        l->smem = smem;
+        memcpy(&l->params, tp, sizeof l->params);
+      }
+      fake_n_bwd_tma_launches++;
+      if (fake_bwd_maps(tp, maps) != 0 || !maps[0] || !maps[1] ||
+          (bp->seqlen_k > 0 && (!maps[2] || !maps[3])))
+        return 1;
+    }
     if (getenv("FAKE_CUDA_BACKWARD_RECORD_ONLY")) return 0;
-    return fake_backward(f->name, params[0]);
+    return fake_backward(f->name, bp, tp ? maps : NULL);
   }
   const fg_fwd_params *p = params[0];
   /* Q, K, V through maps 0, 1, 2 of an fg_fwd_tma_params block (NULL: through p's pointers). */
