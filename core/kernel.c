@@ -126,15 +126,14 @@ const char *fg_kernel_meta_invalid(const fg_kernel_meta *m) {
 }
 
 const char *fg_kernel_meta_invalid_for(const fg_kernel_meta *m, fg_pass pass) {
-  const char *bad = fg_kernel_meta_invalid(m);
-  if (bad) return bad;
+  /* The pass first: a block of the other pass is the more basic mistake than its maps. */
   if (pass != FG_PASS_FWD && m->params == FG_PARAMS_FWD_TMA)
     return "its plan takes the forward's tensor-map block (fwd_tma) but the variant is a "
            "backward one, whose plan takes bwd_tma (or the default block)";
   if (pass != FG_PASS_BWD && m->params == FG_PARAMS_BWD_TMA)
     return "its plan takes the backward's tensor-map block (bwd_tma) but the variant is a "
            "forward one, whose plan takes fwd_tma (or the default block)";
-  return NULL;
+  return fg_kernel_meta_invalid(m);
 }
 
 uint64_t fg_plan_group_rows(int64_t heads_q, int64_t heads_kv, int64_t seqlen_q) {
