@@ -105,8 +105,8 @@ static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg
  * spilling more than fg_variant_spill_limit is rejected after compiling. */
 #define BWD_REGS_MAX 255
 
-/* The backward grid (templates/bwd.lua): kv_outer (mma.sync) and kv_wgmma (sm_90a; its rule
- * prunes it elsewhere, under "rules"), Br and Bc in {32, 64, 128}, 4 or 8 warps, Q/dO single- or
+/* The backward grid (templates/bwd.lua): kv_outer (mma.sync), kv_wgmma and kv_tma (sm_90a; their
+ * rules prune them elsewhere, under "rules"), Br and Bc in {32, 64, 128}, 4 or 8 warps, Q/dO single- or
  * double-buffered: 72 points, pruned by the fit rule and by three
  * tuning rules that keep a default tune within its time (each bucket times every candidate at
  * full size, and one backward run costs 5 forward ones):
@@ -117,14 +117,15 @@ static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg
  *   - single-buffered (1 stage) only where double-buffered does not fit: at ptxas's register
  *     counts (up to 255 at 8 warps) registers, not shared memory, bound the blocks per SM, so
  *     the double-buffered variant has the same occupancy and prefetches.
- * The rules count under "rules". On an A100: 4 candidates at d = 64, 2 at d = 128; on an H100 5
- * and 3, the built-in kv_wgmma variant first (d = 64: Br 128 Bc 128; d = 128: Br 64 Bc 128). */
+ * The rules count under "rules". On an A100: 4 candidates at d = 64, 2 at d = 128; on an H100 the
+ * kv_wgmma and kv_tma ones too, the built-in variant first (d = 64: kv_wgmma Br 128 Bc 128;
+ * d = 128: kv_tma Br 64 Bc 128). */
 static int bwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
                           const fg_device_limits *lim, const fg_variant *seed, fg_variant *out,
                           int n, int cap, fg_prune_counts *pc) {
   static const int brs[] = {32, 64, 128}, bcs[] = {32, 64, 128}, warps[] = {4, 8};
   char why[256];
-  static const fg_loop_order loops[] = {FG_LOOP_KV_OUTER, FG_LOOP_KV_WGMMA};
+  static const fg_loop_order loops[] = {FG_LOOP_KV_OUTER, FG_LOOP_KV_WGMMA, FG_LOOP_KV_TMA};
   for (size_t li = 0; li < sizeof loops / sizeof loops[0]; li++)
     for (size_t bi = 0; bi < sizeof brs / sizeof brs[0]; bi++)
       for (size_t ci = 0; ci < sizeof bcs / sizeof bcs[0]; ci++)

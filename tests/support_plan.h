@@ -30,5 +30,16 @@ static inline void test_backward_plan(fg_kernel_meta *m, const char *name, int d
   m->workspaces[1] = (fg_plan_workspace){"dkv_accum", "dkv", 4 * (2 * bc * d + 4), bc, 0, 1, 65536};
   m->workspaces[2] = (fg_plan_workspace){"dsum", "dsum", 4, 1, 0, 0, 0};
   m->workspaces[3] = (fg_plan_workspace){"semaphores", "sem", 4, 16, 1, 0, 0};
+  /* A kv_tma variant's plan takes the tensor-map block (bwd.lua): maps of Q and dO (Br rows), K
+   * and V (Bc rows); the fake driver reads every step of a kvtma entry's block that way. */
+  int dd, br;
+  if (strstr(name, "_kvtma_") && sscanf(name, "bwd_d%d_br%d_", &dd, &br) == 2) {
+    m->params = FG_PARAMS_BWD_TMA;
+    m->n_tmaps = 4;
+    m->tmaps[0] = (fg_plan_tmap){FG_TMAP_Q, br};
+    m->tmaps[1] = (fg_plan_tmap){FG_TMAP_DO, br};
+    m->tmaps[2] = (fg_plan_tmap){FG_TMAP_K, bc};
+    m->tmaps[3] = (fg_plan_tmap){FG_TMAP_V, bc};
+  }
 }
 #endif

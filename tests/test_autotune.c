@@ -437,8 +437,8 @@ static int check_bwd_device(fg_generator *g, const fg_device_limits *lim, fg_arc
   const int n = fg_candidates(g, &p, arch, lim, v, 64, &pc);
   cr_assert_gt(n, 0, "%s d=%d: no backward candidates", lim->name, d);
   cr_assert(pc.smem >= 0 && pc.regs >= 0 && pc.threads >= 0 && pc.rules >= 0);
-  cr_assert_eq(n + total_pruned(&pc), 72,
-               "%s d=%d: 2 loops x 3 Br x 3 Bc x 2 warps x 2 stages = %d + %d",
+  cr_assert_eq(n + total_pruned(&pc), 108,
+               "%s d=%d: 3 loops x 3 Br x 3 Bc x 2 warps x 2 stages = %d + %d",
                lim->name, d, n, total_pruned(&pc));
   const fg_variant builtin = fg_builtin_backward_variant(d, dt, causal, arch);
   fg_variant base = fg_baseline_variant(g, &p, arch, lim);
@@ -454,11 +454,14 @@ static int check_bwd_device(fg_generator *g, const fg_device_limits *lim, fg_arc
                  lim->name, why);
     cr_assert_eq(fg_variant_check(&v[i], err, sizeof err), 0, "%s: %s", name, err);
     cr_assert_eq(v[i].pass, FG_PASS_BWD, "%s", name);
-    /* kv_wgmma only on sm_90a, and there at d = 64 and 128 (bwd.lua) */
+    /* kv_wgmma and kv_tma only on sm_90a, and there at d = 64 and 128 (bwd.lua) */
     const int wgmma = arch == FG_ARCH_SM90A && (d == 64 || d == 128);
-    cr_assert(v[i].loop == FG_LOOP_KV_OUTER || (wgmma && v[i].loop == FG_LOOP_KV_WGMMA), "%s", name);
+    cr_assert(v[i].loop == FG_LOOP_KV_OUTER ||
+                  (wgmma && (v[i].loop == FG_LOOP_KV_WGMMA || v[i].loop == FG_LOOP_KV_TMA)),
+              "%s", name);
     cr_assert(strncmp(name, "bwd_", 4) == 0 &&
-                  (strstr(name, "_kvouter_") || (wgmma && strstr(name, "_kvwgmma_"))),
+                  (strstr(name, "_kvouter_") ||
+                   (wgmma && (strstr(name, "_kvwgmma_") || strstr(name, "_kvtma_")))),
               "%s", name);
     cr_assert(v[i].br == 32 || v[i].br == 64 || v[i].br == 128, "%s", name);
     cr_assert(v[i].bc == 32 || v[i].bc == 64 || v[i].bc == 128, "%s", name);
