@@ -40,14 +40,23 @@ static_assert(D % 64 == 0 && BC == 64 * NWG && NWG == 2 && (BR == 64 || BR == 12
 // STAGES x (LSE * log2(e), D) (BR floats each), the mbarriers.
 constexpr int NDS = 2;  // dS^T buffers
 constexpr u32 KV_BYTES = BC * D * 2, QT_BYTES = BR * D * 2, DS_BYTES = BC * BR * 2;
-constexpr u32 DQ_ROW = D * 4 + 32;
+// The dQ tile in NDQ buffers of DQ_ROWS rows of DQ_ROW bytes (D floats and 32 bytes: a warp's
+// fragment stores hit every bank once), each with its own dQ warp (producer warp 2 + buffer):
+// where each warpgroup owns whole rows of the tile (BR = 64 per warpgroup) one per warpgroup, so
+// the warpgroups never wait for each other's reductions (d = 64: 1.25-1.4x one shared buffer);
+// else (dQ split by columns) one shared.
+constexpr int NDQ = MB == NWG ? NWG : 1;
+constexpr u32 DQ_ROWS = BR / NDQ, DQ_ROW = D * 4 + 32, DQ_BYTES = DQ_ROWS * DQ_ROW;
 constexpr u32 K_OFF = 0, V_OFF = KV_BYTES, Q_OFF = 2 * KV_BYTES;
 constexpr u32 DS_OFF = Q_OFF + STAGES * 2 * QT_BYTES, DQ_OFF = DS_OFF + NDS * DS_BYTES;
-constexpr u32 L_OFF = DQ_OFF + BR * DQ_ROW, BAR_OFF = L_OFF + STAGES * 2 * BR * 4;
+constexpr u32 L_OFF = DQ_OFF + NDQ * DQ_BYTES, BAR_OFF = L_OFF + STAGES * 2 * BR * 4;
 // mbarriers (8 bytes each): K/V full; per stage full (the TMA's bytes and the 32 lanes of the
 // LSE/D warp) and empty (every consumer warp); dQ full (every consumer thread), dQ empty (the dQ
 // warp).
-constexpr u32 BAR_KV = 0, BAR_DQ_FULL = 8, BAR_DQ_EMPTY = 16;
+constexpr u32 BAR_KV = 0;
+// Per consumer warpgroup: its dQ buffer full (its 128 threads) and empty (its dQ warp).
+FG_DEV u32 bar_dq_full(int w) { return 24u + 8u * (2 * STAGES + 2 * NDS + w); }  // w < NDQ <= 2
+FG_DEV u32 bar_dq_empty(int w) { return 24u + 8u * (2 * STAGES + 2 * NDS + 2 + w); }
 FG_DEV u32 bar_full(int s) { return 24u + 8u * s; }
 FG_DEV u32 bar_empty(int s) { return 24u + 8u * (STAGES + s); }
 // Per dS^T buffer: full (every consumer thread, after its rows' stores) and empty (every consumer
@@ -108,8 +117,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   const int tid = threadIdx.x;
   if (tid == 0) {
     mbar_init(bars + BAR_KV, 1);
-    mbar_init(bars + BAR_DQ_FULL, CONSUMER_THREADS);
-    mbar_init(bars + BAR_DQ_EMPTY, 1);
+#pragma unroll
+    for (int w = 0; w < NDQ; ++w) {
+      mbar_init(bars + bar_dq_full(w), CONSUMER_THREADS / NDQ);
+      mbar_init(bars + bar_dq_empty(w), 1);
+    }
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bars + bar_full(s), 1 + 32);
@@ -164,26 +176,32 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
         load_lse_d((float *)(sgen + L_OFF + st * 2 * BR * 4), p, b, h, q0, lane, 32);
         mbar_arrive(bars + bar_full(st));
       }
-    } else if (warp == 2) {
-      // dQ: each item's tile, once the consumers have written it to shared memory, added to the
-      // accumulator row by row (a bulk reduction per row and lane); then the buffer is freed.
+    } else if (warp >= 2 && warp < 2 + NDQ) {
+      // dQ buffer w = warp - 2 (the tile's rows w DQ_ROWS ...): each item's part, once the
+      // consumers have written it, added to the accumulator row by row (a bulk reduction per row
+      // and lane); then the buffer is freed. Deterministic mode: the tile's semaphore counts NDQ
+      // per key block (its parts add disjoint rows); a part adds once the key blocks before it in
+      // the tile's order have added all theirs.
+      const int w = warp - 2;
+      const u32 s_dq = sbase + DQ_OFF + (u32)w * DQ_BYTES;
       for (int it = 0; it < sp.n_items; ++it) {
-        mbar_wait(bars + BAR_DQ_FULL, (u32)it & 1);
+        mbar_wait(bars + bar_dq_full(w), (u32)it & 1);
         const i64 h = (i64)hk * G + it / sp.per_head, q0 = (i64)(sp.i0 + it % sp.per_head) * BR;
         const i64 Nq = p.seqlen_q;
-        const int q_left = (int)(Nq - q0 < BR ? Nq - q0 : BR);
+        const i64 r0 = q0 + (i64)w * DQ_ROWS;  // this buffer's first query row
+        const int q_left = (int)(Nq - r0 < DQ_ROWS ? Nq - r0 : DQ_ROWS);
         u32 *sem = dq_sem(p, b, h, q0);
         if (p.deterministic) {
           if (lane == 0) {
-            const u32 rank = dq_rank(p, q0);
-            while (ld_acquire(sem) != rank) {
+            const u32 rank = NDQ * dq_rank(p, q0);
+            while (ld_acquire(sem) < rank) {
             }
           }
           __syncwarp();
           fence_proxy_async_global();  // the acquired additions, before this block's bulk ones
         }
-        float *acc = dq_acc(p) + (((i64)b * p.heads_q + h) * Nq + q0) * D;
-        for (int r = lane; r < q_left; r += 32) bulk_reduce_add_f32(acc + r * D, sbase + DQ_OFF + (u32)r * DQ_ROW, D * 4);
+        float *acc = dq_acc(p) + (((i64)b * p.heads_q + h) * Nq + r0) * D;
+        for (int r = lane; r < q_left; r += 32) bulk_reduce_add_f32(acc + r * D, s_dq + (u32)r * DQ_ROW, D * 4);
         bulk_commit();
         if (p.deterministic) {
           bulk_wait0();  // the additions done, not only read, before the tile passes on
@@ -191,13 +209,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
           __threadfence();
           __syncwarp();
           if (lane == 0) {
-            mbar_arrive(bars + BAR_DQ_EMPTY);
+            mbar_arrive(bars + bar_dq_empty(w));
             asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(sem) : "memory");
           }
         } else {
           bulk_wait_read0();  // shared memory read: the consumers may write the next tile
           __syncwarp();
-          if (lane == 0) mbar_arrive(bars + BAR_DQ_EMPTY);
+          if (lane == 0) mbar_arrive(bars + bar_dq_empty(w));
         }
       }
       bulk_wait0();
@@ -216,6 +234,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   const u32 k_wg = sbase + K_OFF + (u32)wg * 64 * 128, v_wg = sbase + V_OFF + (u32)wg * 64 * 128;
   // dQ's tile of this warpgroup: query rows 64 qb ..., columns n0 ...
   const int qb = MB == NWG ? wg : 0, n0 = MB == NWG ? 0 : wg * DQ_N;
+  const int dqb = NDQ == 1 ? 0 : wg;  // its dQ buffer (rows wr + g + 8 hh of it, columns n0 on)
   float dk[D / 2], dv[D / 2];  // this thread's share of the warpgroup's 64 x D dK, dV
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
@@ -322,15 +341,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   // the last one: dq[4 nt + 2 hh + e] is query 64 qb + wr + g + 8 hh, column n0 + 8 nt + 2 t + e.
   auto dq_out = [&](int j, const float *dq) {
     if (lane == 0) mbar_arrive(bars + bar_ds_empty(j % NDS));
-    if (j > 0) mbar_wait(bars + BAR_DQ_EMPTY, (u32)(j - 1) & 1);
+    if (j > 0) mbar_wait(bars + bar_dq_empty(dqb), (u32)(j - 1) & 1);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const u32 row = sbase + DQ_OFF + (u32)(qb * 64 + wr + g + 8 * hh) * DQ_ROW + (u32)(n0 + 2 * t) * 4;
+      const u32 row = sbase + DQ_OFF + (u32)dqb * DQ_BYTES + (u32)(wr + g + 8 * hh) * DQ_ROW + (u32)(n0 + 2 * t) * 4;
 #pragma unroll
       for (int nt = 0; nt < NT_Q; ++nt) st_shared_f2(row + nt * 32, dq[4 * nt + 2 * hh], dq[4 * nt + 2 * hh + 1]);
     }
     fence_async_smem();  // the generic stores, visible to the bulk reductions
-    mbar_arrive(bars + BAR_DQ_FULL);
+    mbar_arrive(bars + bar_dq_full(dqb));
   };
   auto wait_all = [&] {
     wg_wait<0>();
