@@ -38,17 +38,31 @@ static_assert(D % 64 == 0 && BC == 64 * NWG && NWG == 2 && (BR == 64 || BR == 12
 // two dS^T buffers (BC rows of BR columns; query block it uses it % 2), the fp32 dQ tile (BR rows
 // of DQ_ROW bytes: D floats and 32 bytes, so that a warp's fragment stores hit every bank once),
 // STAGES x (LSE * log2(e), D) (BR floats each), the mbarriers.
+constexpr int NDS = 2;  // dS^T buffers
 constexpr u32 KV_BYTES = BC * D * 2, QT_BYTES = BR * D * 2, DS_BYTES = BC * BR * 2;
-constexpr u32 DQ_ROW = D * 4 + 32;
+// The dQ tile in NDQ buffers of DQ_ROWS rows of DQ_ROW bytes (D floats and 32 bytes: a warp's
+// fragment stores hit every bank once), each with its own dQ warp (producer warp 2 + buffer):
+// where each warpgroup owns whole rows of the tile (BR = 64 per warpgroup) one per warpgroup, so
+// the warpgroups never wait for each other's reductions (d = 64: 1.25-1.4x one shared buffer);
+// else (dQ split by columns) one shared.
+constexpr int NDQ = MB == NWG ? NWG : 1;
+constexpr u32 DQ_ROWS = BR / NDQ, DQ_ROW = D * 4 + 32, DQ_BYTES = DQ_ROWS * DQ_ROW;
 constexpr u32 K_OFF = 0, V_OFF = KV_BYTES, Q_OFF = 2 * KV_BYTES;
-constexpr u32 DS_OFF = Q_OFF + STAGES * 2 * QT_BYTES, DQ_OFF = DS_OFF + 2 * DS_BYTES;
-constexpr u32 L_OFF = DQ_OFF + BR * DQ_ROW, BAR_OFF = L_OFF + STAGES * 2 * BR * 4;
+constexpr u32 DS_OFF = Q_OFF + STAGES * 2 * QT_BYTES, DQ_OFF = DS_OFF + NDS * DS_BYTES;
+constexpr u32 L_OFF = DQ_OFF + NDQ * DQ_BYTES, BAR_OFF = L_OFF + STAGES * 2 * BR * 4;
 // mbarriers (8 bytes each): K/V full; per stage full (the TMA's bytes and the 32 lanes of the
 // LSE/D warp) and empty (every consumer warp); dQ full (every consumer thread), dQ empty (the dQ
 // warp).
-constexpr u32 BAR_KV = 0, BAR_DQ_FULL = 8, BAR_DQ_EMPTY = 16;
+constexpr u32 BAR_KV = 0;
+// Per consumer warpgroup: its dQ buffer full (its 128 threads) and empty (its dQ warp).
+FG_DEV u32 bar_dq_full(int w) { return 24u + 8u * (2 * STAGES + 2 * NDS + w); }  // w < NDQ <= 2
+FG_DEV u32 bar_dq_empty(int w) { return 24u + 8u * (2 * STAGES + 2 * NDS + 2 + w); }
 FG_DEV u32 bar_full(int s) { return 24u + 8u * s; }
 FG_DEV u32 bar_empty(int s) { return 24u + 8u * (STAGES + s); }
+// Per dS^T buffer: full (every consumer thread, after its rows' stores) and empty (every consumer
+// warp, after its dQ product read it).
+FG_DEV u32 bar_ds_full(int b) { return 24u + 8u * (2 * STAGES + b); }
+FG_DEV u32 bar_ds_empty(int b) { return 24u + 8u * (2 * STAGES + NDS + b); }
 // Registers per thread after the producer gives its own up: 128 x 40 + 256 x 232 <= 64K (the
 // producer spilled at 32: the dQ warp's deterministic path; the consumers need no more).
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
@@ -80,8 +94,10 @@ FG_DEV u64 fresh(u64 x) {
   return r;
 }
 FG_DEV void st_shared_u32(u32 a, u32 x) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(x) : "memory"); }
-// The consumer warpgroups' barrier (named barrier 1; the producer warps never take it).
+// The consumer warpgroups' barrier (named barrier 1; the producer warps never take it), and one
+// warpgroup's own (named barriers 2, 3).
 FG_DEV void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMER_THREADS) : "memory"); }
+FG_DEV void warpgroup_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory"); }
 }  // namespace
 // bwd_aux.cuh's block-wide helpers (the split's dK/dV additions) run on the consumers alone.
 #define MAIN_THREADS CONSUMER_THREADS
@@ -101,12 +117,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   const int tid = threadIdx.x;
   if (tid == 0) {
     mbar_init(bars + BAR_KV, 1);
-    mbar_init(bars + BAR_DQ_FULL, CONSUMER_THREADS);
-    mbar_init(bars + BAR_DQ_EMPTY, 1);
+#pragma unroll
+    for (int w = 0; w < NDQ; ++w) {
+      mbar_init(bars + bar_dq_full(w), CONSUMER_THREADS / NDQ);
+      mbar_init(bars + bar_dq_empty(w), 1);
+    }
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bars + bar_full(s), 1 + 32);
       mbar_init(bars + bar_empty(s), CWARPS);
+    }
+#pragma unroll
+    for (int b = 0; b < NDS; ++b) {
+      mbar_init(bars + bar_ds_full(b), CONSUMER_THREADS);
+      mbar_init(bars + bar_ds_empty(b), CWARPS);
     }
     mbar_init_fence();
   }
@@ -152,26 +176,32 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
         load_lse_d((float *)(sgen + L_OFF + st * 2 * BR * 4), p, b, h, q0, lane, 32);
         mbar_arrive(bars + bar_full(st));
       }
-    } else if (warp == 2) {
-      // dQ: each item's tile, once the consumers have written it to shared memory, added to the
-      // accumulator row by row (a bulk reduction per row and lane); then the buffer is freed.
+    } else if (warp >= 2 && warp < 2 + NDQ) {
+      // dQ buffer w = warp - 2 (the tile's rows w DQ_ROWS ...): each item's part, once the
+      // consumers have written it, added to the accumulator row by row (a bulk reduction per row
+      // and lane); then the buffer is freed. Deterministic mode: the tile's semaphore counts NDQ
+      // per key block (its parts add disjoint rows); a part adds once the key blocks before it in
+      // the tile's order have added all theirs.
+      const int w = warp - 2;
+      const u32 s_dq = sbase + DQ_OFF + (u32)w * DQ_BYTES;
       for (int it = 0; it < sp.n_items; ++it) {
-        mbar_wait(bars + BAR_DQ_FULL, (u32)it & 1);
+        mbar_wait(bars + bar_dq_full(w), (u32)it & 1);
         const i64 h = (i64)hk * G + it / sp.per_head, q0 = (i64)(sp.i0 + it % sp.per_head) * BR;
         const i64 Nq = p.seqlen_q;
-        const int q_left = (int)(Nq - q0 < BR ? Nq - q0 : BR);
+        const i64 r0 = q0 + (i64)w * DQ_ROWS;  // this buffer's first query row
+        const int q_left = (int)(Nq - r0 < DQ_ROWS ? Nq - r0 : DQ_ROWS);
         u32 *sem = dq_sem(p, b, h, q0);
         if (p.deterministic) {
           if (lane == 0) {
-            const u32 rank = dq_rank(p, q0);
-            while (ld_acquire(sem) != rank) {
+            const u32 rank = NDQ * dq_rank(p, q0);
+            while (ld_acquire(sem) < rank) {
             }
           }
           __syncwarp();
           fence_proxy_async_global();  // the acquired additions, before this block's bulk ones
         }
-        float *acc = dq_acc(p) + (((i64)b * p.heads_q + h) * Nq + q0) * D;
-        for (int r = lane; r < q_left; r += 32) bulk_reduce_add_f32(acc + r * D, sbase + DQ_OFF + (u32)r * DQ_ROW, D * 4);
+        float *acc = dq_acc(p) + (((i64)b * p.heads_q + h) * Nq + r0) * D;
+        for (int r = lane; r < q_left; r += 32) bulk_reduce_add_f32(acc + r * D, s_dq + (u32)r * DQ_ROW, D * 4);
         bulk_commit();
         if (p.deterministic) {
           bulk_wait0();  // the additions done, not only read, before the tile passes on
@@ -179,13 +209,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
           __threadfence();
           __syncwarp();
           if (lane == 0) {
-            mbar_arrive(bars + BAR_DQ_EMPTY);
+            mbar_arrive(bars + bar_dq_empty(w));
             asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(sem) : "memory");
           }
         } else {
           bulk_wait_read0();  // shared memory read: the consumers may write the next tile
           __syncwarp();
-          if (lane == 0) mbar_arrive(bars + BAR_DQ_EMPTY);
+          if (lane == 0) mbar_arrive(bars + bar_dq_empty(w));
         }
       }
       bulk_wait0();
@@ -204,21 +234,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   const u32 k_wg = sbase + K_OFF + (u32)wg * 64 * 128, v_wg = sbase + V_OFF + (u32)wg * 64 * 128;
   // dQ's tile of this warpgroup: query rows 64 qb ..., columns n0 ...
   const int qb = MB == NWG ? wg : 0, n0 = MB == NWG ? 0 : wg * DQ_N;
+  const int dqb = NDQ == 1 ? 0 : wg;  // its dQ buffer (rows wr + g + 8 hh of it, columns n0 on)
   float dk[D / 2], dv[D / 2];  // this thread's share of the warpgroup's 64 x D dK, dV
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
   mbar_wait(bars + BAR_KV, 0);  // also when there is no item: the loads land before the block ends
 
-  for (int it = 0; it < n_items; ++it) {
+  // Query block it: S^T, dP^T, P^T, dS^T, dV and dK issued (front); dQ of block it - 1 after them
+  // (both warpgroups' dS^T rows of it - 1 were written a whole block ago: its mbarrier has long
+  // completed, so the warpgroups need not run in step, and one's element-wise work overlaps the
+  // other's products). The loop is peeled (the first block has no dQ before it, the last one's dQ
+  // comes after the loop) so that no branch separates a wgmma from its wait: across one, ptxas
+  // serialized the pipeline (C7512).
+  auto front = [&](int it) {
     const int st = it % STAGES;
     mbar_wait(bars + bar_full(st), (u32)(it / STAGES) & 1);
     const i64 q0 = (i64)(i0 + it % per_head) * BR;
     const u32 s_q = sbase + Q_OFF + (u32)st * 2 * QT_BYTES, s_do = s_q + QT_BYTES;
     const u32 s_l = sbase + L_OFF + (u32)st * 2 * BR * 4;
-    const u32 s_ds = sbase + DS_OFF + (u32)(it & 1) * DS_BYTES;
+    const u32 s_ds = sbase + DS_OFF + (u32)(it % NDS) * DS_BYTES;
 
-    // S^T = K Q^T and dP^T = V dO^T: k-step ks reads 16 columns, 32 bytes into the 128-byte rows
-    // of column block ks / 4.
+    // S^T = K Q^T and dP^T = V dO^T: k-step ks reads 16 columns, 32 bytes into the 128-byte
+    // rows of column block ks / 4.
     float s[BR / 2], dp[BR / 2];
     const u64 dk_a = fresh(sw128_desc(k_wg, 16, 1024)), dv_a = fresh(sw128_desc(v_wg, 16, 1024));
     const u64 dq_b = fresh(sw128_desc(s_q, 16, 1024)), ddo_b = fresh(sw128_desc(s_do, 16, 1024));
@@ -233,10 +270,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     wg_wait<0>();
     fence_regs<BR / 2>(s);
     fence_regs<BR / 2>(dp);
+    // This dS^T buffer held block it - NDS: both warpgroups' dQ of it are done with it.
+    if (it >= NDS) mbar_wait(bars + bar_ds_empty(it % NDS), (u32)(it / NDS + 1) & 1);
 
     // P^T and dS^T (bwd_wgmma.cu): s[4 nt + 2 hh + e] is key 64 wg + wr + g + 8 hh, query
-    // 8 nt + 2 t + e of the block; masked keys past Nk and (causal) above the diagonal. P^T packed
-    // as wgmma A fragments, dS^T to this item's buffer (swizzled as the loads).
+    // 8 nt + 2 t + e of the block; masked keys past Nk and (causal) above the diagonal. P^T
+    // packed as wgmma A fragments, dS^T to this block's buffer (swizzled as the loads).
     u32 pa[BR / 16][4];
     const i64 k0i = k0_of(p);  // k0, read anew (see key_block)
     const int kv_left = (int)(Nk - k0i < BC ? Nk - k0i : BC);
@@ -274,7 +313,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     for (int kk = 0; kk < BR / 16; ++kk) wgmma_dv(dv, pa[kk], dv_b + kk * 2048 / 16);
     wg_commit();
     fence_async_smem();
-    consumers_sync();  // dS^T of both warpgroups is in this item's buffer
+    warpgroup_sync(wg);                       // this warpgroup's dS^T rows, for its dK
+    mbar_arrive(bars + bar_ds_full(it % NDS));  // and for both warpgroups' dQ of this block
 
     // dK += dS^T Q: this warpgroup's key rows of dS^T; Q D-major as dO above.
     const u64 dk_a2 = fresh(sw128_desc(s_ds + (u32)wg * 64 * 128, 16, 1024));
@@ -284,31 +324,58 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     for (int kk = 0; kk < BR / 16; ++kk)
       wgmma_dk(dk, dk_a2 + ((kk / 4) * BC * 128 + (kk % 4) * 32) / 16, dk_b + kk * 2048 / 16, 1);
     wg_commit();
-
-    // dQ (this warpgroup's 64 x DQ_N) = dS K: dS^T query-major, K D-major (column block n0 / 64).
-    float dq[DQ_N / 2];
+  };
+  // dQ of block j (this warpgroup's 64 x DQ_N) = dS K: dS^T query-major, K D-major (column block
+  // n0 / 64, n0 % 64 columns into it).
+  auto dq_issue = [&](int j, float *dq) {
+    mbar_wait(bars + bar_ds_full(j % NDS), (u32)(j / NDS) & 1);  // both warpgroups' dS^T of j
+    const u32 s_ds = sbase + DS_OFF + (u32)(j % NDS) * DS_BYTES;
     const u64 dq_a = fresh(sw128_desc(s_ds + (u32)qb * BC * 128, BC * 128, 1024));
     const u64 dq_k = fresh(sw128_desc(sbase + K_OFF + (u32)(n0 / 64) * BC * 128 + (u32)(n0 % 64) * 2, BC * 128, 1024));
+    wg_fence();
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) wgmma_dq(dq, dq_a + kk * 2048 / 16, dq_k + kk * 2048 / 16, kk > 0);
     wg_commit();
-    wg_wait<0>();
-    fence_regs<DQ_N / 2>(dq);
-    fence_regs<D / 2>(dv);
-    fence_regs<D / 2>(dk);
-    if (lane == 0) mbar_arrive(bars + bar_empty(st));  // Q, dO, LSE and D of this stage are read
-
-    // The dQ tile into shared memory once the dQ warp has taken the last one: dq[4 nt + 2 hh + e]
-    // is query 64 qb + wr + g + 8 hh, column n0 + 8 nt + 2 t + e.
-    if (it > 0) mbar_wait(bars + BAR_DQ_EMPTY, (u32)(it - 1) & 1);
+  };
+  // After the wait: dS^T of j released, the dQ tile into shared memory once the dQ warp has taken
+  // the last one: dq[4 nt + 2 hh + e] is query 64 qb + wr + g + 8 hh, column n0 + 8 nt + 2 t + e.
+  auto dq_out = [&](int j, const float *dq) {
+    if (lane == 0) mbar_arrive(bars + bar_ds_empty(j % NDS));
+    if (j > 0) mbar_wait(bars + bar_dq_empty(dqb), (u32)(j - 1) & 1);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const u32 row = sbase + DQ_OFF + (u32)(qb * 64 + wr + g + 8 * hh) * DQ_ROW + (u32)(n0 + 2 * t) * 4;
+      const u32 row = sbase + DQ_OFF + (u32)dqb * DQ_BYTES + (u32)(wr + g + 8 * hh) * DQ_ROW + (u32)(n0 + 2 * t) * 4;
 #pragma unroll
       for (int nt = 0; nt < NT_Q; ++nt) st_shared_f2(row + nt * 32, dq[4 * nt + 2 * hh], dq[4 * nt + 2 * hh + 1]);
     }
     fence_async_smem();  // the generic stores, visible to the bulk reductions
-    mbar_arrive(bars + BAR_DQ_FULL);
+    mbar_arrive(bars + bar_dq_full(dqb));
+  };
+  auto wait_all = [&] {
+    wg_wait<0>();
+    fence_regs<D / 2>(dv);
+    fence_regs<D / 2>(dk);
+  };
+  if (n_items > 0) {
+    front(0);
+    wait_all();
+    if (lane == 0) mbar_arrive(bars + bar_empty(0));  // Q, dO, LSE and D of this stage read
+  }
+  for (int it = 1; it < n_items; ++it) {
+    front(it);
+    float dq[DQ_N / 2];
+    dq_issue(it - 1, dq);
+    wait_all();
+    fence_regs<DQ_N / 2>(dq);
+    if (lane == 0) mbar_arrive(bars + bar_empty(it % STAGES));
+    dq_out(it - 1, dq);
+  }
+  if (n_items > 0) {
+    float dq[DQ_N / 2];
+    dq_issue(n_items - 1, dq);
+    wait_all();
+    fence_regs<DQ_N / 2>(dq);
+    dq_out(n_items - 1, dq);
   }
 
   // dK = scale * sum dS^T Q and dV, in the element type, from the accumulators (bwd_wgmma.cu); or
