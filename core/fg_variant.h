@@ -93,7 +93,7 @@ int fg_variant_spill_limit(const fg_variant *v);
 /* The built-in rule's backward variant (templates/bwd.lua): kv_outer with K/V blocks of 128 up
  * to d = 128 (64 above; less on sm_86/89's 99 KB), query blocks of 128 up to d = 64, then 64 (32
  * above d = 192), 8 warps;
- * on sm_90a at d = 64 the wgmma kernel (kv_wgmma, Bc 128, 8 warps), at d = 128 the
- * warp-specialised one (kv_tma, Br 64, Bc 128, 8 consumer warps). */
+ * on sm_90a at d = 64 and 128 the warp-specialised kernel (kv_tma, Bc 128, 8 consumer warps; Br
+ * 128 at d = 64, 64 at d = 128). */
 fg_variant fg_builtin_backward_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
 #endif

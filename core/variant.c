@@ -296,12 +296,11 @@ fg_variant fg_builtin_backward_variant(int d, fg_dtype dtype, int causal, fg_arc
     if (d > 128) v.bc = 32, v.br = 32, v.warps = 4;
   }
   /* Hopper (sm_90a), d = 64 and 128: the wgmma kernels, two warpgroups of 64 keys; query blocks
-   * of 64 at d = 128 (dQ split by columns), 128 at d = 64 (one block each). At d = 128 the
-   * warp-specialised one (bwd_tma.cu: TMA loads, bulk dQ reductions; H100, bf16, B N = 16k:
-   * 1.25-1.48x kv_wgmma, N = 1k-16k, causal or not), at d = 64 kv_wgmma (bwd_wgmma.cu; kv_tma
-   * was 0.90-1.02x of it). */
+   * of 64 at d = 128 (dQ split by columns), 128 at d = 64 (one block each): the warp-specialised
+   * kernel (bwd_tma.cu: TMA loads, bulk dQ reductions; H100, bf16, B N = 16k, N = 1k-16k, causal or
+   * not: 1.25-1.48x kv_wgmma at d = 128, 1.14-1.39x at d = 64 with a dQ buffer per warpgroup). */
   if (arch == FG_ARCH_SM90A && (d == 64 || d == 128)) {
-    v.loop = d == 128 ? FG_LOOP_KV_TMA : FG_LOOP_KV_WGMMA;
+    v.loop = FG_LOOP_KV_TMA;
     v.br = d == 128 ? 64 : 128;
     v.bc = 128;
     v.warps = 8;
