@@ -81,11 +81,12 @@ end
 
 -- kv_tma (bwd_tma.cu, sm_90a): kv_wgmma's tiles and math with a producer warpgroup in front of the
 -- 2 consumer warpgroups (8 warps, 64 keys each; 128 threads more): one thread loads K and V once
--- and Q, dO per query block into `stages` buffers with TMA, one warp LSE and D, one warp adds each
--- dQ tile to the accumulator with bulk reductions from shared memory. Shared memory, from a
--- 1024-byte aligned base: K, V; the Q/dO stages; two dS^T buffers (the consumers meet once per
--- query block); the fp32 dQ tile in rows of 4 d + 32 bytes (conflict-free fragment stores);
--- LSE and D per stage; 256 bytes of mbarriers. Registers: the producer gives its own up
+-- and Q, dO per query block into `stages` buffers with TMA, one warp LSE and D, one or two warps
+-- add each dQ tile to the accumulator with bulk reductions from shared memory (two buffers where
+-- each warpgroup owns whole rows of the tile: Br 128 at d = 64). Shared memory, from a 1024-byte
+-- aligned base: K, V; the Q/dO stages; two dS^T buffers (each block's dQ reads them one block
+-- later); the fp32 dQ tile in rows of 4 d + 32 bytes (conflict-free fragment stores), split in
+-- the buffers; LSE and D per stage; 256 bytes of mbarriers. Registers: the producer gives its own up
 -- (setmaxnreg 40), the consumers take 232; the block's 64K over its 384 threads is what the fit
 -- rule counts (168 each: what ptxas reports for the kernel, which launches with that many).
 local function tma_loop(v) return v.loop == "kv_tma" end

@@ -5,11 +5,13 @@
 // dV += P^T dO, dK += dS^T Q, dQ = dS K on the tensor cores) fed and drained by a producer
 // warpgroup: one thread loads K and V once and Q, dO of every query block into {{ stages }}
 // buffers with TMA (cp.async.bulk.tensor from the tensor maps the runtime encodes per call),
-// completing on mbarriers; one warp loads LSE * log2(e) and D into the same buffers; one warp adds
-// each dQ tile, which the consumers leave in shared memory, to the fp32 accumulator with bulk
+// completing on mbarriers; one warp loads LSE * log2(e) and D into the same buffers; one warp
+// per dQ buffer (NDQ: one per consumer warpgroup where each owns whole rows of the tile, else one)
+// adds each dQ tile, which the consumers leave in shared memory, to the fp32 accumulator with bulk
 // reductions (cp.reduce.async.bulk, a row each), in deterministic mode behind the tile's
-// semaphore. The consumers wait only on mbarriers and meet each other once per query block (a
-// named barrier: dQ reads both warpgroups' dS^T rows). The plan's other kernels ({{ entry }}_pre,
+// semaphore. The consumers wait only on mbarriers: dQ of a query block (which reads both
+// warpgroups' dS^T rows) is issued after the next block's dK, so the warpgroups need not run in
+// step. The plan's other kernels ({{ entry }}_pre,
 // {{ entry }}_post) are bwd_aux.cuh's, taking the same parameter block. Tiles are 64-column blocks
 // of 128-byte rows, 128-byte swizzled (the TMA's SWIZZLE_128B, what wgmma's descriptors read).
 // Do not edit.
