@@ -1,0 +1,110 @@
+// bwd_consumer.cuh: what the Hopper backward templates (bwd_wgmma.cu, bwd_tma.cu) compute alike
+// for one warpgroup of 64 keys, rendered inside their kernels by Lua functions (included after
+// the template's constants and wgmma instructions with {% include("bwd_consumer.cuh") %}). They
+// use the kernel's names: k_wg, v_wg (the warpgroup's K and V rows), s_q, s_do, s_l (this query
+// block's Q, dO, LSE/D), q0, p, wg, wr, g, t, sl2, Nk, diag, dk, dv (the accumulators), b, hk (for
+// the stores); and the constants D, BR, BC, KSTEPS, NT_S, NT_D, CAUSAL, BF16.
+//   {% bwd_sdp() %}              S^T = K Q^T and dP^T = V dO^T into s, dp, issued and waited for
+//   {% bwd_pds("ds") %}          P^T packed into pa, dS^T stored at shared address ds (swizzled)
+//   {% bwd_dv() %}               dV += P^T dO issued (committed, not waited for)
+//   {% bwd_dk("ds") %}           dK += dS^T Q issued, this warpgroup's rows of the dS^T at ds
+//   {% bwd_dkdv_split("tid") %}  a split's dK, dV added into dkv_accum, then return (tid: the
+//                                thread's index among the working threads)
+//   {% bwd_dkdv_store() %}       dK = scale * dK and dV stored in the element type
+// Text, not functions: the verified kernels' cubins stay byte for byte what they were.
+{% function bwd_sdp() %}
+    float s[BR / 2], dp[BR / 2];
+    const u64 dk_a = fresh(sw128_desc(k_wg, 16, 1024)), dv_a = fresh(sw128_desc(v_wg, 16, 1024));
+    const u64 dq_b = fresh(sw128_desc(s_q, 16, 1024)), ddo_b = fresh(sw128_desc(s_do, 16, 1024));
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks)
+      wgmma_sdp(s, dk_a + ((ks / 4) * BC * 128 + (ks % 4) * 32) / 16, dq_b + ((ks / 4) * BR * 128 + (ks % 4) * 32) / 16, ks > 0);
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks)
+      wgmma_sdp(dp, dv_a + ((ks / 4) * BC * 128 + (ks % 4) * 32) / 16, ddo_b + ((ks / 4) * BR * 128 + (ks % 4) * 32) / 16, ks > 0);
+    wg_commit();
+    wg_wait<0>();
+    fence_regs<BR / 2>(s);
+    fence_regs<BR / 2>(dp);
+{% end %}
+{% function bwd_pds(ds) %}
+    u32 pa[BR / 16][4];
+    const i64 k0i = k0_of(p);  // k0, read anew (see key_block)
+    const int kv_left = (int)(Nk - k0i < BC ? Nk - k0i : BC);
+    const i64 dq_off = q0 + diag - k0i;
+    const int dlim = (int)(dq_off > BC ? BC : (dq_off < -BR ? -BR : dq_off));
+    const bool need_mask = kv_left < BC || (CAUSAL && dlim < BC - 1);
+#pragma unroll
+    for (int nt = 0; nt < NT_S; ++nt) {
+      float l2[2], dd[2];
+      ld_shared_f2(s_l + (u32)(8 * nt + 2 * t) * 4, l2[0], l2[1]);
+      ld_shared_f2(s_l + (u32)(BR + 8 * nt + 2 * t) * 4, dd[0], dd[1]);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = wg * 64 + wr + g + 8 * hh;
+        float pv[2], ds[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = 4 * nt + 2 * hh + e;
+          pv[e] = fast_exp2(fmaf(s[i], sl2, -l2[e]));
+          if (need_mask && !(r < kv_left && (!CAUSAL || r <= 8 * nt + 2 * t + e + dlim))) pv[e] = 0.f;
+          ds[e] = pv[e] * (dp[i] - dd[e]);
+        }
+        pa[nt / 2][(nt % 2) * 2 + hh] = pack2<BF16>(pv[0], pv[1]);
+        st_shared_u32({{ ds }} + (u32)((nt / 8) * BC * 128 + r * 128 + (((nt % 8) ^ (r % 8)) * 16) + 4 * t),
+                      pack2<BF16>(ds[0], ds[1]));
+      }
+    }
+{% end %}
+{% function bwd_dv() %}
+    fence_regs<D / 2>(dv);
+    fence_regs<D / 2>(dk);
+    wg_fence();
+    const u64 dv_b = fresh(sw128_desc(s_do, BR * 128, 1024));
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) wgmma_dv(dv, pa[kk], dv_b + kk * 2048 / 16);
+    wg_commit();
+{% end %}
+{% function bwd_dk(ds) %}
+    const u64 dk_a2 = fresh(sw128_desc({{ ds }} + (u32)wg * 64 * 128, 16, 1024));
+    const u64 dk_b = fresh(sw128_desc(s_q, BR * 128, 1024));
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk)
+      wgmma_dk(dk, dk_a2 + ((kk / 4) * BC * 128 + (kk % 4) * 32) / 16, dk_b + kk * 2048 / 16, 1);
+    wg_commit();
+{% end %}
+{% function bwd_dkdv_split(tid) %}
+  const float sc = (float)p.scale;
+  const i64 k0e = k0_of(p);  // k0, read anew (see key_block)
+  if (p.dkv) {
+    float *blk = dkv_block(p, blockIdx.y, k0e / BC);
+    const int r0 = wg * 64 + wr, kvl = (int)(Nk - k0e < BC ? Nk - k0e : BC) - r0;
+    dkv_wait(p, blk, {{ tid }});
+#pragma unroll
+    for (int nt = 0; nt < NT_D; ++nt) {
+      dkv_add(p, blk + r0 * D, g, t, 8 * nt + 2 * t, kvl, dk[4 * nt], dk[4 * nt + 1], dk[4 * nt + 2], dk[4 * nt + 3]);
+      dkv_add(p, blk + BC * D + r0 * D, g, t, 8 * nt + 2 * t, kvl, dv[4 * nt], dv[4 * nt + 1], dv[4 * nt + 2], dv[4 * nt + 3]);
+    }
+    dq_sem_release(p, dkv_sem(blk), {{ tid }});  // the next split's turn (deterministic mode)
+    return;
+  }
+{% end %}
+{% function bwd_dkdv_store() %}
+  u16 *gdK = (u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh + k0e * p.dk_sn;
+  u16 *gdV = (u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + k0e * p.dv_sn;
+  const int kv_left = (int)(Nk - k0e < BC ? Nk - k0e : BC);
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = wg * 64 + wr + g + 8 * hh;
+    if (r < kv_left) {
+#pragma unroll
+      for (int nt = 0; nt < NT_D; ++nt) {
+        const int c = 8 * nt + 2 * t;
+        st_global_u32(gdK + r * p.dk_sn + c, pack2<BF16>(dk[4 * nt + 2 * hh] * sc, dk[4 * nt + 2 * hh + 1] * sc));
+        st_global_u32(gdV + r * p.dv_sn + c, pack2<BF16>(dv[4 * nt + 2 * hh], dv[4 * nt + 2 * hh + 1]));
+      }
+    }
+  }
+{% end %}
