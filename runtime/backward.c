@@ -139,21 +139,9 @@ fg_status fg_bwd_tma_params_fill(fg_context *ctx, const fg_loaded_kernel *k, con
                                  fg_bwd_tma_params *out) {
   const fg_kernel_meta *m = &k->meta;
   out->p = *p;
-  for (int i = 0; i < FG_PLAN_MAX_TMAPS; i++) {
-    if (i >= m->n_tmaps) {
-      memset(&out->tmap[i], 0, sizeof out->tmap[i]);
-      continue;
-    }
-    const fg_tmap_view w = fg_bwd_tmap_view(&m->tmaps[i], p);
-    if (!w.tensor)
-      return fg_fail(ctx, FG_ERROR_INTERNAL,
-                     "kernel %s has a tensor map of a tensor the backward's maps do not view "
-                     "(%s): rebuild or re-export it",
-                     k->name, fg_tmap_tensor_name(m->tmaps[i].tensor));
-    const fg_status st = fg_tmap_encode(ctx, k, &w, m->tmaps[i].rows, &out->tmap[i]);
-    if (st != FG_OK) return st;
-  }
-  return FG_OK;
+  fg_tmap_view views[FG_PLAN_MAX_TMAPS] = {{(fg_tmap_tensor)0}};
+  for (int i = 0; i < m->n_tmaps && i < FG_PLAN_MAX_TMAPS; i++) views[i] = fg_bwd_tmap_view(&m->tmaps[i], p);
+  return fg_tmaps_encode(ctx, k, views, out->tmap);
 }
 
 /* The parameter block of the launch of batches b0 .. b0 + nb - 1 of p: its batches' base

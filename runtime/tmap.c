@@ -85,3 +85,22 @@ fg_status fg_tmap_encode(fg_context *ctx, const fg_loaded_kernel *k, const fg_tm
   }
   return FG_OK;
 }
+
+fg_status fg_tmaps_encode(fg_context *ctx, const fg_loaded_kernel *k,
+                          const fg_tmap_view views[FG_PLAN_MAX_TMAPS], fg_tmap out[FG_PLAN_MAX_TMAPS]) {
+  const fg_kernel_meta *m = &k->meta;
+  for (int i = 0; i < FG_PLAN_MAX_TMAPS; i++) {
+    if (i >= m->n_tmaps) {
+      memset(&out[i], 0, sizeof out[i]);
+      continue;
+    }
+    if (!views[i].tensor)
+      return fg_fail(ctx, FG_ERROR_INTERNAL,
+                     "kernel %s has a tensor map of a tensor its pass's maps do not view (%s): "
+                     "rebuild or re-export it",
+                     k->name, fg_tmap_tensor_name(m->tmaps[i].tensor));
+    const fg_status st = fg_tmap_encode(ctx, k, &views[i], m->tmaps[i].rows, &out[i]);
+    if (st != FG_OK) return st;
+  }
+  return FG_OK;
+}
