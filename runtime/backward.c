@@ -140,7 +140,8 @@ fg_status fg_bwd_tma_params_fill(fg_context *ctx, const fg_loaded_kernel *k, con
   const fg_kernel_meta *m = &k->meta;
   out->p = *p;
   fg_tmap_view views[FG_PLAN_MAX_TMAPS] = {{(fg_tmap_tensor)0}};
-  for (int i = 0; i < m->n_tmaps && i < FG_PLAN_MAX_TMAPS; i++) views[i] = fg_bwd_tmap_view(&m->tmaps[i], p);
+  for (int i = 0; i < m->n_tmaps && i < FG_PLAN_MAX_TMAPS; i++)
+    views[i] = fg_bwd_tmap_view(&m->tmaps[i], p);
   return fg_tmaps_encode(ctx, k, views, out->tmap);
 }
 

@@ -212,7 +212,8 @@ fg_status fg_tmap_encode(fg_context *ctx, const fg_loaded_kernel *k, const fg_tm
  * the pass does not have: FG_ERROR_INTERNAL), each with its plan's box rows; the unused ones zero.
  * Fails as fg_tmap_encode. (tmap.c; the forward's and the backward's fill alike) */
 fg_status fg_tmaps_encode(fg_context *ctx, const fg_loaded_kernel *k,
-                          const fg_tmap_view views[FG_PLAN_MAX_TMAPS], fg_tmap out[FG_PLAN_MAX_TMAPS]);
+                          const fg_tmap_view views[FG_PLAN_MAX_TMAPS],
+                          fg_tmap out[FG_PLAN_MAX_TMAPS]);
 
 /* The parameter block of a forward plan that takes tensor maps (k->meta.params ==
  * FG_PARAMS_FWD_TMA): out->p = *p, and out->tmap[i] encoded (fg_tmap_encode) from the plan's i-th

@@ -87,7 +87,8 @@ fg_status fg_tmap_encode(fg_context *ctx, const fg_loaded_kernel *k, const fg_tm
 }
 
 fg_status fg_tmaps_encode(fg_context *ctx, const fg_loaded_kernel *k,
-                          const fg_tmap_view views[FG_PLAN_MAX_TMAPS], fg_tmap out[FG_PLAN_MAX_TMAPS]) {
+                          const fg_tmap_view views[FG_PLAN_MAX_TMAPS],
+                          fg_tmap out[FG_PLAN_MAX_TMAPS]) {
   const fg_kernel_meta *m = &k->meta;
   for (int i = 0; i < FG_PLAN_MAX_TMAPS; i++) {
     if (i >= m->n_tmaps) {
