@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fake_support.h"
 #include "cli_runner.h"
 #include "fg_autotune.h"
 #include "fg_cache.h"
@@ -784,19 +785,9 @@ Test(gate, random_fill_is_never_zero_and_reproducible) {
 static char fake_dir[64], fake_path[128];
 
 static void fake_driver(void) {
-  const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
-  if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
   strcpy(fake_dir, "/tmp/fg_test_explain_XXXXXX");
   cr_assert(mkdtemp(fake_dir));
-  const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
-  snprintf(fake_path, sizeof fake_path, "%s/libcuda_fake.so", fake_dir);
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd,
-           "%s -std=c11 -D_POSIX_C_SOURCE=200809L -O1 -shared -fPIC -o '%s' "
-           "'%s/tests/fake_cuda/libcuda.c' -lm",
-           cc, fake_path, src);
-  if (system(cmd) != 0) cr_skip_test("cannot build the fake driver with '%s'", cc);
-  setenv("FLASHGEN_CUDA_LIBRARY", fake_path, 1);
+  fgt_fake_driver_build(fake_dir, "", fake_path, sizeof fake_path);
 }
 
 static void fake_driver_done(void) {

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fake_support.h"
 #include "fg_params.h"
 #include "fg_runtime_internal.h"
 #include "support_plan.h"
@@ -488,17 +489,7 @@ static void register_backward_kernels(void) {
 static void fake_setup(void) {
   snprintf(tmp_dir, sizeof tmp_dir, "/tmp/fg_bwd_test_XXXXXX");
   cr_assert_not_null(mkdtemp(tmp_dir));
-  const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
-  if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
-  const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
-  snprintf(fake_lib, sizeof fake_lib, "%s/libcuda_fake.so", tmp_dir);
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd,
-           "%s -std=c11 -D_POSIX_C_SOURCE=200809L -O1 -shared -fPIC -o '%s' "
-           "'%s/tests/fake_cuda/libcuda.c' -lm",
-           cc, fake_lib, src);
-  if (system(cmd) != 0) cr_skip_test("cannot build the fake driver with '%s'", cc);
-  setenv("FLASHGEN_CUDA_LIBRARY", fake_lib, 1);
+  fgt_fake_driver_build(tmp_dir, "", fake_lib, sizeof fake_lib);
   register_backward_kernels();
 
   fg_context_options o;

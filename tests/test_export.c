@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fake_support.h"
 #include "cli_runner.h"
 #include "fg_jit.h"
 #include "flashgen_export.h"
@@ -356,17 +357,7 @@ Test(register_export, a_newer_table_with_appended_fields_reads) {
 static char fake_lib[160];
 
 static void use_fake_driver(void) {
-  const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
-  if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
-  const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
-  snprintf(fake_lib, sizeof fake_lib, "%s/libcuda_fake.so", tmp_dir);
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd,
-           "%s -std=c11 -D_POSIX_C_SOURCE=200809L -O1 -shared -fPIC -o '%s' "
-           "'%s/tests/fake_cuda/libcuda.c' -lm",
-           cc, fake_lib, src);
-  if (system(cmd) != 0) cr_skip_test("cannot build the fake driver with '%s'", cc);
-  setenv("FLASHGEN_CUDA_LIBRARY", fake_lib, 1);
+  fgt_fake_driver_build(tmp_dir, "", fake_lib, sizeof fake_lib);
 }
 
 Test(exported_only, a_table_for_another_arch_gives_the_documented_error, .init = make_tmp,

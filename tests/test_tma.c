@@ -21,6 +21,7 @@
 
 #include <sqlite3.h>
 
+#include "fake_support.h"
 #include "cache_support.h"
 #include "cli_runner.h"
 #include "fg_gen.h"
@@ -533,17 +534,8 @@ static void register_kernels(void) {
 static void fake_setup_with(const char *defines) {
   strcpy(fake_dir, "/tmp/fg-tma-fake-XXXXXX");
   cr_assert_not_null(mkdtemp(fake_dir));
-  const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
-  if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
-  const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
-  char lib[160], cmd[1024];
-  snprintf(lib, sizeof lib, "%s/libcuda_fake.so", fake_dir);
-  snprintf(cmd, sizeof cmd,
-           "%s -std=c11 -D_POSIX_C_SOURCE=200809L %s -O1 -shared -fPIC -o '%s' "
-           "'%s/tests/fake_cuda/libcuda.c' -lm",
-           cc, defines, lib, src);
-  if (system(cmd) != 0) cr_skip_test("cannot build the fake driver with '%s'", cc);
-  setenv("FLASHGEN_CUDA_LIBRARY", lib, 1);
+  char lib[160];
+  fgt_fake_driver_build(fake_dir, defines, lib, sizeof lib);
   register_kernels();
   fg_context_options o;
   memset(&o, 0, sizeof o);

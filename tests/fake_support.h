@@ -1,0 +1,13 @@
+/* fake_support.h: building the fake CUDA driver (tests/fake_cuda/libcuda.c) for the tests that run
+ * the runtime without a GPU (tests/support_fake.c). */
+#ifndef FG_FAKE_SUPPORT_H
+#define FG_FAKE_SUPPORT_H
+#include <stddef.h>
+
+/* Compiles the fake driver, with the extra compiler arguments `defines` (e.g. "-DFAKE_CUDA_NO_
+ * TENSOR_MAP", or ""), into dir/libcuda_fake.so (dir: an existing directory), writes that path
+ * into lib (lib_len bytes) and points FLASHGEN_CUDA_LIBRARY at it. Skips the calling test
+ * (cr_skip_test) when FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest) or the compiler ($CC,
+ * else cc) fails. */
+void fgt_fake_driver_build(const char *dir, const char *defines, char *lib, size_t lib_len);
+#endif
