@@ -159,6 +159,41 @@ Test(fit, backward_wgmma_rules) {
   fg_generator_destroy(g);
 }
 
+/* The warp-specialised Hopper backward (kv_tma, templates/bwd.lua): the built-in shapes and the
+ * third stage fit an H100 (the block's 64K registers over 384 threads count, not the consumers'
+ * 232), each rule refuses with its reason, and three stages at d = 128 exceed the shared memory. */
+Test(fit, backward_tma_rules) {
+  fg_generator *g = gen();
+  char why[256];
+  static const char *const ok[] = {"bwd_d128_br64_bc128_bf16_causal_kvtma_w8_s2_sm90a",
+                                   "bwd_d64_br128_bc128_f16_noncausal_kvtma_w8_s2_sm90a",
+                                   "bwd_d64_br64_bc128_bf16_noncausal_kvtma_w8_s3_sm90a"};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+    fg_variant v = parse(ok[i]);
+    cr_assert_eq(fg_variant_fits(g, &v, &fg_limits_h100, why, sizeof why), 1, "%s: %s", ok[i], why);
+    fg_resources r;
+    cr_assert_eq(fg_generator_resources(g, &v, &r, why, sizeof why), 0, "%s", why);
+    cr_assert_eq(r.threads, 32 * v.warps + 128, "%s: the producer warpgroup", ok[i]);
+    cr_assert_eq(r.regs_estimate, 168, "%s: 65536 / 384 in multiples of 8", ok[i]);
+  }
+  static const struct {
+    const char *name, *reason;
+  } bad[] = {
+      {"bwd_d128_br64_bc128_bf16_causal_kvtma_w8_s2_sm80", "needs sm_90a"},
+      {"bwd_d96_br64_bc128_bf16_causal_kvtma_w8_s2_sm90a", "d = 64 or 128"},
+      {"bwd_d128_br64_bc64_bf16_causal_kvtma_w4_s2_sm90a", "Bc = 128, warps = 8"},
+      {"bwd_d128_br64_bc128_bf16_causal_kvtma_w8_s1_sm90a", "2 or 3 stages"},
+      {"bwd_d128_br128_bc128_bf16_causal_kvtma_w8_s2_sm90a", "64-column halves"},
+      {"bwd_d128_br64_bc128_bf16_causal_kvtma_w8_s3_sm90a", "shared memory"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    fg_variant v = parse(bad[i].name);
+    cr_assert_eq(fg_variant_fits(g, &v, &fg_limits_h100, why, sizeof why), 0, "%s fits", bad[i].name);
+    cr_assert(strstr(why, bad[i].reason), "%s: '%s' lacks '%s'", bad[i].name, why, bad[i].reason);
+  }
+  fg_generator_destroy(g);
+}
+
 Test(fit, builtin_variants_fit_the_smallest_device) {
   fg_generator *g = gen();
   char why[256];
