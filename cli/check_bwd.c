@@ -66,6 +66,38 @@ fg_problem fg_check_bwd_problem(const fg_check_bwd_case *c) {
 static const char *dtn(fg_dtype t) { return fg_dtype_name(t); }
 static const char *cw(int causal) { return causal ? "causal" : "noncausal"; }
 
+/* The Hopper backward kernels the tuner tries besides the built-in (sm_90a only): kv_tma at both
+ * head dims with every query-block size and stage count its rule admits, and kv_wgmma (the
+ * built-in before it), each forced on a GQA shape with ragged ends and on a short one,
+ * deterministic on one; both dtypes alternate. */
+static void add_hopper_cases(bwd_list *l, fg_arch arch) {
+  if (arch != FG_ARCH_SM90A) return;
+  static const struct {
+    int d, br, stages;
+    fg_loop_order loop;
+  } shapes[] = {{64, 128, 2, FG_LOOP_KV_TMA},   {64, 64, 2, FG_LOOP_KV_TMA},
+                {64, 64, 3, FG_LOOP_KV_TMA},    {128, 64, 2, FG_LOOP_KV_TMA},
+                {64, 128, 2, FG_LOOP_KV_WGMMA}, {128, 64, 2, FG_LOOP_KV_WGMMA}};
+  const char *fmt[3] = {"bwd/hopper/%s_gqa_nq300_nk257", "bwd/hopper/%s_nq17_nk129",
+                        "bwd/hopper/%s_deterministic"};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    for (int m = 0; m < 2; m++) {
+      const fg_dtype dt = (i + (size_t)m) % 2 ? FG_DTYPE_F16 : FG_DTYPE_BF16;
+      const fg_variant v = {FG_PASS_BWD, shapes[i].d, shapes[i].br, 128, dt, m, shapes[i].loop,
+                            8, shapes[i].stages, arch};
+      char vn[FG_VARIANT_NAME_MAX];
+      fg_variant_name(&v, vn, sizeof vn);
+      const int quick =
+          shapes[i].loop == FG_LOOP_KV_TMA && shapes[i].br == (shapes[i].d == 64 ? 128 : 64);
+      fg_check_bwd_case *c[3] = {
+          add(l, B_RUN, dt, m, shapes[i].d, 2, 4, 2, 300, 257, quick, fmt[0], vn),
+          add(l, B_RUN, dt, m, shapes[i].d, 1, 2, 2, 17, 129, 0, fmt[1], vn),
+          add(l, B_DET, dt, m, shapes[i].d, 1, 2, 1, 700, 700, 0, fmt[2], vn)};
+      for (int k = 0; k < 3; k++)
+        if (c[k]) c[k]->forced = 1, c[k]->v = v;
+    }
+}
+
 static void build(bwd_list *l) {
   const fg_dtype dts[2] = {FG_DTYPE_BF16, FG_DTYPE_F16};
   /* Every head dimension, both dtypes, both masks: the built-in variant of each. */
@@ -221,7 +253,7 @@ static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check
   fg_context *ctx = env->ctx;
   r->pass = 1;
   const fg_problem p = fg_check_bwd_problem(c);
-  const fg_variant v = fg_problem_builtin(&p, fg_context_arch(ctx));
+  const fg_variant v = c->forced ? c->v : fg_problem_builtin(&p, fg_context_arch(ctx));
   fg_variant_name(&v, r->variant, sizeof r->variant);
   dtensor q, k, vv, o, dout, dq, dk, dv;
   tensor_init(&q, c->b, c->hq, c->nq, c->d, c->bnhd);
@@ -386,7 +418,7 @@ static void preload(fg_context *ctx, const bwd_list *l, const char *sel, int job
     if (!sel[i]) continue;
     const fg_check_bwd_case *c = &l->c[i];
     const fg_problem p = fg_check_bwd_problem(c);
-    fg_variant x = fg_problem_builtin(&p, fg_context_arch(ctx));
+    fg_variant x = c->forced ? c->v : fg_problem_builtin(&p, fg_context_arch(ctx));
     int dup = 0;
     for (int k = 0; k < n && !dup; k++) dup = !memcmp(&v[k], &x, sizeof x);
     if (!dup) v[n++] = x;
@@ -399,6 +431,8 @@ static void preload(fg_context *ctx, const bwd_list *l, const char *sel, int job
 int fg_check_backward(const fg_check_options *o, int *passed, int *failed) {
   bwd_list l = {0};
   build(&l);
+  /* Without a GPU (--list) the cases of an sm_90a device, as the forward's (cmd_check.c). */
+  add_hopper_cases(&l, o->ctx ? fg_context_arch(o->ctx) : FG_ARCH_SM90A);
   char *sel = calloc((size_t)l.n + 1, 1);
   int nsel = 0;
   for (int i = 0; sel && i < l.n; i++) {

@@ -30,6 +30,8 @@ typedef struct fg_check_bwd_case {
   fg_dtype dt;
   int causal, d;
   int64_t b, hq, hkv, nq, nk;
+  int forced;   /* 1: run variant v, not the problem's built-in */
+  fg_variant v;
 } fg_check_bwd_case;
 
 typedef struct fg_check_bwd_result {
