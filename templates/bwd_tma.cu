@@ -37,9 +37,8 @@ static_assert(D % 64 == 0 && BC == 64 * NWG && NWG == 2 && (BR == 64 || BR == 12
               (STAGES == 2 || STAGES == 3) && (MB == NWG || (MB == 1 && DQ_N % 32 == 0)),
               "tile shape (bwd.lua)");
 // Shared memory, from a 1024-byte aligned base: K and V (BC rows), STAGES x (Q, dO) (BR rows),
-// two dS^T buffers (BC rows of BR columns; query block it uses it % 2), the fp32 dQ tile (BR rows
-// of DQ_ROW bytes: D floats and 32 bytes, so that a warp's fragment stores hit every bank once),
-// STAGES x (LSE * log2(e), D) (BR floats each), the mbarriers.
+// NDS dS^T buffers (BC rows of BR columns; query block it uses it % NDS), the fp32 dQ tile in NDQ
+// buffers (below), STAGES x (LSE * log2(e), D) (BR floats each), the mbarriers.
 constexpr int NDS = 2;  // dS^T buffers
 constexpr u32 KV_BYTES = BC * D * 2, QT_BYTES = BR * D * 2, DS_BYTES = BC * BR * 2;
 // The dQ tile in NDQ buffers of DQ_ROWS rows of DQ_ROW bytes (D floats and 32 bytes: a warp's
@@ -53,10 +52,9 @@ constexpr u32 K_OFF = 0, V_OFF = KV_BYTES, Q_OFF = 2 * KV_BYTES;
 constexpr u32 DS_OFF = Q_OFF + STAGES * 2 * QT_BYTES, DQ_OFF = DS_OFF + NDS * DS_BYTES;
 constexpr u32 L_OFF = DQ_OFF + NDQ * DQ_BYTES, BAR_OFF = L_OFF + STAGES * 2 * BR * 4;
 // mbarriers (8 bytes each): K/V full; per stage full (the TMA's bytes and the 32 lanes of the
-// LSE/D warp) and empty (every consumer warp); dQ full (every consumer thread), dQ empty (the dQ
-// warp).
+// LSE/D warp) and empty (every consumer warp); per dS^T buffer full and empty; per dQ buffer full
+// (the consumer threads that write it) and empty (its dQ warp).
 constexpr u32 BAR_KV = 0;
-// Per consumer warpgroup: its dQ buffer full (its 128 threads) and empty (its dQ warp).
 FG_DEV u32 bar_dq_full(int w) { return 24u + 8u * (2 * STAGES + 2 * NDS + w); }  // w < NDQ <= 2
 FG_DEV u32 bar_dq_empty(int w) { return 24u + 8u * (2 * STAGES + 2 * NDS + 2 + w); }
 FG_DEV u32 bar_full(int s) { return 24u + 8u * s; }
@@ -66,7 +64,7 @@ FG_DEV u32 bar_empty(int s) { return 24u + 8u * (STAGES + s); }
 FG_DEV u32 bar_ds_full(int b) { return 24u + 8u * (2 * STAGES + b); }
 FG_DEV u32 bar_ds_empty(int b) { return 24u + 8u * (2 * STAGES + NDS + b); }
 // Registers per thread after the producer gives its own up: 128 x 40 + 256 x 232 <= 64K (the
-// producer spilled at 32: the dQ warp's deterministic path; the consumers need no more).
+// producer spilled at 32: the dQ warp's deterministic path).
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 constexpr int CONSUMER_THREADS = 128 * NWG;
 
