@@ -97,7 +97,8 @@ int fg_cmd_list(int argc, char **argv) {
                                160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256};
   static const int brs[] = {16, 32, 64, 128, 256}, bcs[] = {16, 32, 64, 128, 256};
   static const int warps[] = {1, 2, 4, 8, 16};
-  /* The forward's grid, then the backward's (kv_outer, and kv_wgmma on sm_90a; 1 or 2 stages). */
+  /* The forward's grid, then the backward's (kv_outer, and kv_wgmma and kv_tma on sm_90a; 1 or 2
+   * stages, 3 too for kv_tma). */
   for (int pass = FG_PASS_FWD; pass <= FG_PASS_BWD; pass++)
   for (size_t di = 0; di < sizeof ds_all / sizeof ds_all[0]; di++)
     for (int dt = FG_DTYPE_F16; dt <= FG_DTYPE_BF16; dt++)
@@ -105,10 +106,12 @@ int fg_cmd_list(int argc, char **argv) {
         for (int loop = 0; loop < FG_LOOP_COUNT; loop++)
           for (size_t bi = 0; bi < 5; bi++)
             for (size_t ci = 0; ci < 5; ci++)
-              for (size_t wi = 0; wi < 5; wi++)
+              for (size_t wi = 0; wi < sizeof warps / sizeof warps[0]; wi++)
                 for (int st = 1; st <= 3; st++) {
                   if (pass == FG_PASS_BWD &&
-                      ((loop != FG_LOOP_KV_OUTER && loop != FG_LOOP_KV_WGMMA) || st > 2))
+                      ((loop != FG_LOOP_KV_OUTER && loop != FG_LOOP_KV_WGMMA &&
+                        loop != FG_LOOP_KV_TMA) ||
+                       (st > 2 && loop != FG_LOOP_KV_TMA)))
                     continue;
                   fg_variant v = {(fg_pass)pass, ds_all[di], brs[bi], bcs[ci], (fg_dtype)dt,
                                   causal, (fg_loop_order)loop, warps[wi], st, arch};

@@ -166,7 +166,9 @@ end
 -- above d = 128): Bc = 64 spilled 4 to 28 B at d = 40..120 (NVRTC 13.0, sm_80 and sm_90a).
 -- tests/test_compile.c keeps it true.
 function M.check(v)
-  if v.loop == "kv_wgmma" then return "kv_wgmma is a loop order of the backward pass" end
+  if v.loop == "kv_wgmma" or v.loop == "kv_tma" then
+    return v.loop .. " is a loop order of the backward pass"
+  end
   if wgmma_loop(v) then return wgmma_check(v) end
   if v.loop == "q_tma" then return tma_check(v) end
   local L = M.layout(v)

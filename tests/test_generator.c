@@ -185,6 +185,7 @@ Test(fit, backward_tma_rules) {
       {"bwd_d128_br64_bc128_bf16_causal_kvtma_w8_s1_sm90a", "2 or 3 stages"},
       {"bwd_d128_br128_bc128_bf16_causal_kvtma_w8_s2_sm90a", "64-column halves"},
       {"bwd_d128_br64_bc128_bf16_causal_kvtma_w8_s3_sm90a", "shared memory"},
+      {"fwd_d128_br64_bc64_bf16_causal_kvtma_w4_s2_sm90a", "loop order of the backward"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     fg_variant v = parse(bad[i].name);
