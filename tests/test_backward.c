@@ -18,6 +18,7 @@
 #include "fg_params.h"
 #include "fg_runtime_internal.h"
 #include "support_plan.h"
+#include "fake_cuda/fake_records.h"
 
 /* ---- fg_validate_backward_args -------------------------------------------------------------- */
 
@@ -432,13 +433,7 @@ Test(validate_bwd, params_block) {
 
 /* ---- fg_attention_backward on the fake driver ------------------------------------------------ */
 
-/* The record kept by tests/fake_cuda/libcuda.c (the same layout). */
-typedef struct fake_launch {
-  char entry[160];
-  unsigned grid[3], block[3], smem;
-  fg_bwd_params params;
-} fake_launch;
-
+/* The fake driver's records: tests/fake_cuda/fake_records.h. */
 static char tmp_dir[64], fake_lib[160];
 static void *fake_handle;
 static void (*fake_reset)(void);

@@ -28,6 +28,7 @@
 #include "fg_params.h"
 #include "fg_runtime_internal.h"
 #include "flashgen_export.h"
+#include "fake_cuda/fake_records.h"
 
 /* ---- the plan's text (core/kernel.c) ------------------------------------------------------ */
 
@@ -465,23 +466,7 @@ Test(export, malformed_tensor_maps_are_refused_naming_the_kernel) {
 
 /* ---- the launch on the fake driver ---------------------------------------------------------- */
 
-/* The fake driver's records (tests/fake_cuda/libcuda.c; the same layouts). */
-typedef struct fake_tmap {
-  unsigned long long magic;
-  int data_type;
-  unsigned rank;
-  unsigned long long address;
-  unsigned long long dims[5], strides[4];
-  unsigned short box[5];
-  unsigned char element_strides[5];
-  signed char interleave, swizzle, l2_promotion, oob_fill;
-} fake_tmap;
-typedef struct fake_tma_launch {
-  char entry[160];
-  unsigned grid[3], block[3], smem;
-  fg_fwd_tma_params params;
-} fake_tma_launch;
-
+/* The fake driver's records: tests/fake_cuda/fake_records.h. */
 static char fake_dir[64];
 static void *fake_handle;
 static void (*fake_reset)(void);

@@ -29,6 +29,7 @@
 #include "fg_runtime_internal.h"
 #include "flashgen_export.h"
 #include "support_plan.h"
+#include "fake_cuda/fake_records.h"
 
 /* The Hopper backward on TMA (d 64, Br 64, Bc 128) and, for comparison, the wgmma one of the same
  * tiles, whose fake kernel reads through the block's pointers. */
@@ -433,28 +434,7 @@ Test(export, bwd_tma_tables_are_checked) {
 
 /* ---- the backward call on the fake driver --------------------------------------------------- */
 
-/* The fake driver's records (tests/fake_cuda/libcuda.c; the same layouts). */
-typedef struct fake_tmap {
-  unsigned long long magic;
-  int data_type;
-  unsigned rank;
-  unsigned long long address;
-  unsigned long long dims[5], strides[4];
-  unsigned short box[5];
-  unsigned char element_strides[5];
-  signed char interleave, swizzle, l2_promotion, oob_fill;
-} fake_tmap;
-typedef struct fake_launch {
-  char entry[160];
-  unsigned grid[3], block[3], smem;
-  fg_bwd_params params;
-} fake_launch;
-typedef struct fake_bwd_tma_launch {
-  char entry[160];
-  unsigned grid[3], block[3], smem;
-  fg_bwd_tma_params params;
-} fake_bwd_tma_launch;
-
+/* The fake driver's records: tests/fake_cuda/fake_records.h. */
 static char fake_dir[64];
 static void *fake_handle;
 static void (*fake_reset)(void);

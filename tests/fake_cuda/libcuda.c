@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "../../templates/fg_params.h"
+#include "fake_records.h"
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -134,11 +135,6 @@ API CUresult cuPointerGetAttribute(void *data, int a, CUdeviceptr p) {
 }
 /* The record of backward launches and of allocations. */
 #define FAKE_LAUNCH_MAX 64
-typedef struct fake_launch {
-  char entry[160];
-  unsigned grid[3], block[3], smem;
-  fg_bwd_params params;
-} fake_launch;
 static fake_launch fake_launches[FAKE_LAUNCH_MAX];
 static int fake_n_launches; /* may exceed FAKE_LAUNCH_MAX: only the first are kept */
 static int fake_n_allocs, fake_n_frees, fake_n_async_allocs, fake_n_async_frees;
@@ -267,20 +263,8 @@ static uint16_t from_double(int bf16, double v) {
 }
 
 /* ---- tensor maps ---- */
-/* A call of cuTensorMapEncodeTiled, and what the fake writes into the map's opaque bytes (the
- * first fields of this struct; 128 bytes at most). */
-typedef struct fake_tmap {
-  unsigned long long magic; /* FAKE_TMAP_MAGIC */
-  int data_type;
-  unsigned rank;
-  unsigned long long address;
-  unsigned long long dims[5], strides[4];
-  unsigned short box[5];
-  unsigned char element_strides[5];
-  signed char interleave, swizzle, l2_promotion, oob_fill;
-} fake_tmap;
+/* A call of cuTensorMapEncodeTiled: fake_tmap (fake_records.h), written into the map's bytes. */
 _Static_assert(sizeof(fake_tmap) <= sizeof(fg_tmap), "a fake map must fit in a CUtensorMap");
-#define FAKE_TMAP_MAGIC 0x70616d746b6166ull /* "faketmap" */
 #define FAKE_TMAP_MAX 64
 static fake_tmap fake_tmaps[FAKE_TMAP_MAX];
 API int fake_tmap_count(void) { return fake_n_tmaps; }
@@ -352,11 +336,6 @@ static uint16_t fake_tmap_read(const fake_tmap *t, long long c, long long r, lon
 
 /* Backward launches of kernels that take fg_bwd_tma_params (entries fg_bwd_..._kvtma_..., every
  * step of the plan), with their whole block. */
-typedef struct fake_bwd_tma_launch {
-  char entry[160];
-  unsigned grid[3], block[3], smem;
-  fg_bwd_tma_params params;
-} fake_bwd_tma_launch;
 #define FAKE_BWD_TMA_LAUNCH_MAX 16
 static fake_bwd_tma_launch fake_bwd_tma_launches[FAKE_BWD_TMA_LAUNCH_MAX];
 API int fake_bwd_tma_launch_count(void) { return fake_n_bwd_tma_launches; }
@@ -389,11 +368,6 @@ static int fake_bwd_maps(const fg_bwd_tma_params *tp, const fake_tmap *out[4]) {
 }
 
 /* Forward launches of kernels that take tensor maps (entries with _qtma_). */
-typedef struct fake_tma_launch {
-  char entry[160];
-  unsigned grid[3], block[3], smem;
-  fg_fwd_tma_params params;
-} fake_tma_launch;
 #define FAKE_TMA_LAUNCH_MAX 16
 static fake_tma_launch fake_tma_launches[FAKE_TMA_LAUNCH_MAX];
 API int fake_tma_launch_count(void) { return fake_n_tma_launches; }
