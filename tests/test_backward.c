@@ -487,36 +487,22 @@ static void fake_setup(void) {
   fgt_fake_driver_build(tmp_dir, "", fake_lib, sizeof fake_lib);
   register_backward_kernels();
 
-  fg_context_options o;
-  memset(&o, 0, sizeof o);
-  o.size = sizeof o;
-  o.policy = FG_POLICY_EXPORTED_ONLY; /* never compile, never touch the disk */
-  o.quiet = 1;
-  cr_assert_eq(fg_context_create(&ctx, &o), FG_OK, "%s", fg_last_create_error());
-  /* The runtime dlopened the same file, so this is the same instance of the fake driver. */
-  fake_handle = dlopen(fake_lib, RTLD_NOW | RTLD_LOCAL);
-  cr_assert_not_null(fake_handle, "%s", dlerror());
-  *(void **)&fake_reset = dlsym(fake_handle, "fake_reset");
-  *(void **)&fake_launch_count = dlsym(fake_handle, "fake_launch_count");
-  *(void **)&fake_launch_get = dlsym(fake_handle, "fake_launch_get");
-  *(void **)&fake_mem_counts = dlsym(fake_handle, "fake_mem_counts");
-  *(void **)&fake_async_counts = dlsym(fake_handle, "fake_async_counts");
-  *(void **)&fake_module_loads = dlsym(fake_handle, "fake_module_loads");
-  cr_assert(fake_reset && fake_launch_count && fake_launch_get && fake_mem_counts &&
-                fake_async_counts && fake_module_loads,
-            "the fake driver lacks its recording functions");
+  ctx = fgt_fake_context(fake_lib, &fake_handle);
+  *(void **)&fake_reset = fgt_fake_sym(fake_handle, "fake_reset");
+  *(void **)&fake_launch_count = fgt_fake_sym(fake_handle, "fake_launch_count");
+  *(void **)&fake_launch_get = fgt_fake_sym(fake_handle, "fake_launch_get");
+  *(void **)&fake_mem_counts = fgt_fake_sym(fake_handle, "fake_mem_counts");
+  *(void **)&fake_async_counts = fgt_fake_sym(fake_handle, "fake_async_counts");
+  *(void **)&fake_module_loads = fgt_fake_sym(fake_handle, "fake_module_loads");
   /* The tensors here are made-up addresses: record the launches, compute nothing. */
   setenv("FAKE_CUDA_BACKWARD_RECORD_ONLY", "1", 1);
   fake_reset();
 }
 
 static void fake_teardown(void) {
-  if (ctx) fg_context_destroy(ctx);
+  fgt_fake_teardown(ctx, fake_handle, tmp_dir);
   ctx = NULL;
-  if (fake_handle) dlclose(fake_handle);
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp_dir);
+  fake_handle = NULL;
 }
 
 /* A backward problem on fake device addresses 2^36 bytes apart (nothing is read or written: the

@@ -496,37 +496,25 @@ static void fake_setup_with(const char *defines) {
   char lib[160];
   fgt_fake_driver_build(fake_dir, defines, lib, sizeof lib);
   register_kernels();
-  fg_context_options o;
-  memset(&o, 0, sizeof o);
-  o.size = sizeof o;
-  o.policy = FG_POLICY_EXPORTED_ONLY; /* never compile, never touch the disk */
-  o.quiet = 1;
-  cr_assert_eq(fg_context_create(&ctx, &o), FG_OK, "%s", fg_last_create_error());
-  fake_handle = dlopen(lib, RTLD_NOW | RTLD_LOCAL); /* the instance the runtime loaded */
-  cr_assert_not_null(fake_handle, "%s", dlerror());
-  *(void **)&fake_reset = dlsym(fake_handle, "fake_reset");
-  *(void **)&fake_tmap_count = dlsym(fake_handle, "fake_tmap_count");
-  *(void **)&fake_tmap_get = dlsym(fake_handle, "fake_tmap_get");
-  *(void **)&fake_tmap_encoded = dlsym(fake_handle, "fake_tmap_encoded");
-  *(void **)&fake_launch_count = dlsym(fake_handle, "fake_launch_count");
-  *(void **)&fake_launch_get = dlsym(fake_handle, "fake_launch_get");
-  *(void **)&fake_bwd_tma_launch_count = dlsym(fake_handle, "fake_bwd_tma_launch_count");
-  *(void **)&fake_bwd_tma_launch_get = dlsym(fake_handle, "fake_bwd_tma_launch_get");
-  *(void **)&fake_mem_counts = dlsym(fake_handle, "fake_mem_counts");
-  cr_assert(fake_reset && fake_tmap_count && fake_tmap_get && fake_tmap_encoded &&
-                fake_launch_count && fake_launch_get && fake_bwd_tma_launch_count &&
-                fake_bwd_tma_launch_get && fake_mem_counts,
-            "the fake driver lacks its recording functions");
+  ctx = fgt_fake_context(lib, &fake_handle);
+  *(void **)&fake_reset = fgt_fake_sym(fake_handle, "fake_reset");
+  *(void **)&fake_tmap_count = fgt_fake_sym(fake_handle, "fake_tmap_count");
+  *(void **)&fake_tmap_get = fgt_fake_sym(fake_handle, "fake_tmap_get");
+  *(void **)&fake_tmap_encoded = fgt_fake_sym(fake_handle, "fake_tmap_encoded");
+  *(void **)&fake_launch_count = fgt_fake_sym(fake_handle, "fake_launch_count");
+  *(void **)&fake_launch_get = fgt_fake_sym(fake_handle, "fake_launch_get");
+  *(void **)&fake_bwd_tma_launch_count = fgt_fake_sym(fake_handle, "fake_bwd_tma_launch_count");
+  *(void **)&fake_bwd_tma_launch_get = fgt_fake_sym(fake_handle, "fake_bwd_tma_launch_get");
+  *(void **)&fake_mem_counts = fgt_fake_sym(fake_handle, "fake_mem_counts");
   fake_reset();
 }
 static void fake_setup(void) { fake_setup_with(""); }
 static void fake_setup_no_tmap(void) { fake_setup_with("-DFAKE_CUDA_NO_TENSOR_MAP"); }
 
 static void fake_teardown(void) {
-  if (ctx) fg_context_destroy(ctx);
+  fgt_fake_teardown(ctx, fake_handle, fake_dir);
   ctx = NULL;
-  if (fake_handle) dlclose(fake_handle);
-  fgt_rm_rf(fake_dir);
+  fake_handle = NULL;
 }
 
 /* A backward problem in host memory (the fake's device memory): q, k, v, o, do, dq, dk, dv in
