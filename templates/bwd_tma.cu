@@ -52,15 +52,17 @@ constexpr u32 K_OFF = 0, V_OFF = KV_BYTES, Q_OFF = 2 * KV_BYTES;
 constexpr u32 DS_OFF = Q_OFF + STAGES * 2 * QT_BYTES, DQ_OFF = DS_OFF + NDS * DS_BYTES;
 constexpr u32 L_OFF = DQ_OFF + NDQ * DQ_BYTES, BAR_OFF = L_OFF + STAGES * 2 * BR * 4;
 // mbarriers (8 bytes each): K/V full; per stage full (the TMA's bytes and the 32 lanes of the
-// LSE/D warp) and empty (every consumer warp); per dS^T buffer full and empty; per dQ buffer full
-// (the consumer threads that write it) and empty (its dQ warp).
+// LSE/D warp) and empty (every consumer thread: each arrives after its own reads, which one lane
+// per warp could not vouch for; compute-sanitizer's racecheck flagged the LSE/D rewrites); per
+// dS^T buffer full and empty; per dQ buffer full (the consumer threads that write it) and empty
+// (its dQ warp).
 constexpr u32 BAR_KV = 0;
 FG_DEV u32 bar_dq_full(int w) { return 24u + 8u * (2 * STAGES + 2 * NDS + w); }  // w < NDQ <= 2
 FG_DEV u32 bar_dq_empty(int w) { return 24u + 8u * (2 * STAGES + 2 * NDS + 2 + w); }
 FG_DEV u32 bar_full(int s) { return 24u + 8u * s; }
 FG_DEV u32 bar_empty(int s) { return 24u + 8u * (STAGES + s); }
 // Per dS^T buffer: full (every consumer thread, after its rows' stores) and empty (every consumer
-// warp, after its dQ product read it).
+// thread, after its dQ product read it).
 FG_DEV u32 bar_ds_full(int b) { return 24u + 8u * (2 * STAGES + b); }
 FG_DEV u32 bar_ds_empty(int b) { return 24u + 8u * (2 * STAGES + NDS + b); }
 // Registers per thread after the producer gives its own up: 128 x 40 + 256 x 232 <= 64K (the
@@ -126,12 +128,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bars + bar_full(s), 1 + 32);
-      mbar_init(bars + bar_empty(s), CWARPS);
+      mbar_init(bars + bar_empty(s), CONSUMER_THREADS);
     }
 #pragma unroll
     for (int b = 0; b < NDS; ++b) {
       mbar_init(bars + bar_ds_full(b), CONSUMER_THREADS);
-      mbar_init(bars + bar_ds_empty(b), CWARPS);
+      mbar_init(bars + bar_ds_empty(b), CONSUMER_THREADS);
     }
     mbar_init_fence();
   }
@@ -290,7 +292,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   // After the wait: dS^T of j released, the dQ tile into shared memory once the dQ warp has taken
   // the last one: dq[4 nt + 2 hh + e] is query 64 qb + wr + g + 8 hh, column n0 + 8 nt + 2 t + e.
   auto dq_out = [&](int j, const float *dq) {
-    if (lane == 0) mbar_arrive(bars + bar_ds_empty(j % NDS));
+    mbar_arrive(bars + bar_ds_empty(j % NDS));
     if (j > 0) mbar_wait(bars + bar_dq_empty(dqb), (u32)(j - 1) & 1);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -309,7 +311,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   if (n_items > 0) {
     front(0);
     wait_all();
-    if (lane == 0) mbar_arrive(bars + bar_empty(0));  // Q, dO, LSE and D of this stage read
+    mbar_arrive(bars + bar_empty(0));  // Q, dO, LSE and D of this stage read
   }
   for (int it = 1; it < n_items; ++it) {
     front(it);
@@ -317,7 +319,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     dq_issue(it - 1, dq);
     wait_all();
     fence_regs<DQ_N / 2>(dq);
-    if (lane == 0) mbar_arrive(bars + bar_empty(it % STAGES));
+    mbar_arrive(bars + bar_empty(it % STAGES));
     dq_out(it - 1, dq);
   }
   if (n_items > 0) {
