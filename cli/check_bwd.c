@@ -66,21 +66,26 @@ fg_problem fg_check_bwd_problem(const fg_check_bwd_case *c) {
 static const char *dtn(fg_dtype t) { return fg_dtype_name(t); }
 static const char *cw(int causal) { return causal ? "causal" : "noncausal"; }
 
-/* The Hopper backward kernels the tuner tries besides the built-in (sm_90a only): kv_tma at both
- * head dims with every query-block size and stage count its rule admits, and kv_wgmma (the
- * built-in before it), each forced on a GQA shape with ragged ends and on a short one,
- * deterministic on one; both dtypes alternate. */
-static void add_hopper_cases(bwd_list *l, fg_arch arch) {
-  if (arch != FG_ARCH_SM90A) return;
+/* Forced variants, each on a GQA shape with ragged ends and on a short one, deterministic on one;
+ * both dtypes alternate. bwd/hopper/ (sm_90a only): the Hopper kernels the tuner tries besides
+ * the built-in, kv_tma at both head dims with every query-block size and stage count its rule
+ * admits, and kv_wgmma (the built-in before it). bwd/portable/ (sm_80 and sm_90, where 163 KB or
+ * more of shared memory per block hold them): the mma.sync kernel at the shapes sm_80 and sm_90
+ * run as built-ins at d = 64 and 128, so a Hopper GPU checks what an A100 runs. */
+static void add_forced_cases(bwd_list *l, fg_arch arch) {
+  const int hopper = arch == FG_ARCH_SM90A, big_smem = arch == FG_ARCH_SM80 || arch >= FG_ARCH_SM90;
   static const struct {
     int d, br, stages;
     fg_loop_order loop;
   } shapes[] = {{64, 128, 2, FG_LOOP_KV_TMA},   {64, 64, 2, FG_LOOP_KV_TMA},
                 {64, 64, 3, FG_LOOP_KV_TMA},    {128, 64, 2, FG_LOOP_KV_TMA},
-                {64, 128, 2, FG_LOOP_KV_WGMMA}, {128, 64, 2, FG_LOOP_KV_WGMMA}};
-  const char *fmt[3] = {"bwd/hopper/%s_gqa_nq300_nk257", "bwd/hopper/%s_nq17_nk129",
-                        "bwd/hopper/%s_deterministic"};
-  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+                {64, 128, 2, FG_LOOP_KV_WGMMA}, {128, 64, 2, FG_LOOP_KV_WGMMA},
+                {64, 128, 1, FG_LOOP_KV_OUTER}, {128, 64, 1, FG_LOOP_KV_OUTER},
+                {64, 128, 2, FG_LOOP_KV_OUTER}, {128, 64, 2, FG_LOOP_KV_OUTER}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    const int portable = shapes[i].loop == FG_LOOP_KV_OUTER;
+    if (portable ? !big_smem || (shapes[i].stages == 2 && arch < FG_ARCH_SM90) : !hopper) continue;
+    const char *group = portable ? "portable" : "hopper";
     for (int m = 0; m < 2; m++) {
       const fg_dtype dt = (i + (size_t)m) % 2 ? FG_DTYPE_F16 : FG_DTYPE_BF16;
       const fg_variant v = {FG_PASS_BWD, shapes[i].d, shapes[i].br, 128, dt, m, shapes[i].loop,
@@ -90,12 +95,15 @@ static void add_hopper_cases(bwd_list *l, fg_arch arch) {
       const int quick =
           shapes[i].loop == FG_LOOP_KV_TMA && shapes[i].br == (shapes[i].d == 64 ? 128 : 64);
       fg_check_bwd_case *c[3] = {
-          add(l, B_RUN, dt, m, shapes[i].d, 2, 4, 2, 300, 257, quick, fmt[0], vn),
-          add(l, B_RUN, dt, m, shapes[i].d, 1, 2, 2, 17, 129, 0, fmt[1], vn),
-          add(l, B_DET, dt, m, shapes[i].d, 1, 2, 1, 700, 700, 0, fmt[2], vn)};
+          add(l, B_RUN, dt, m, shapes[i].d, 2, 4, 2, 300, 257, quick, "bwd/%s/%s_gqa_nq300_nk257",
+              group, vn),
+          add(l, B_RUN, dt, m, shapes[i].d, 1, 2, 2, 17, 129, 0, "bwd/%s/%s_nq17_nk129", group, vn),
+          add(l, B_DET, dt, m, shapes[i].d, 1, 2, 1, 700, 700, 0, "bwd/%s/%s_deterministic", group,
+              vn)};
       for (int k = 0; k < 3; k++)
         if (c[k]) c[k]->forced = 1, c[k]->v = v;
     }
+  }
 }
 
 static void build(bwd_list *l) {
@@ -432,7 +440,7 @@ int fg_check_backward(const fg_check_options *o, int *passed, int *failed) {
   bwd_list l = {0};
   build(&l);
   /* Without a GPU (--list) the cases of an sm_90a device, as the forward's (cmd_check.c). */
-  add_hopper_cases(&l, o->ctx ? fg_context_arch(o->ctx) : FG_ARCH_SM90A);
+  add_forced_cases(&l, o->ctx ? fg_context_arch(o->ctx) : FG_ARCH_SM90A);
   char *sel = calloc((size_t)l.n + 1, 1);
   int nsel = 0;
   for (int i = 0; sel && i < l.n; i++) {

@@ -218,3 +218,36 @@ Test(cli_inputs, check_lists_the_backward_past_2_31_elements) {
   cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
   cr_assert_str_eq(fg_test_out, "", "--quick leaves them out: %s", fg_test_out);
 }
+
+/* `flashgen check` forces the mma.sync backward at the shapes sm_80 and sm_90 run as built-ins
+ * (bwd/portable/, cli/check_bwd.c) beside the Hopper kernels (bwd/hopper/): listed without a GPU
+ * as for an sm_90a device, each variant on a ragged GQA shape, a short one and deterministic,
+ * both masks; and the sm_80 built-ins at d = 64 and 128 are among them. */
+Test(cli_inputs, check_lists_the_forced_backward_variants) {
+  int rc = fg_test_run_cli(NULL, NULL, "check --list --filter bwd/portable/");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
+  int n = 0;
+  for (const char *p = fg_test_out; (p = strstr(p, "bwd/portable/bwd_")) != NULL; p++) n++;
+  cr_assert_eq(n, 4 * 2 * 3, "four shapes, two masks, three cases each:\n%s", fg_test_out);
+  cr_assert_null(strstr(fg_test_out, "kvtma"), "%s", fg_test_out);
+  for (int d = 64; d <= 128; d += 64) {
+    int found = 0;
+    for (int dt = 0; dt < 2; dt++) { /* the cases alternate the dtypes */
+      const fg_variant b = fg_builtin_backward_variant(d, dt ? FG_DTYPE_F16 : FG_DTYPE_BF16, 0, FG_ARCH_SM80);
+      char name[FG_VARIANT_NAME_MAX];
+      fg_variant_name(&b, name, sizeof name);
+      char *arch = strstr(name, "_sm80");
+      cr_assert_not_null(arch, "%s", name);
+      strcpy(arch, "_sm90a"); /* the same kernel, listed for the sm_90a device */
+      char nm[FG_VARIANT_NAME_MAX + 64];
+      snprintf(nm, sizeof nm, "bwd/portable/%s_gqa_nq300_nk257\n", name);
+      found += strstr(fg_test_out, nm) != NULL;
+    }
+    cr_assert_eq(found, 1, "the sm_80 built-in at d = %d is missing:\n%s", d, fg_test_out);
+  }
+  rc = fg_test_run_cli(NULL, NULL, "check --list --filter bwd/hopper/");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
+  n = 0;
+  for (const char *p = fg_test_out; (p = strstr(p, "bwd/hopper/bwd_")) != NULL; p++) n++;
+  cr_assert_eq(n, 6 * 2 * 3, "six Hopper variants, two masks, three cases each:\n%s", fg_test_out);
+}
