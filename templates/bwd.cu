@@ -245,14 +245,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     float *acc = dq_acc(p) + (((i64)b * p.heads_q + h) * Nq + q0) * D;
     const int q_left = (int)(Nq - q0 < BR ? Nq - q0 : BR);
 #pragma unroll
-    for (int mq = 0; mq < MQ; ++mq)
+    for (int mq = 0; mq < MQ; ++mq) {
+      float *row0 = acc + ((wq * MQ + mq) * 16 * D + wd * NQ * 8);  // the tiles differ by constants
 #pragma unroll
-      for (int nq = 0; nq < NQ; ++nq) {
-        const int c = wd * NQ * 8 + nq * 8 + 2 * t;
+      for (int nq = 0; nq < NQ; ++nq)
         if (DP == D || wd * NQ * 8 + nq * 8 < D)  // the tile's columns, uniform over the warp
-          add_dq_tile(acc + (wq * MQ + mq) * 16 * D, g, t, c, q_left - (wq * MQ + mq) * 16,
-                      dq[mq][nq][0], dq[mq][nq][1], dq[mq][nq][2], dq[mq][nq][3]);
-      }
+          add_dq_tile(row0 + nq * 8, g, t, 2 * t, q_left - (wq * MQ + mq) * 16, dq[mq][nq][0], dq[mq][nq][1],
+                      dq[mq][nq][2], dq[mq][nq][3]);
+    }
     dq_sem_release(p, sem, tid);
     if constexpr (STAGES == 1) __syncthreads();  // before the next block overwrites Q and dO
   }
