@@ -6,7 +6,8 @@
  * with the first's (max |diff|): a rewritten kernel must compute the same function. This is a
  * timing tool; `flashgen check` is the correctness gate. Backward variants (bwd_...) time the
  * backward plan on dO, O and LSE from the built-in forward (TFLOP/s count 2.5x the forward's;
- * the diff is dQ's); the versions of one run are all forward or all backward.
+ * the diff is dQ's; --deterministic runs them in deterministic mode); the versions of one run are
+ * all forward or all backward.
  *
  * Run on a machine with a GPU (the kernels are compiled there, with NVRTC):
  *   build/fg_ab [--problem d=128,n=1k,dtype=bf16] [--rounds 7] [--reps 10] DIR:VARIANT ...
@@ -59,6 +60,8 @@ static int fail(const char *what, fg_context *ctx) {
 }
 
 /* The backward of version v on one input set (dQ into dq). */
+static int ab_deterministic; /* --deterministic: backward versions in deterministic mode */
+
 static fg_status ab_backward(fg_context *ctx, const fg_attention_args *f, CUdeviceptr q,
                              CUdeviceptr k, CUdeviceptr v, CUdeviceptr o, CUdeviceptr d_o,
                              CUdeviceptr lse, CUdeviceptr dq, CUdeviceptr dk, CUdeviceptr dv,
@@ -74,6 +77,7 @@ static fg_status ab_backward(fg_context *ctx, const fg_attention_args *f, CUdevi
   b.v = (const void *)(uintptr_t)v, b.o = (const void *)(uintptr_t)o;
   b.d_o = (const void *)(uintptr_t)d_o, b.lse = (const float *)(uintptr_t)lse;
   b.dq = (void *)(uintptr_t)dq, b.dk = (void *)(uintptr_t)dk, b.dv = (void *)(uintptr_t)dv;
+  b.deterministic = ab_deterministic;
   return fg_attention_backward_variant(ctx, &b, st, var);
 }
 
@@ -86,10 +90,12 @@ int main(int argc, char **argv) {
     if (strcmp(argv[i], "--problem") == 0 && i + 1 < argc) problem = argv[++i];
     else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = atoi(argv[++i]);
     else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--deterministic") == 0) ab_deterministic = 1;
     else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-      printf("usage: fg_ab [--problem P] [--rounds R] [--reps K] DIR:VARIANT [DIR:VARIANT ...]\n"
+      printf("usage: fg_ab [--problem P] [--rounds R] [--reps K] [--deterministic] DIR:VARIANT ...\n"
              "  P as in `flashgen tune` (default d=128,n=1k); DIR '-' = the built-in templates;\n"
-             "  R rounds (default 7) of K calls per version (default 10, at most %d).\n", AB_REPS);
+             "  R rounds (default 7) of K calls per version (default 10, at most %d);\n"
+             "  --deterministic: backward versions in deterministic mode.\n", AB_REPS);
       return 0;
     } else {
       const char *colon = strchr(argv[i], ':');
