@@ -155,6 +155,10 @@ static void build(bwd_list *l) {
     add(l, B_DET, FG_DTYPE_BF16, m, 64, 1, 8, 1, 16384 + 17, 129, 0,
         "bwd/deterministic/gqa_long_hq8_hkv1_d64_nq16401_nk129_%s", cw(m));
   }
+  /* 65 key blocks of 128 per head: on sm_90a, deterministic without a mask deals the key blocks
+   * out in groups of 16 per (batch, head) and the 65th in a remainder (bwd_aux.cuh, det_kv_pos). */
+  add(l, B_DET, FG_DTYPE_BF16, 0, 64, 1, 2, 2, 300, 8300, 0,
+      "bwd/deterministic/d64_nq300_nk8300_noncausal");
   /* 64-bit offsets in the three kernels: Q, O, dO and dQ of more than 2^31 elements (2^31 +
    * 4097 * 128), dQ's fp32 accumulator of more than 2^32 bytes, K and V of 64 rows. Device memory:
    * Q, O, dO, dQ 4.0 GiB each, the workspace (fp32 dQ and D: (d + 1) floats a row) 8.1 GiB, LSE

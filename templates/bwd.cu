@@ -51,7 +51,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   extern __shared__ __align__(128) u16 smem[];
   const u32 sbase = smem_addr(smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const u32 bhk = blockIdx.y, b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
+  const u32 bhk = KV_HEAD_BLOCK(p), b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
   const i64 k0 = k0_of(p), Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
   // The query blocks of this block (its key block's span, its split of it: bwd_span_of).
   // Double-buffered, the kernel holds them (sp0); single-buffered (sm_80 above d = 64, every arch
@@ -265,7 +265,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     // dK, then dV, through shared memory (K and V's tiles, free now: at least BC x D floats) into
     // dkv_accum, rows at a time, coalesced: the accumulators die as they are staged (adding them
     // from registers, fragment by fragment, spilled past the limit at d = 200..248).
-    float *blk = dkv_block(p, blockIdx.y, k0e / BC), *sacc = (float *)smem;
+    float *blk = dkv_block(p, KV_HEAD_BLOCK(p), k0e / BC), *sacc = (float *)smem;
     const int kvl = (int)(Nk - k0e < BC ? Nk - k0e : BC);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {

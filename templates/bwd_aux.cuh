@@ -105,7 +105,7 @@ FG_DEV u32 ld_acquire(const u32 *a) {
 // kb - 1 without a mask, kb + 1 causal); there the tile sits at the same (no mask) or a smaller
 // (causal: a shorter span, the tile nearer its start) fraction of the span, so in the same or a
 // lower split. Every block thus waits only for blocks of lower z, or of the same z and lower x
-// (key_block), which the GPU starts before it.
+// (key_block; det_kv_pos: of lower linear index), which the GPU starts before it.
 struct bwd_span {
   int i0, per_head, n_items;
 };
@@ -138,14 +138,48 @@ FG_DEV void load_lse_d(float *sl, const fg_bwd_params &p, u32 b, i64 h, i64 q0, 
   }
 }
 
+// (BWD_DET_GROUPS, which bwd_tma.cu defines.) Deterministic mode without a mask: the key blocks add
+// each dQ tile in ascending order, every one from the span's first tile, so the blocks of one
+// (batch, head) that start together fill a pipeline (the k-th waits k hand-offs before its first
+// tile), and in the grid's order (x, the key block, fastest) all the key blocks of a head start
+// together. There the linear block index y * nkb + x is dealt out KBG key blocks of each (batch,
+// head) in turn: fewer blocks of one head start together, and a later group finds its first tiles
+// long done. A block still waits only on the key block before it, which has a lower linear index
+// (the same group, one earlier; or the group before), so the GPU started it first. 32-bit: nkb *
+// nbh is at most the keys of all heads over 64, far below 2^32 for any K that fits in memory. The
+// mma.sync kernel (255 registers) spilled with it (sm_80, d = 128: 0 -> 132 B), so only kv_tma.
+#ifdef BWD_DET_GROUPS
+FG_DEV u32 ctaid_y() { u32 r; asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r)); return r; }
+FG_DEV u32 nctaid_y() { u32 r; asm volatile("mov.u32 %0, %%nctaid.y;" : "=r"(r)); return r; }
+struct kv_pos {
+  u32 kb, bhk;
+};
+FG_DEV kv_pos det_kv_pos() {
+  const u32 nkb = nctaid_x(), nbh = nctaid_y(), L = ctaid_y() * nkb + ctaid_x();
+  const u32 kbg = nkb >= 64 ? 16 : 8, full = nkb / kbg * kbg;  // key blocks in whole groups
+  if (L < full * nbh) {
+    const u32 r = L % (kbg * nbh);
+    return {L / (kbg * nbh) * kbg + r % kbg, r / kbg};
+  }
+  const u32 r = L - full * nbh, n = nkb - full;
+  return {full + r % n, r / n};
+}
+// The (batch, KV head) of this block.
+#define KV_HEAD_BLOCK(p) (!CAUSAL && (p).deterministic ? det_kv_pos().bhk : blockIdx.y)
+#else
+#define KV_HEAD_BLOCK(p) blockIdx.y
+#endif
 // The key block (of BC keys) this thread block computes: blockIdx.x, but in deterministic causal
 // mode the blocks go in reverse (the last key block first), because there the dQ tiles are
 // passed from the last key block down (dq_rank): a block then waits only for blocks before it
-// in x, which the GPU starts first.
+// in x, which the GPU starts first; and deterministic without a mask, det_kv_pos's.
 // Read anew at every call (volatile ctaid_x): the kernels call it where they need the block's
 // first key (k0_of) rather than keep a value derived from it live across the query-block loop,
 // which spilled at d = 184..240.
 FG_DEV int key_block(const fg_bwd_params &p) {
+#ifdef BWD_DET_GROUPS
+  if (!CAUSAL && p.deterministic) return (int)det_kv_pos().kb;
+#endif
   if (CAUSAL && p.deterministic) return (int)(nctaid_x() - 1 - ctaid_x());
   return (int)ctaid_x();
 }

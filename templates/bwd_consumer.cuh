@@ -79,7 +79,7 @@
   const float sc = (float)p.scale;
   const i64 k0e = k0_of(p);  // k0, read anew (see key_block)
   if (p.dkv) {
-    float *blk = dkv_block(p, blockIdx.y, k0e / BC);
+    float *blk = dkv_block(p, KV_HEAD_BLOCK(p), k0e / BC);
     const int r0 = wg * 64 + wr, kvl = (int)(Nk - k0e < BC ? Nk - k0e : BC) - r0;
     dkv_wait(p, blk, {{ tid }});
 #pragma unroll

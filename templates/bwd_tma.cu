@@ -107,6 +107,7 @@ FG_DEV void warpgroup_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 
 // The plan's every kernel takes the tensor maps' block (bwd.lua: params "bwd_tma").
 #define BWD_PARAMS const __grid_constant__ fg_bwd_tma_params P
 #define BWD_PARAMS_BIND const fg_bwd_params &p = P.p;
+#define BWD_DET_GROUPS 1  // deterministic without a mask: key blocks dealt out in groups (bwd_aux.cuh)
 {% include("bwd_aux.cuh") %}
 {% include("bwd_consumer.cuh") %}
 
@@ -143,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     // The producer warpgroup. Items (query head of the group, query block) as bwd_span_of.
     regs_dec<PRODUCER_REGS>();
     const int warp = tid / 32, lane = tid % 32;
-    const u32 bhk = blockIdx.y, b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
+    const u32 bhk = KV_HEAD_BLOCK(p), b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
     const int G = (int)p.hq_per_hkv;
     const bwd_span sp = bwd_span_of(p, k0_of(p));
     if (warp == 0 && lane == 0) {
@@ -207,14 +208,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
         for (int r = lane; r < q_left; r += 32) bulk_reduce_add_f32(acc + r * D, s_dq + (u32)r * DQ_ROW, D * 4);
         bulk_commit();
         if (p.deterministic) {
+          bulk_wait_read0();  // shared memory read: the consumers may write the next tile
+          __syncwarp();
+          if (lane == 0) mbar_arrive(bars + bar_dq_empty(w));
           bulk_wait0();  // the additions done, not only read, before the tile passes on
           fence_proxy_async_global();
           __threadfence();
           __syncwarp();
-          if (lane == 0) {
-            mbar_arrive(bars + bar_dq_empty(w));
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(sem) : "memory");
-          }
+          if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(sem) : "memory");
         } else {
           bulk_wait_read0();  // shared memory read: the consumers may write the next tile
           __syncwarp();
@@ -333,6 +334,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   // dK = scale * sum dS^T Q and dV, in the element type, from the accumulators (bwd_wgmma.cu); or
   // (long query ranges, split) this split's sums added into dkv_accum, which _post converts.
 {% bwd_dkdv_split("ctid") %}
-  const u32 b = blockIdx.y / (u32)p.heads_kv, hk = blockIdx.y % (u32)p.heads_kv;
+  const u32 b = KV_HEAD_BLOCK(p) / (u32)p.heads_kv, hk = KV_HEAD_BLOCK(p) % (u32)p.heads_kv;
 {% bwd_dkdv_store() %}
 }
