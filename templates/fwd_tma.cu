@@ -117,18 +117,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const int ctid = tid - 128, warp = ctid / 32, lane = ctid % 32;
   const int g = lane / 4, t = lane % 4;
   const int wg = warp / 4;
-  float o[DP / 2];  // this thread's share of the warpgroup's 64 x DP output (wgmma's layout)
-#pragma unroll
-  for (int i = 0; i < DP / 2; ++i) o[i] = 0.f;
-  float m[2] = {FG_NEG_INF, FG_NEG_INF}, l[2] = {0.f, 0.f};  // rows g and g + 8 of the warp
-  const float sl2 = (float)p.scale_log2;
-  const int wrow = warp * 16;  // this warp's first row in the block
-  const u32 q_base = sbase + (u32)(wg * 64 * 128);
-  // S of one block (wgmma's accumulators), and its P in fp32 before packing. No other instruction
-  // may write wgmma accumulators while any wgmma is in flight (ptxas would serialize the wgmma
-  // pipeline, warning C7515), and O += P V runs during the softmax: P goes to pf.
-  float s[BC / 2], pf[BC / 2];
-  u32 pa[BC / 16][4];          // P as wgmma A fragments, k-step kk = keys 16 kk ... 16 kk + 15
+{% fwd_state("DP") %}
 
   // S_jb = Q K_jb^T, issued (not waited for) once K_jb has landed: k-step ks reads 16 columns,
   // 32 bytes into the 128-byte rows of column block ks / 4.
@@ -136,12 +125,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     const int st = jb % STAGES;
     mbar_wait(bars + bar_kfull(st), (u32)(jb / STAGES) & 1);
     const u32 kst = sbase + K_OFF + (u32)st * STAGE_BYTES;
-    wg_fence();
-#pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks)
-      wgmma_qk(s, sw128_desc(q_base + (u32)(ks / 4) * BR * 128 + (u32)(ks % 4) * 32, 16, 1024),
-               sw128_desc(kst + (u32)(ks / 4) * BC * 128 + (u32)(ks % 4) * 32, 16, 1024), ks > 0);
-    wg_commit();
+{% fwd_issue_qk("kst") %}
   };
   // K_jb's buffer is free once S_jb is done (a wait covering it has returned in this warp).
   auto release_k = [&](int jb) {
@@ -159,16 +143,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     const int st = jb % STAGES;
     mbar_wait(bars + bar_vfull(st), (u32)(jb / STAGES) & 1);
     const u32 vst = sbase + V_OFF + (u32)st * STAGE_BYTES;
-    fence_regs<DP / 2>(o);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) wgmma_pv(o, pa[kk], sw128_desc(vst + (u32)kk * 2048, BC * 128, 1024));
-    wg_commit();
+{% fwd_issue_pv("vst", "DP") %}
   };
-  auto wait_pv = [&] {  // a second call waits for nothing
-    wg_wait<0>();
-    fence_regs<DP / 2>(o);
-  };
+{% fwd_wait_pv("DP") %}
 
   // S_0 and its softmax before the loop; then each block j issues S_{j+1} and O += P_j V_j to the
   // tensor cores and does the softmax of S_{j+1} while O += P_j V_j runs. P_j's registers are

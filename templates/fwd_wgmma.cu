@@ -67,45 +67,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   if (OVERLAP && n_blocks > 1) load_k(1);
   cp_async_commit();
 
-  float o[D / 2];  // this thread's share of the warpgroup's 64 x D output (wgmma's layout)
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  float m[2] = {FG_NEG_INF, FG_NEG_INF}, l[2] = {0.f, 0.f};  // rows g and g + 8 of the warp
-  const float sl2 = (float)p.scale_log2;
-  const int wrow = warp * 16;  // this warp's first row in the block
-  const u32 q_base = sbase + (u32)(wg * 64 * 128);
-  // S of one block (wgmma's accumulators), and its P in fp32 before packing. No other instruction
-  // may write wgmma accumulators while any wgmma is in flight (ptxas would serialize the wgmma
-  // pipeline, warning C7515), and O += P V runs during the softmax: P goes to pf.
-  float s[BC / 2], pf[BC / 2];
-  u32 pa[BC / 16][4];          // P as wgmma A fragments, k-step kk = keys 16 kk ... 16 kk + 15
+{% fwd_state("D") %}
 
   // S_jb = Q K_jb^T, issued (not waited for): k-step ks reads 16 columns, 32 bytes into the
   // 128-byte rows of column block ks / 4.
   auto issue_s = [&](int jb) {
     const u32 kst = sbase + K_OFF + (u32)(jb % 2) * STAGE_BYTES;
-    wg_fence();
-#pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks)
-      wgmma_qk(s, sw128_desc(q_base + (u32)(ks / 4) * BR * 128 + (u32)(ks % 4) * 32, 16, 1024),
-               sw128_desc(kst + (u32)(ks / 4) * BC * 128 + (u32)(ks % 4) * 32, 16, 1024), ks > 0);
-    wg_commit();
+{% fwd_issue_qk("kst") %}
   };
 {% fwd_softmax() %}
   // O += P_j V_j: V is D-major for this product, 8-key groups 1024 bytes apart (SBO), 64-column
   // blocks BC x 128 bytes apart (LBO); k-step kk starts 2 groups further.
   auto issue_pv = [&](int jb) {
     const u32 vst = sbase + V_OFF + (u32)(jb % 2) * STAGE_BYTES;
-    fence_regs<D / 2>(o);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) wgmma_pv(o, pa[kk], sw128_desc(vst + (u32)kk * 2048, BC * 128, 1024));
-    wg_commit();
+{% fwd_issue_pv("vst", "D") %}
   };
-  auto wait_pv = [&] {  // a second call waits for nothing
-    wg_wait<0>();
-    fence_regs<D / 2>(o);
-  };
+{% fwd_wait_pv("D") %}
 
   if constexpr (!OVERLAP) {
     for (int j = 0; j < n_blocks; ++j) {
