@@ -206,7 +206,7 @@ FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_args *
  * deterministic: nonzero gives bitwise-identical dQ, dK, dV from run to run (same inputs, same
  * GPU, same kernel): the key blocks add their parts of each dQ tile in a fixed order, waiting for
  * one another through 4 more workspace bytes per 16 query rows of each (batch, query head). It
- * costs speed: 1.2-1.8x the time without it on the H100's built-in kernels (bench/NOTES.md); dK
+ * costs speed: 1.3-1.5x the time without it on the H100's built-in kernels (bench/NOTES.md); dK
  * and dV are deterministic either way.
  * Without it, dQ's fp32 additions land in a varying order and its last bits may differ. */
 typedef struct fg_attention_backward_args {
