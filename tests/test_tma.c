@@ -9,8 +9,6 @@
  * through pointers, and the refusals (a stride the TMA cannot take, an encode the driver refuses,
  * a driver without cuTensorMapEncodeTiled), none of which launches anything. */
 #include <criterion/criterion.h>
-#include <dirent.h>
-#include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,11 +21,11 @@
 
 #include "fake_support.h"
 #include "cache_support.h"
-#include "cli_runner.h"
 #include "fg_gen.h"
 #include "fg_params.h"
 #include "fg_runtime_internal.h"
 #include "flashgen_export.h"
+#include "tma_support.h"
 #include "fake_cuda/fake_records.h"
 
 /* ---- the plan's text (core/kernel.c) ------------------------------------------------------ */
@@ -50,14 +48,9 @@ static void tma_plan(fg_kernel_meta *m, const char *name, int br, int bc) {
 /* A q_tma plan: Q, K, V loaded, and (fwd.lua's, n_maps 4) O stored by each consumer warpgroup,
  * 64 rows; the runtime tests' hand-made tables hold the first three. */
 static void expect_tma_plan_n(const fg_kernel_meta *m, int br, int bc, int n_maps) {
-  cr_assert_eq(m->params, FG_PARAMS_FWD_TMA);
-  cr_assert_eq(m->n_tmaps, n_maps);
   const fg_tmap_tensor t[4] = {FG_TMAP_Q, FG_TMAP_K, FG_TMAP_V, FG_TMAP_O};
   const int rows[4] = {br, bc, bc, 64};
-  for (int i = 0; i < n_maps; i++)
-    cr_assert(m->tmaps[i].tensor == t[i] && m->tmaps[i].rows == rows[i],
-              "map %d: tensor %d, %d rows; want %d, %d", i, (int)m->tmaps[i].tensor,
-              m->tmaps[i].rows, (int)t[i], rows[i]);
+  fgt_expect_plan_tmaps(m, FG_PARAMS_FWD_TMA, n_maps, t, rows);
 }
 static void expect_tma_plan(const fg_kernel_meta *m, int br, int bc) {
   expect_tma_plan_n(m, br, bc, 4);
@@ -104,15 +97,8 @@ Test(plan_text, malformed_lines_are_refused) {
       {"tmap q 64\n", "not a parameter block that carries them"},
       {"params fwd_tma\ntmap q 1\ntmap k 1\ntmap v 1\ntmap o 1\ntmap q 1\n", "too many tensor maps"},
   };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    char text[512];
-    snprintf(text, sizeof text, "main 0\nstep fg_x q_tiles 64 128 0\n%s", bad[i].tail);
-    fg_kernel_meta m;
-    const char *why = fg_kernel_plan_parse(text, &m);
-    cr_assert_not_null(why, "accepted: %s", text);
-    cr_assert(strstr(why, bad[i].needle), "'%s' for %s; want '%s'", why, bad[i].tail,
-              bad[i].needle);
-  }
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    fgt_expect_plan_refused("q_tiles", bad[i].tail, bad[i].needle);
   /* Four maps, one of each tensor, are fine. */
   fg_kernel_meta m;
   cr_assert_null(fg_kernel_plan_parse("main 0\nstep fg_x q_tiles 64 128 0\nparams fwd_tma\n"
@@ -126,87 +112,30 @@ Test(plan_text, malformed_lines_are_refused) {
 /* A copy of templates/ in dir, with fwd_tma.cu a stub (the kernel is the lead's; the plan is
  * what is read here) and fwd.lua's text `from` replaced by `to` (NULL: unchanged). */
 static void template_dir(char dir[64], const char *from, const char *to) {
-  strcpy(dir, "/tmp/fg-tma-tpl-XXXXXX");
-  cr_assert_not_null(mkdtemp(dir));
-  const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
-  if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
-  char tdir[1024];
-  snprintf(tdir, sizeof tdir, "%s/templates", src);
-  DIR *d = opendir(tdir);
-  cr_assert_not_null(d, "cannot list %s", tdir);
-  for (struct dirent *e; (e = readdir(d));) {
-    char in[2048], out[2048];
-    snprintf(in, sizeof in, "%s/%s", tdir, e->d_name);
-    struct stat st;
-    if (stat(in, &st) || !S_ISREG(st.st_mode)) continue;
-    FILE *fi = fopen(in, "rb");
-    cr_assert_not_null(fi);
-    char *text = calloc(1, (size_t)st.st_size + 1);
-    cr_assert_eq(fread(text, 1, (size_t)st.st_size, fi), (size_t)st.st_size);
-    fclose(fi);
-    snprintf(out, sizeof out, "%s/%s", dir, e->d_name);
-    FILE *fo = fopen(out, "wb");
-    cr_assert_not_null(fo);
-    char *at = from && strcmp(e->d_name, "fwd.lua") == 0 ? strstr(text, from) : NULL;
-    if (from && strcmp(e->d_name, "fwd.lua") == 0)
-      cr_assert_not_null(at, "fwd.lua no longer holds '%s': update this test", from);
-    if (at) {
-      fwrite(text, 1, (size_t)(at - text), fo);
-      fputs(to, fo);
-      fputs(at + strlen(from), fo);
-    } else {
-      fputs(text, fo);
-    }
-    fclose(fo);
-    free(text);
-  }
-  closedir(d);
-  char stub[1024];
-  snprintf(stub, sizeof stub, "%s/fwd_tma.cu", dir);
-  FILE *f = fopen(stub, "w");
-  cr_assert_not_null(f);
-  fputs("// a stub of the q_tma kernel for test_tma.c\n"
-        "extern \"C\" __global__ void {{ entry }}() {}\n",
-        f);
-  fclose(f);
-}
-
-static void remove_dir(const char *dir) { fgt_rm_rf(dir); }
-
-/* Renders name with the templates in dir: 0 with *meta, or -1 with err. */
-static int render_in(const char *dir, const char *name, fg_kernel_meta *meta, char *err,
-                     size_t errlen) {
-  setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
-  fg_generator *g = NULL;
-  cr_assert_eq(fg_generator_create(&g, err, errlen), 0, "generator: %s", err);
-  fg_variant v;
-  cr_assert_eq(fg_variant_parse(name, &v, err, errlen), 0, "%s", err);
-  char *src = NULL;
-  const int rc = fg_generator_render(g, &v, &src, meta, err, errlen);
-  free(src);
-  fg_generator_destroy(g);
-  unsetenv("FLASHGEN_TEMPLATE_DIR");
-  return rc;
+  fgt_template_dir(dir, "/tmp/fg-tma-tpl-XXXXXX", "fwd.lua", from, to);
+  fgt_write_text(dir, "fwd_tma.cu",
+                 "// a stub of the q_tma kernel for test_tma.c\n"
+                 "extern \"C\" __global__ void {{ entry }}() {}\n");
 }
 
 Test(generator, reads_the_q_tma_plan_of_fwd_lua) {
   char dir[64], err[4096];
   template_dir(dir, NULL, NULL);
   fg_kernel_meta m;
-  cr_assert_eq(render_in(dir, TMA_NAME, &m, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(fgt_render_in(dir, TMA_NAME, &m, err, sizeof err), 0, "%s", err);
   expect_tma_plan(&m, 128, 64);
   cr_assert_eq(m.steps[0].threads, 8 * 32 + 128, "consumers and the producer warpgroup");
   cr_assert_eq(fg_kernel_main(&m)->grid, FG_GRID_Q_TILES);
-  cr_assert_eq(render_in(dir, "fwd_d128_br64_bc128_f16_noncausal_qtma_w4_s2_sm90a", &m, err,
-                         sizeof err),
+  cr_assert_eq(fgt_render_in(dir, "fwd_d128_br64_bc128_f16_noncausal_qtma_w4_s2_sm90a", &m, err,
+                             sizeof err),
                0, "%s", err);
   expect_tma_plan(&m, 64, 128);
   /* The other loop orders keep the pass's own block, without maps. */
-  cr_assert_eq(render_in(dir, "fwd_d64_br128_bc64_bf16_noncausal_qwgmma_w8_s2_sm90a", &m, err,
-                         sizeof err),
+  cr_assert_eq(fgt_render_in(dir, "fwd_d64_br128_bc64_bf16_noncausal_qwgmma_w8_s2_sm90a", &m,
+                             err, sizeof err),
                0, "%s", err);
   cr_assert(m.params == FG_PARAMS_DEFAULT && m.n_tmaps == 0);
-  remove_dir(dir);
+  fgt_rm_rf(dir);
 }
 
 Test(generator, malformed_tensor_maps_are_refused) {
@@ -236,12 +165,13 @@ Test(generator, malformed_tensor_maps_are_refused) {
     char dir[64], err[4096] = "";
     template_dir(dir, bad[i].from, bad[i].to);
     fg_kernel_meta m;
-    cr_assert_neq(render_in(dir, TMA_NAME, &m, err, sizeof err), 0, "accepted: %s", bad[i].to);
+    cr_assert_neq(fgt_render_in(dir, TMA_NAME, &m, err, sizeof err), 0, "accepted: %s",
+                  bad[i].to);
     cr_assert(strstr(err, bad[i].needle) && strstr(err, "launch(v)") &&
                   strstr(err, "templates/README.md"),
               "for %s: '%s' lacks '%s' (or the manifest's name and what to read)", bad[i].to, err,
               bad[i].needle);
-    remove_dir(dir);
+    fgt_rm_rf(dir);
   }
 }
 
@@ -250,22 +180,9 @@ Test(export_cli, flashgen_export_writes_the_maps_and_the_table_registers_them, .
   if (fg_nvrtc_load(err, sizeof err) != 0) cr_skip_test("no NVRTC: %s", err);
   const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
   if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
-  char dir[64], env[256], path[256];
+  char dir[64];
   template_dir(dir, NULL, NULL); /* also the working directory of the command */
-  snprintf(path, sizeof path, "%s/v.txt", dir);
-  FILE *f = fopen(path, "w");
-  cr_assert_not_null(f);
-  fprintf(f, "%s\n", TMA_NAME);
-  fclose(f);
-  snprintf(env, sizeof env, "FLASHGEN_TEMPLATE_DIR='%s' FLASHGEN_CACHE_DIR='%s/cache'", dir, dir);
-  cr_assert_eq(
-      fg_test_run_cli(dir, env, "export -q --arch sm_90a --variants v.txt --prefix tt -o out"), 0,
-      "%s", fg_test_err);
-  const size_t cap = 1u << 20;
-  char *text = malloc(cap);
-  cr_assert_not_null(text);
-  snprintf(path, sizeof path, "%s/out/tt_kernels.c", dir);
-  fg_test_slurp(path, text, cap);
+  char *text = fgt_export_one(dir, TMA_NAME, "tt");
   cr_assert(strstr(text, "_tmaps[4] = {\n"
                          "    {.tensor = FG_EXPORT_TENSOR_Q, .rows = 128},\n"
                          "    {.tensor = FG_EXPORT_TENSOR_K, .rows = 64},\n"
@@ -276,27 +193,14 @@ Test(export_cli, flashgen_export_writes_the_maps_and_the_table_registers_them, .
   cr_assert(strstr(text, "    .tmap_size = sizeof(fg_export_tmap)};\n"), "no tmap_size");
   free(text);
   /* It compiles warning-free, and registers with its maps. */
-  char cmd[1024], so[160];
-  snprintf(so, sizeof so, "%s/tt.so", dir);
-  const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
-  snprintf(cmd, sizeof cmd,
-           "%s -std=c11 -Wall -Wextra -Werror -pedantic -shared -fPIC -I'%s/include' -I'%s/out' "
-           "-o '%s' '%s'",
-           cc, src, dir, so, path);
-  cr_assert_eq(system(cmd), 0, "the exported C does not compile: %s", cmd);
-  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-  cr_assert_not_null(h, "%s", dlerror());
-  const fg_export *(*fn)(void);
-  *(void **)&fn = dlsym(h, "tt_flashgen_export");
-  cr_assert_not_null(fn, "%s", dlerror());
-  const fg_export *t = fn();
+  const fg_export *t = fgt_export_load(dir, "tt");
   cr_assert(t->n_kernels == 1 && t->tmap_size == sizeof(fg_export_tmap));
   cr_assert_eq(t->abi_version, FG_EXPORT_ABI_VERSION_TMA,
                "a table holding a TMA kernel is version 2 (runtimes before the maps refuse it)");
   cr_assert(t->kernels[0].params == FG_EXPORT_PARAMS_FWD_TMA && t->kernels[0].n_tmaps == 4);
   cr_assert(t->kernels[0].tmaps[1].tensor == FG_EXPORT_TENSOR_K && t->kernels[0].tmaps[1].rows == 64);
   cr_assert_eq(fg_register_export(t, err, sizeof err), FG_OK, "%s", err);
-  remove_dir(dir);
+  fgt_rm_rf(dir);
 }
 
 /* ---- the cache ------------------------------------------------------------------------------ */
@@ -314,20 +218,10 @@ static const unsigned char fake_cubin[16] = {0x7f, 'E', 'L', 'F'};
 Test(cache, a_plan_with_tensor_maps_round_trips_and_a_damaged_map_is_a_miss,
      .init = cache_setup, .fini = cache_teardown) {
   fg_cache *c = fgt_open_ok(cache_dir);
-  fg_kernel_image img;
-  memset(&img, 0, sizeof img);
-  snprintf(img.variant, sizeof img.variant, "%s", TMA_NAME);
-  img.arch = FG_ARCH_SM90A;
-  unsigned char cubin[64];
-  for (size_t i = 0; i < sizeof cubin; i++) cubin[i] = (unsigned char)(i * 7);
-  char ptx[] = "// ptx";
-  img.cubin = cubin;
-  img.cubin_size = sizeof cubin;
-  img.ptx = ptx;
-  img.ptx_size = strlen(ptx);
-  tma_plan(&img.meta, TMA_NAME, 128, 64);
+  fg_kernel_meta plan;
+  tma_plan(&plan, TMA_NAME, 128, 64);
   fg_cache_key k = fgt_key_of(TMA_NAME);
-  fgt_put_ok(c, &k, &img);
+  fgt_put_image(c, &k, &plan);
   fg_kernel_image got;
   char warn[1024] = "";
   cr_assert_eq(fgt_get(c, &k, &got, warn, sizeof warn), 1, "%s", warn);
@@ -379,23 +273,7 @@ static fg_export_kernel tma_export_kernel(void) {
 }
 
 static fg_export export_of(const fg_export_kernel *k, size_t kernel_size) {
-  fg_export e;
-  memset(&e, 0, sizeof e);
-  /* Version 2 when the kernel takes tensor maps, as flashgen export writes it (a kernel size from
-   * before the maps carries none). */
-  e.abi_version = kernel_size > offsetof(fg_export_kernel, params) && k->params
-                      ? FG_EXPORT_ABI_VERSION_TMA
-                      : FG_EXPORT_ABI_VERSION;
-  e.size = sizeof e;
-  e.kernel_size = (uint32_t)kernel_size;
-  e.choice_size = sizeof(fg_export_choice);
-  e.description = "test_tma";
-  e.kernels = k;
-  e.n_kernels = 1;
-  e.step_size = sizeof(fg_export_step);
-  e.workspace_desc_size = sizeof(fg_export_workspace);
-  e.tmap_size = sizeof(fg_export_tmap);
-  return e;
+  return fgt_export_table(k, kernel_size, "test_tma");
 }
 
 /* A table whose kernel takes tensor maps must say version 2 (which runtimes from before the maps
@@ -597,24 +475,17 @@ static void free_problem(problem *pr) {
   for (int i = 0; i < 4; i++) free(pr->mem[i]);
 }
 
-static fg_variant variant(const char *name) {
-  fg_variant v;
-  char err[256];
-  cr_assert_eq(fg_variant_parse(name, &v, err, sizeof err), 0, "%s", err);
-  return v;
-}
-
 /* Runs the TMA variant name on pr, then REF_NAME (through pointers) on the same inputs into a
  * second O: the two outputs must be equal bit for bit (and not all zero). */
 static void expect_same_output_as_pointers(problem *pr, const char *name) {
   memset(pr->mem[3], 0, pr->bytes[3]);
-  fg_variant v = variant(name);
+  fg_variant v = fgt_variant(name);
   fg_status st = fg_attention_forward_variant(ctx, &pr->a, NULL, &v);
   cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
   unsigned char *tma_out = malloc(pr->bytes[3]);
   memcpy(tma_out, pr->mem[3], pr->bytes[3]);
   memset(pr->mem[3], 0, pr->bytes[3]);
-  fg_variant r = variant(REF_NAME);
+  fg_variant r = fgt_variant(REF_NAME);
   st = fg_attention_forward_variant(ctx, &pr->a, NULL, &r);
   cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
   size_t nonzero = 0;
@@ -681,7 +552,7 @@ Test(launch, gqa_and_nq_ne_nk_maps_and_output, .init = fake_setup, .fini = fake_
  * their maps stay zero (the kernel reads no K/V block) and the call succeeds. */
 Test(launch, no_keys_leaves_the_kv_maps_zero, .init = fake_setup, .fini = fake_teardown) {
   problem pr = make_problem(FG_DTYPE_BF16, 1, 2, 2, 70, 0, 64, NULL);
-  fg_variant v = variant(TMA_NAME);
+  fg_variant v = fgt_variant(TMA_NAME);
   fg_status st = fg_attention_forward_variant(ctx, &pr.a, NULL, &v);
   cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
   cr_assert_eq(fake_tmap_count(), 1, "only Q's map is encoded, got %d", fake_tmap_count());
@@ -698,7 +569,7 @@ Test(launch, f16_causal_maps_take_float16_and_the_plans_rows, .init = fake_setup
      .fini = fake_teardown) {
   problem pr = make_problem(FG_DTYPE_F16, 1, 2, 2, 70, 70, 128, NULL);
   pr.a.causal = 1;
-  fg_variant v = variant(F16_NAME);
+  fg_variant v = fgt_variant(F16_NAME);
   fg_status st = fg_attention_forward_variant(ctx, &pr.a, NULL, &v);
   cr_assert_eq(st, FG_OK, "%s", fg_context_last_error(ctx));
   cr_assert_eq(fake_tmap_count(), 3);
@@ -769,23 +640,16 @@ static fg_attention_args fake_args(void) {
 }
 
 static void expect_refused(fg_status st, const char *const *needles, size_t n) {
-  const char *e = fg_context_last_error(ctx);
-  cr_assert_eq(st, FG_ERROR_UNSUPPORTED, "%s: %s", fg_status_string(st), e);
-  for (size_t i = 0; i < n; i++)
-    cr_assert(strstr(e, needles[i]), "'%s' lacks '%s'", e, needles[i]);
+  fgt_expect_unsupported(ctx, st, needles, n);
   cr_assert_eq(fake_tma_launch_count(), 0, "a refused call launches nothing");
 }
-#define EXPECT_REFUSED(st, ...)                                                  \
-  do {                                                                           \
-    const char *const n_[] = {__VA_ARGS__};                                      \
-    expect_refused((st), n_, sizeof n_ / sizeof n_[0]);                          \
-  } while (0)
+#define EXPECT_REFUSED(st, ...) FGT_WITH_NEEDLES(expect_refused, st, __VA_ARGS__)
 
 Test(refuse, a_stride_of_2_to_the_40_bytes, .init = fake_setup, .fini = fake_teardown) {
   fg_attention_args a = fake_args();
   const int64_t ks[3] = {(int64_t)1 << 39, 130 * 64, 64}; /* 2^40 B between K's batches */
   memcpy(a.k_stride, ks, sizeof ks);
-  fg_variant v = variant(TMA_NAME);
+  fg_variant v = fgt_variant(TMA_NAME);
   EXPECT_REFUSED(fg_attention_forward_variant(ctx, &a, NULL, &v), TMA_NAME, "cannot read k",
                  "batch stride", "2^40", "make k contiguous", "without TMA");
 }
@@ -800,7 +664,7 @@ Test(refuse, a_row_stride_not_a_multiple_of_16_bytes, .init = fake_setup, .fini 
   fg_params_from_args(&n, &p);
   p.q_sn = 68; /* 136 B */
   const fg_loaded_kernel *k = NULL;
-  fg_variant v = variant(TMA_NAME);
+  fg_variant v = fgt_variant(TMA_NAME);
   cr_assert_eq(fg_registry_get(ctx, &v, &k), FG_OK, "%s", fg_context_last_error(ctx));
   cr_assert_eq(k->dtype, FG_DTYPE_BF16);
   EXPECT_REFUSED(fg_kernel_launch(ctx, k, &p, FG_ELEMS_FORWARD, NULL), "cannot read q",
@@ -811,7 +675,7 @@ Test(refuse, a_row_stride_not_a_multiple_of_16_bytes, .init = fake_setup, .fini 
 Test(refuse, an_encode_the_driver_refuses, .init = fake_setup, .fini = fake_teardown) {
   setenv("FAKE_CUDA_TMAP_FAIL", "1", 1);
   fg_attention_args a = fake_args();
-  fg_variant v = variant(TMA_NAME);
+  fg_variant v = fgt_variant(TMA_NAME);
   EXPECT_REFUSED(fg_attention_forward_variant(ctx, &a, NULL, &v), "cuTensorMapEncodeTiled",
                  "tensor map of q", "dims {64, 100, 4, 2}", "strides {128, 12800, 51200} B",
                  "box {64, 128, 1, 1}", "make q contiguous");
@@ -821,12 +685,12 @@ Test(refuse, an_encode_the_driver_refuses, .init = fake_setup, .fini = fake_tear
 Test(refuse, a_driver_without_cuTensorMapEncodeTiled, .init = fake_setup_no_tmap,
      .fini = fake_teardown) {
   fg_attention_args a = fake_args();
-  fg_variant v = variant(TMA_NAME);
+  fg_variant v = fgt_variant(TMA_NAME);
   EXPECT_REFUSED(fg_attention_forward_variant(ctx, &a, NULL, &v), TMA_NAME,
                  "no cuTensorMapEncodeTiled", "update the NVIDIA driver", "without TMA");
   /* Kernels without maps still run there. */
   problem pr = make_problem(FG_DTYPE_BF16, 1, 2, 2, 16, 16, 64, NULL);
-  fg_variant r = variant(REF_NAME);
+  fg_variant r = fgt_variant(REF_NAME);
   cr_assert_eq(fg_attention_forward_variant(ctx, &pr.a, NULL, &r), FG_OK, "%s",
                fg_context_last_error(ctx));
   free_problem(&pr);
@@ -854,12 +718,12 @@ Test(export, a_table_from_before_tensor_maps_reads_as_no_maps, .init = fake_setu
   char err[1024] = "";
   cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_OK, "%s", err);
   const fg_loaded_kernel *lk = NULL;
-  fg_variant v = variant(name);
+  fg_variant v = fgt_variant(name);
   cr_assert_eq(fg_registry_get(ctx, &v, &lk), FG_OK, "%s", fg_context_last_error(ctx));
   cr_assert_eq(lk->meta.params, FG_PARAMS_DEFAULT);
   cr_assert_eq(lk->meta.n_tmaps, 0);
   /* And the maps of the table registered at setup arrived. */
-  fg_variant t = variant(TMA_NAME);
+  fg_variant t = fgt_variant(TMA_NAME);
   cr_assert_eq(fg_registry_get(ctx, &t, &lk), FG_OK, "%s", fg_context_last_error(ctx));
   expect_tma_plan_n(&lk->meta, 128, 64, 3);
 }
