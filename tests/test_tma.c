@@ -26,7 +26,6 @@
 #include "fg_runtime_internal.h"
 #include "flashgen_export.h"
 #include "tma_support.h"
-#include "fake_cuda/fake_records.h"
 
 /* ---- the plan's text (core/kernel.c) ------------------------------------------------------ */
 
@@ -344,15 +343,8 @@ Test(export, malformed_tensor_maps_are_refused_naming_the_kernel) {
 
 /* ---- the launch on the fake driver ---------------------------------------------------------- */
 
-/* The fake driver's records: tests/fake_cuda/fake_records.h. */
-static char fake_dir[64];
-static void *fake_handle;
-static void (*fake_reset)(void);
-static int (*fake_tmap_count)(void);
-static const fake_tmap *(*fake_tmap_get)(int);
-static const fake_tmap *(*fake_tmap_encoded)(const fg_tmap *);
-static int (*fake_tma_launch_count)(void);
-static const fake_tma_launch *(*fake_tma_launch_get)(int);
+/* The fake driver and its records (fake_support.h), and the context on it. */
+static fgt_fake fake;
 static fg_context *ctx;
 
 /* Kernels as `flashgen export` would write them: two q_tma variants and, for comparison, the
@@ -395,27 +387,14 @@ static void register_kernels(void) {
 }
 
 static void fake_setup_with(const char *defines) {
-  strcpy(fake_dir, "/tmp/fg-tma-fake-XXXXXX");
-  cr_assert_not_null(mkdtemp(fake_dir));
-  char lib[160];
-  fgt_fake_driver_build(fake_dir, defines, lib, sizeof lib);
-  register_kernels();
-  ctx = fgt_fake_context(lib, &fake_handle);
-  *(void **)&fake_reset = fgt_fake_sym(fake_handle, "fake_reset");
-  *(void **)&fake_tmap_count = fgt_fake_sym(fake_handle, "fake_tmap_count");
-  *(void **)&fake_tmap_get = fgt_fake_sym(fake_handle, "fake_tmap_get");
-  *(void **)&fake_tmap_encoded = fgt_fake_sym(fake_handle, "fake_tmap_encoded");
-  *(void **)&fake_tma_launch_count = fgt_fake_sym(fake_handle, "fake_tma_launch_count");
-  *(void **)&fake_tma_launch_get = fgt_fake_sym(fake_handle, "fake_tma_launch_get");
-  fake_reset();
+  ctx = fgt_fake_open(&fake, "/tmp/fg-tma-fake-XXXXXX", defines, register_kernels);
 }
 static void fake_setup(void) { fake_setup_with(""); }
 static void fake_setup_no_tmap(void) { fake_setup_with("-DFAKE_CUDA_NO_TENSOR_MAP"); }
 
 static void fake_teardown(void) {
-  fgt_fake_teardown(ctx, fake_handle, fake_dir);
+  fgt_fake_close(&fake, ctx);
   ctx = NULL;
-  fake_handle = NULL;
 }
 
 /* A problem whose tensors are host memory (the fake's device memory): sizes, and per tensor
@@ -425,11 +404,6 @@ typedef struct problem {
   void *mem[4]; /* q, k, v, o */
   size_t bytes[4];
 } problem;
-
-static size_t span(int64_t n0, int64_t n1, int64_t n2, int64_t d, const int64_t s[3]) {
-  if (!s[0] && !s[1] && !s[2]) return (size_t)(n0 * n1 * n2 * d);
-  return (size_t)fg_tensor_extent(n0, n1, n2, d, s);
-}
 
 static problem make_problem(fg_dtype t, int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq,
                             int64_t Nk, int64_t d, const int64_t *strides /* 4 x 3 or NULL */) {
@@ -450,22 +424,9 @@ static problem make_problem(fg_dtype t, int64_t B, int64_t Hq, int64_t Hkv, int6
   int64_t *st[4] = {a->q_stride, a->k_stride, a->v_stride, a->o_stride};
   unsigned seed = 12345;
   for (int i = 0; i < 4; i++) {
-    pr.bytes[i] = 2 * span(B, n1[i], n2[i], d, st[i]);
-    pr.mem[i] = aligned_alloc(256, (pr.bytes[i] + 255) / 256 * 256);
-    cr_assert_not_null(pr.mem[i]);
-    uint16_t *x = pr.mem[i];
-    for (size_t j = 0; j < pr.bytes[i] / 2; j++) {
-      seed = seed * 1103515245u + 12345u;
-      /* values in [-2, 2): bf16 and f16 of small integers over 8 */
-      const float f = (float)((int)((seed >> 16) % 32) - 16) / 8.0f;
-      uint32_t u;
-      memcpy(&u, &f, 4);
-      x[j] = t == FG_DTYPE_BF16 ? (uint16_t)(u >> 16) : 0;
-      if (t == FG_DTYPE_F16) { /* exact: |f| <= 2 with 3 fraction bits */
-        const int e = f == 0 ? 0 : (int)((u >> 23) & 0xff) - 127 + 15;
-        x[j] = f == 0 ? 0 : (uint16_t)((u >> 16 & 0x8000u) | (unsigned)e << 10 | (u >> 13 & 0x3ffu));
-      }
-    }
+    pr.bytes[i] = 2 * fgt_span(B, n1[i], n2[i], d, st[i]);
+    pr.mem[i] = fgt_fake_alloc(pr.bytes[i]);
+    fgt_fill_random(pr.mem[i], pr.bytes[i] / 2, t, &seed);
   }
   a->q = pr.mem[0], a->k = pr.mem[1], a->v = pr.mem[2], a->o = pr.mem[3];
   return pr;
@@ -496,26 +457,12 @@ static void expect_same_output_as_pointers(problem *pr, const char *name) {
   free(tma_out);
 }
 
+/* Asserts encode i as fgt_expect_map does, and an element stride of 1 in every dimension. */
 static void expect_map(int i, int type, const void *base, const unsigned long long dims[4],
                        const unsigned long long strides[3], unsigned rows) {
-  const fake_tmap *t = fake_tmap_get(i);
-  cr_assert_not_null(t, "encode %d was not recorded (%d)", i, fake_tmap_count());
-  cr_assert_eq(t->data_type, type, "map %d: data type %d, want %d", i, t->data_type, type);
-  cr_assert_eq(t->rank, 4u);
-  cr_assert_eq(t->address, (unsigned long long)(uintptr_t)base, "map %d: base address", i);
-  for (int j = 0; j < 4; j++)
-    cr_assert_eq(t->dims[j], dims[j], "map %d: dims[%d] = %llu, want %llu", i, j, t->dims[j],
-                 dims[j]);
-  for (int j = 0; j < 3; j++)
-    cr_assert_eq(t->strides[j], strides[j], "map %d: strides[%d] = %llu B, want %llu B", i, j,
-                 t->strides[j], strides[j]);
-  cr_assert(t->box[0] == 64 && t->box[1] == rows && t->box[2] == 1 && t->box[3] == 1,
-            "map %d: box {%u, %u, %u, %u}, want {64, %u, 1, 1}", i, t->box[0], t->box[1],
-            t->box[2], t->box[3], rows);
+  fgt_expect_map(&fake, i, type, base, dims, strides, rows);
+  const fake_tmap *t = fake.tmap_get(i);
   for (int j = 0; j < 4; j++) cr_assert_eq(t->element_strides[j], 1, "map %d", i);
-  cr_assert(t->interleave == 0 && t->swizzle == 3 && t->l2_promotion == 3 && t->oob_fill == 0,
-            "map %d: interleave %d swizzle %d l2 %d oob %d; want none, 128B, 256B, none", i,
-            t->interleave, t->swizzle, t->l2_promotion, t->oob_fill);
 }
 
 #define ULL(...) ((const unsigned long long[]){__VA_ARGS__})
@@ -524,22 +471,22 @@ Test(launch, gqa_and_nq_ne_nk_maps_and_output, .init = fake_setup, .fini = fake_
   const int64_t B = 2, Hq = 4, Hkv = 2, Nq = 100, Nk = 130, d = 64;
   problem pr = make_problem(FG_DTYPE_BF16, B, Hq, Hkv, Nq, Nk, d, NULL);
   expect_same_output_as_pointers(&pr, TMA_NAME);
-  cr_assert_eq(fake_tmap_count(), 3, "three maps for one launch, got %d", fake_tmap_count());
+  cr_assert_eq(fake.tmap_count(), 3, "three maps for one launch, got %d", fake.tmap_count());
   expect_map(0, 9, pr.mem[0], ULL(64, 100, 4, 2), ULL(128, 100 * 128, 4 * 100 * 128), 128);
   expect_map(1, 9, pr.mem[1], ULL(64, 130, 2, 2), ULL(128, 130 * 128, 2 * 130 * 128), 64);
   expect_map(2, 9, pr.mem[2], ULL(64, 130, 2, 2), ULL(128, 130 * 128, 2 * 130 * 128), 64);
   /* The launch: the plan's grid and block, the maps as encoded in tmap[0..2], tmap[3] zero, the
    * forward's block after them. */
-  cr_assert_eq(fake_tma_launch_count(), 1);
-  const fake_tma_launch *l = fake_tma_launch_get(0);
+  cr_assert_eq(fake.tma_launch_count(), 1);
+  const fake_tma_launch *l = fake.tma_launch_get(0);
   cr_assert_str_eq(l->entry, "fg_fwd_d64_br128_bc64_bf16_noncausal_qtma_w8_s2_sm90a");
   cr_assert(l->grid[0] == 1 && l->grid[1] == 8 && l->grid[2] == 1, "grid %u x %u x %u",
             l->grid[0], l->grid[1], l->grid[2]);
   cr_assert(l->block[0] == 384 && l->smem == 99000);
   for (int i = 0; i < 3; i++) {
-    const fake_tmap *enc = fake_tmap_encoded(&l->params.tmap[i]);
+    const fake_tmap *enc = fake.tmap_encoded(&l->params.tmap[i]);
     cr_assert_not_null(enc, "tmap[%d] holds no map", i);
-    cr_assert_eq(memcmp(enc, fake_tmap_get(i), sizeof *enc), 0, "tmap[%d] is not encode %d", i, i);
+    cr_assert_eq(memcmp(enc, fake.tmap_get(i), sizeof *enc), 0, "tmap[%d] is not encode %d", i, i);
   }
   static const fg_tmap zero;
   cr_assert_eq(memcmp(&l->params.tmap[3], &zero, sizeof zero), 0, "the unused map is zero");
@@ -555,10 +502,10 @@ Test(launch, no_keys_leaves_the_kv_maps_zero, .init = fake_setup, .fini = fake_t
   fg_variant v = fgt_variant(TMA_NAME);
   fg_status st = fg_attention_forward_variant(ctx, &pr.a, NULL, &v);
   cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
-  cr_assert_eq(fake_tmap_count(), 1, "only Q's map is encoded, got %d", fake_tmap_count());
+  cr_assert_eq(fake.tmap_count(), 1, "only Q's map is encoded, got %d", fake.tmap_count());
   expect_map(0, 9, pr.mem[0], ULL(64, 70, 2, 1), ULL(128, 70 * 128, 2 * 70 * 128), 128);
-  cr_assert_eq(fake_tma_launch_count(), 1);
-  const fake_tma_launch *l = fake_tma_launch_get(0);
+  cr_assert_eq(fake.tma_launch_count(), 1);
+  const fake_tma_launch *l = fake.tma_launch_get(0);
   static const fg_tmap zero;
   for (int i = 1; i < 4; i++)
     cr_assert_eq(memcmp(&l->params.tmap[i], &zero, sizeof zero), 0, "tmap[%d] is not zero", i);
@@ -572,7 +519,7 @@ Test(launch, f16_causal_maps_take_float16_and_the_plans_rows, .init = fake_setup
   fg_variant v = fgt_variant(F16_NAME);
   fg_status st = fg_attention_forward_variant(ctx, &pr.a, NULL, &v);
   cr_assert_eq(st, FG_OK, "%s", fg_context_last_error(ctx));
-  cr_assert_eq(fake_tmap_count(), 3);
+  cr_assert_eq(fake.tmap_count(), 3);
   expect_map(0, 6, pr.mem[0], ULL(128, 70, 2, 1), ULL(256, 70 * 256, 2 * 70 * 256), 64);
   expect_map(1, 6, pr.mem[1], ULL(128, 70, 2, 1), ULL(256, 70 * 256, 2 * 70 * 256), 128);
   expect_map(2, 6, pr.mem[2], ULL(128, 70, 2, 1), ULL(256, 70 * 256, 2 * 70 * 256), 128);
@@ -603,11 +550,11 @@ Test(launch, each_batch_chunk_gets_its_own_maps, .init = fake_setup, .fini = fak
   const int64_t B = 3, H = 30000, N = 1, d = 64;
   problem pr = make_problem(FG_DTYPE_BF16, B, H, H, N, N, d, NULL);
   expect_same_output_as_pointers(&pr, TMA_NAME);
-  cr_assert_eq(fake_tma_launch_count(), 2);
+  cr_assert_eq(fake.tma_launch_count(), 2);
   const unsigned long long sb = (unsigned long long)(H * N * d * 2);
   /* The last chunk's maps are encoded first (a refusal there would launch nothing), then each
    * launch's. */
-  cr_assert_eq(fake_tmap_count(), 9);
+  cr_assert_eq(fake.tmap_count(), 9);
   for (int i = 0; i < 3; i++) {
     const char *base = pr.mem[i];
     const unsigned rows = i == 0 ? 128 : 64;
@@ -616,10 +563,10 @@ Test(launch, each_batch_chunk_gets_its_own_maps, .init = fake_setup, .fini = fak
     expect_map(6 + i, 9, base + 2 * sb, ULL(64, 1, (unsigned long long)H, 1), ULL(128, 128, sb),
                rows);
   }
-  const fake_tma_launch *l0 = fake_tma_launch_get(0), *l1 = fake_tma_launch_get(1);
+  const fake_tma_launch *l0 = fake.tma_launch_get(0), *l1 = fake.tma_launch_get(1);
   cr_assert(l0->params.p.batch == 2 && l1->params.p.batch == 1);
   cr_assert(l0->grid[1] == 2 * H && l1->grid[1] == H);
-  cr_assert_eq(fake_tmap_encoded(&l1->params.tmap[1])->address,
+  cr_assert_eq(fake.tmap_encoded(&l1->params.tmap[1])->address,
                (unsigned long long)(uintptr_t)pr.mem[1] + 2 * sb);
   free_problem(&pr);
 }
@@ -641,7 +588,7 @@ static fg_attention_args fake_args(void) {
 
 static void expect_refused(fg_status st, const char *const *needles, size_t n) {
   fgt_expect_unsupported(ctx, st, needles, n);
-  cr_assert_eq(fake_tma_launch_count(), 0, "a refused call launches nothing");
+  cr_assert_eq(fake.tma_launch_count(), 0, "a refused call launches nothing");
 }
 #define EXPECT_REFUSED(st, ...) FGT_WITH_NEEDLES(expect_refused, st, __VA_ARGS__)
 

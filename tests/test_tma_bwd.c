@@ -27,7 +27,6 @@
 #include "flashgen_export.h"
 #include "support_plan.h"
 #include "tma_support.h"
-#include "fake_cuda/fake_records.h"
 
 /* The Hopper backward on TMA (d 64, Br 64, Bc 128) and, for comparison, the wgmma one of the same
  * tiles, whose fake kernel reads through the block's pointers. */
@@ -317,18 +316,8 @@ Test(export, bwd_tma_tables_are_checked) {
 
 /* ---- the backward call on the fake driver --------------------------------------------------- */
 
-/* The fake driver's records: tests/fake_cuda/fake_records.h. */
-static char fake_dir[64];
-static void *fake_handle;
-static void (*fake_reset)(void);
-static int (*fake_tmap_count)(void);
-static const fake_tmap *(*fake_tmap_get)(int);
-static const fake_tmap *(*fake_tmap_encoded)(const fg_tmap *);
-static int (*fake_launch_count)(void);
-static const fake_launch *(*fake_launch_get)(int);
-static int (*fake_bwd_tma_launch_count)(void);
-static const fake_bwd_tma_launch *(*fake_bwd_tma_launch_get)(int);
-static void (*fake_mem_counts)(int *, int *, size_t *);
+/* The fake driver and its records (fake_support.h), and the context on it. */
+static fgt_fake fake;
 static fg_context *ctx;
 
 /* Kernels as if exported: the kv_tma variant (bwd_tma_plan), the kv_wgmma one of the same tiles
@@ -374,30 +363,14 @@ static void register_kernels(void) {
 }
 
 static void fake_setup_with(const char *defines) {
-  strcpy(fake_dir, "/tmp/fg-tmab-fake-XXXXXX");
-  cr_assert_not_null(mkdtemp(fake_dir));
-  char lib[160];
-  fgt_fake_driver_build(fake_dir, defines, lib, sizeof lib);
-  register_kernels();
-  ctx = fgt_fake_context(lib, &fake_handle);
-  *(void **)&fake_reset = fgt_fake_sym(fake_handle, "fake_reset");
-  *(void **)&fake_tmap_count = fgt_fake_sym(fake_handle, "fake_tmap_count");
-  *(void **)&fake_tmap_get = fgt_fake_sym(fake_handle, "fake_tmap_get");
-  *(void **)&fake_tmap_encoded = fgt_fake_sym(fake_handle, "fake_tmap_encoded");
-  *(void **)&fake_launch_count = fgt_fake_sym(fake_handle, "fake_launch_count");
-  *(void **)&fake_launch_get = fgt_fake_sym(fake_handle, "fake_launch_get");
-  *(void **)&fake_bwd_tma_launch_count = fgt_fake_sym(fake_handle, "fake_bwd_tma_launch_count");
-  *(void **)&fake_bwd_tma_launch_get = fgt_fake_sym(fake_handle, "fake_bwd_tma_launch_get");
-  *(void **)&fake_mem_counts = fgt_fake_sym(fake_handle, "fake_mem_counts");
-  fake_reset();
+  ctx = fgt_fake_open(&fake, "/tmp/fg-tmab-fake-XXXXXX", defines, register_kernels);
 }
 static void fake_setup(void) { fake_setup_with(""); }
 static void fake_setup_no_tmap(void) { fake_setup_with("-DFAKE_CUDA_NO_TENSOR_MAP"); }
 
 static void fake_teardown(void) {
-  fgt_fake_teardown(ctx, fake_handle, fake_dir);
+  fgt_fake_close(&fake, ctx);
   ctx = NULL;
-  fake_handle = NULL;
 }
 
 /* A backward problem in host memory (the fake's device memory): q, k, v, o, do, dq, dk, dv in
@@ -409,11 +382,6 @@ typedef struct problem {
   void *mem[T_N];
   size_t bytes[T_N];
 } problem;
-
-static size_t span(int64_t n0, int64_t n1, int64_t n2, int64_t d, const int64_t s[3]) {
-  if (!s[0] && !s[1] && !s[2]) return (size_t)(n0 * n1 * n2 * d);
-  return (size_t)fg_tensor_extent(n0, n1, n2, d, s);
-}
 
 static problem make_problem(int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t d,
                             const int64_t *strides /* 5 x 3 or NULL */) {
@@ -434,19 +402,9 @@ static problem make_problem(int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq, int6
   unsigned seed = 4242;
   for (int i = 0; i < T_N; i++) {
     pr.bytes[i] = i == T_LSE ? (size_t)(4 * B * Hq * Nq)
-                             : 2 * span(B, n1[i], n2[i], d, st[i] ? st[i] : zero);
-    pr.mem[i] = aligned_alloc(256, (pr.bytes[i] + 256) / 256 * 256); /* 256 B at least */
-    cr_assert_not_null(pr.mem[i]);
-    memset(pr.mem[i], 0, pr.bytes[i]);
-    if (i > T_DO) continue;
-    uint16_t *x = pr.mem[i];
-    for (size_t j = 0; j < pr.bytes[i] / 2; j++) {
-      seed = seed * 1103515245u + 12345u;
-      const float f = (float)((int)((seed >> 16) % 32) - 16) / 8.0f; /* exact in bf16 */
-      uint32_t u;
-      memcpy(&u, &f, 4);
-      x[j] = (uint16_t)(u >> 16);
-    }
+                             : 2 * fgt_span(B, n1[i], n2[i], d, st[i] ? st[i] : zero);
+    pr.mem[i] = fgt_fake_alloc(pr.bytes[i]);
+    if (i <= T_DO) fgt_fill_random(pr.mem[i], pr.bytes[i] / 2, FG_DTYPE_BF16, &seed);
   }
   a->q = pr.mem[T_Q], a->k = pr.mem[T_K], a->v = pr.mem[T_V], a->o = pr.mem[T_O];
   a->d_o = pr.mem[T_DO], a->lse = pr.mem[T_LSE];
@@ -472,7 +430,7 @@ static void expect_same_gradients_as_pointers(problem *pr) {
     memcpy(tma[g], pr->mem[T_DQ + g], pr->bytes[T_DQ + g]);
     memset(pr->mem[T_DQ + g], 0, pr->bytes[T_DQ + g]);
   }
-  fake_reset();
+  fake.reset();
   fg_variant v = fgt_variant(BWD_TMA);
   st = fg_attention_backward_variant(ctx, &pr->a, NULL, &v);
   cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
@@ -488,43 +446,28 @@ static void expect_same_gradients_as_pointers(problem *pr) {
   }
 }
 
+/* Asserts encode i as fgt_expect_map does, for a bf16 map (CUDA data type 9). */
 static void expect_map(int i, const void *base, const unsigned long long dims[4],
                        const unsigned long long strides[3], unsigned rows) {
-  const fake_tmap *t = fake_tmap_get(i);
-  cr_assert_not_null(t, "encode %d was not recorded (%d)", i, fake_tmap_count());
-  cr_assert_eq(t->data_type, 9, "map %d: data type %d, want bf16 (9)", i, t->data_type);
-  cr_assert_eq(t->rank, 4u);
-  cr_assert_eq(t->address, (unsigned long long)(uintptr_t)base, "map %d: base address", i);
-  for (int j = 0; j < 4; j++)
-    cr_assert_eq(t->dims[j], dims[j], "map %d: dims[%d] = %llu, want %llu", i, j, t->dims[j],
-                 dims[j]);
-  for (int j = 0; j < 3; j++)
-    cr_assert_eq(t->strides[j], strides[j], "map %d: strides[%d] = %llu B, want %llu B", i, j,
-                 t->strides[j], strides[j]);
-  cr_assert(t->box[0] == 64 && t->box[1] == rows && t->box[2] == 1 && t->box[3] == 1,
-            "map %d: box {%u, %u, %u, %u}, want {64, %u, 1, 1}", i, t->box[0], t->box[1],
-            t->box[2], t->box[3], rows);
-  cr_assert(t->interleave == 0 && t->swizzle == 3 && t->l2_promotion == 3 && t->oob_fill == 0,
-            "map %d: interleave %d swizzle %d l2 %d oob %d", i, t->interleave, t->swizzle,
-            t->l2_promotion, t->oob_fill);
+  fgt_expect_map(&fake, i, 9, base, dims, strides, rows);
 }
 
 /* Launch i of the fake's kvtma record: the plan's step (entry), its maps the encodes first ..
  * first + 3 (in the plan's order q, do, k, v), and its inner block the same as the plain record's
  * of the same launch, with the workspaces of the plan in it. */
 static const fake_bwd_tma_launch *expect_tma_launch(int i, const char *step, int first) {
-  const fake_bwd_tma_launch *l = fake_bwd_tma_launch_get(i);
-  cr_assert_not_null(l, "kvtma launch %d not recorded (%d)", i, fake_bwd_tma_launch_count());
+  const fake_bwd_tma_launch *l = fake.bwd_tma_launch_get(i);
+  cr_assert_not_null(l, "kvtma launch %d not recorded (%d)", i, fake.bwd_tma_launch_count());
   char entry[128];
   snprintf(entry, sizeof entry, "fg_%s%s", BWD_TMA, step);
   cr_assert_str_eq(l->entry, entry, "launch %d", i);
   for (int m = 0; m < 4; m++) {
-    const fake_tmap *enc = fake_tmap_encoded(&l->params.tmap[m]);
+    const fake_tmap *enc = fake.tmap_encoded(&l->params.tmap[m]);
     cr_assert_not_null(enc, "launch %d (%s): tmap[%d] holds no map", i, entry, m);
-    cr_assert_eq(memcmp(enc, fake_tmap_get(first + m), sizeof *enc), 0,
+    cr_assert_eq(memcmp(enc, fake.tmap_get(first + m), sizeof *enc), 0,
                  "launch %d (%s): tmap[%d] is not encode %d", i, entry, m, first + m);
   }
-  const fake_launch *plain = fake_launch_get(i);
+  const fake_launch *plain = fake.launch_get(i);
   cr_assert_not_null(plain);
   cr_assert_eq(memcmp(&plain->params, &l->params.p, sizeof plain->params), 0);
   cr_assert(l->params.p.workspace != 0 && l->params.p.dsum != 0,
@@ -541,15 +484,15 @@ Test(launch, gqa_nq_ne_nk_and_dos_own_strides, .init = fake_setup, .fini = fake_
   const int64_t s[15] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, Nq * Hq * d, d, Hq * d};
   problem pr = make_problem(B, Hq, Hkv, Nq, Nk, d, s);
   expect_same_gradients_as_pointers(&pr);
-  cr_assert_eq(fake_tmap_count(), 4, "four maps for one launch of each step, got %d",
-               fake_tmap_count());
+  cr_assert_eq(fake.tmap_count(), 4, "four maps for one launch of each step, got %d",
+               fake.tmap_count());
   expect_map(0, pr.mem[T_Q], ULL(64, 100, 4, 2), ULL(128, 100 * 128, 4 * 100 * 128), 64);
   expect_map(1, pr.mem[T_DO], ULL(64, 100, 4, 2), ULL(4 * 128, 128, 100 * 4 * 128), 64);
   expect_map(2, pr.mem[T_K], ULL(64, 130, 2, 2), ULL(128, 130 * 128, 2 * 130 * 128), 128);
   expect_map(3, pr.mem[T_V], ULL(64, 130, 2, 2), ULL(128, 130 * 128, 2 * 130 * 128), 128);
   /* Every step of the plan got the block: the maps, then the backward's with its workspaces. */
-  cr_assert_eq(fake_bwd_tma_launch_count(), 3);
-  cr_assert_eq(fake_launch_count(), 3);
+  cr_assert_eq(fake.bwd_tma_launch_count(), 3);
+  cr_assert_eq(fake.launch_count(), 3);
   const fake_bwd_tma_launch *pre = expect_tma_launch(0, "_pre", 0);
   const fake_bwd_tma_launch *mid = expect_tma_launch(1, "", 0);
   const fake_bwd_tma_launch *post = expect_tma_launch(2, "_post", 0);
@@ -590,11 +533,11 @@ Test(launch, each_batch_chunk_gets_its_own_maps, .init = fake_setup, .fini = fak
   const int64_t B = 3, H = 30000, N = 2, d = 64;
   problem pr = make_problem(B, H, H, N, N, d, NULL);
   expect_same_gradients_as_pointers(&pr);
-  cr_assert_eq(fake_bwd_tma_launch_count(), 6, "three steps for each of two chunks");
+  cr_assert_eq(fake.bwd_tma_launch_count(), 6, "three steps for each of two chunks");
   const unsigned long long sb = (unsigned long long)(H * N * d * 2);
   /* The last chunk's maps are encoded first (a refusal there launches nothing), then each
    * launch's. */
-  cr_assert_eq(fake_tmap_count(), 12);
+  cr_assert_eq(fake.tmap_count(), 12);
   const int t[4] = {T_Q, T_DO, T_K, T_V};
   for (int i = 0; i < 4; i++) {
     const char *base = pr.mem[t[i]];
@@ -611,7 +554,7 @@ Test(launch, each_batch_chunk_gets_its_own_maps, .init = fake_setup, .fini = fak
   }
   /* The second chunk's workspaces start at its first batch's part: dq_accum (4 d B per row)
    * and D (4 B per row) each hold every batch, one after the other. */
-  const fake_bwd_tma_launch *l0 = fake_bwd_tma_launch_get(1), *l1 = fake_bwd_tma_launch_get(4);
+  const fake_bwd_tma_launch *l0 = fake.bwd_tma_launch_get(1), *l1 = fake.bwd_tma_launch_get(4);
   cr_assert_eq(l1->params.p.workspace - l0->params.p.workspace, 2ull * H * N * 4 * d);
   cr_assert_eq(l1->params.p.dsum - l0->params.p.dsum, 2ull * H * N * 4);
   cr_assert_eq(l1->params.p.q, (uintptr_t)pr.mem[T_Q] + 2 * sb);
@@ -626,16 +569,16 @@ Test(launch, no_keys_leaves_the_kv_maps_zero, .init = fake_setup, .fini = fake_t
   fg_variant v = fgt_variant(BWD_TMA);
   fg_status st = fg_attention_backward_variant(ctx, &pr.a, NULL, &v);
   cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
-  cr_assert_eq(fake_tmap_count(), 2, "only Q's and dO's maps are encoded, got %d",
-               fake_tmap_count());
+  cr_assert_eq(fake.tmap_count(), 2, "only Q's and dO's maps are encoded, got %d",
+               fake.tmap_count());
   expect_map(0, pr.mem[T_Q], ULL(64, 70, 2, 1), ULL(128, 70 * 128, 2 * 70 * 128), 64);
   expect_map(1, pr.mem[T_DO], ULL(64, 70, 2, 1), ULL(128, 70 * 128, 2 * 70 * 128), 64);
-  cr_assert_eq(fake_bwd_tma_launch_count(), 2);
+  cr_assert_eq(fake.bwd_tma_launch_count(), 2);
   static const fg_tmap zero;
   for (int i = 0; i < 2; i++) {
-    const fake_bwd_tma_launch *l = fake_bwd_tma_launch_get(i);
-    cr_assert_not_null(fake_tmap_encoded(&l->params.tmap[0]));
-    cr_assert_not_null(fake_tmap_encoded(&l->params.tmap[1]));
+    const fake_bwd_tma_launch *l = fake.bwd_tma_launch_get(i);
+    cr_assert_not_null(fake.tmap_encoded(&l->params.tmap[0]));
+    cr_assert_not_null(fake.tmap_encoded(&l->params.tmap[1]));
     for (int m = 2; m < 4; m++)
       cr_assert_eq(memcmp(&l->params.tmap[m], &zero, sizeof zero), 0, "%s: tmap[%d] not zero",
                    l->entry, m);
@@ -662,10 +605,10 @@ static fg_attention_backward_args fake_args(void) {
 
 static void expect_refused(fg_status st, const char *const *needles, size_t n) {
   fgt_expect_unsupported(ctx, st, needles, n);
-  cr_assert_eq(fake_launch_count(), 0, "a refused call launches nothing");
+  cr_assert_eq(fake.launch_count(), 0, "a refused call launches nothing");
   int allocs, frees;
   size_t last;
-  fake_mem_counts(&allocs, &frees, &last);
+  fake.mem_counts(&allocs, &frees, &last);
   cr_assert_eq(allocs, frees, "the workspace is freed (%d allocations, %d frees)", allocs, frees);
 }
 #define EXPECT_REFUSED(st, ...) FGT_WITH_NEEDLES(expect_refused, st, __VA_ARGS__)
@@ -701,7 +644,7 @@ Test(refuse, a_do_row_stride_not_a_multiple_of_16_bytes, .init = fake_setup,
   EXPECT_REFUSED(st, "cannot read do", "row stride is 68 elements (136 bytes)",
                  "not a multiple of 16 bytes", "make do contiguous",
                  "a loop order other than kvtma");
-  cr_assert_eq(fake_tmap_count(), 1, "q's map was encoded, dO's refused before the driver");
+  cr_assert_eq(fake.tmap_count(), 1, "q's map was encoded, dO's refused before the driver");
 }
 
 Test(refuse, an_encode_the_driver_refuses, .init = fake_setup, .fini = fake_teardown) {
