@@ -15,6 +15,9 @@ fg_cache_key fgt_key_of(const char *variant);
 void fgt_release(fg_kernel_image *img);
 /* fg_cache_put_kernel, asserting success with no warning. */
 void fgt_put_ok(fg_cache *c, const fg_cache_key *k, const fg_kernel_image *img);
+/* Stores under k (fgt_put_ok) an sm_90a image of k->variant with the plan meta, a 64-byte cubin
+ * and a line of PTX. */
+void fgt_put_image(fg_cache *c, const fg_cache_key *k, const fg_kernel_meta *meta);
 /* fg_cache_get_kernel into a zeroed *out. */
 int fgt_get(fg_cache *c, const fg_cache_key *k, fg_kernel_image *out, char *warn, size_t len);
 /* The number of kernel entries, asserting the count succeeded. */

@@ -9,8 +9,6 @@
  * through pointers, and the refusals (a stride the TMA cannot take, an encode the driver refuses,
  * a driver without cuTensorMapEncodeTiled), none of which launches anything. */
 #include <criterion/criterion.h>
-#include <dirent.h>
-#include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,12 +21,11 @@
 
 #include "fake_support.h"
 #include "cache_support.h"
-#include "cli_runner.h"
 #include "fg_gen.h"
 #include "fg_params.h"
 #include "fg_runtime_internal.h"
 #include "flashgen_export.h"
-#include "fake_cuda/fake_records.h"
+#include "tma_support.h"
 
 /* ---- the plan's text (core/kernel.c) ------------------------------------------------------ */
 
@@ -50,14 +47,9 @@ static void tma_plan(fg_kernel_meta *m, const char *name, int br, int bc) {
 /* A q_tma plan: Q, K, V loaded, and (fwd.lua's, n_maps 4) O stored by each consumer warpgroup,
  * 64 rows; the runtime tests' hand-made tables hold the first three. */
 static void expect_tma_plan_n(const fg_kernel_meta *m, int br, int bc, int n_maps) {
-  cr_assert_eq(m->params, FG_PARAMS_FWD_TMA);
-  cr_assert_eq(m->n_tmaps, n_maps);
   const fg_tmap_tensor t[4] = {FG_TMAP_Q, FG_TMAP_K, FG_TMAP_V, FG_TMAP_O};
   const int rows[4] = {br, bc, bc, 64};
-  for (int i = 0; i < n_maps; i++)
-    cr_assert(m->tmaps[i].tensor == t[i] && m->tmaps[i].rows == rows[i],
-              "map %d: tensor %d, %d rows; want %d, %d", i, (int)m->tmaps[i].tensor,
-              m->tmaps[i].rows, (int)t[i], rows[i]);
+  fgt_expect_plan_tmaps(m, FG_PARAMS_FWD_TMA, n_maps, t, rows);
 }
 static void expect_tma_plan(const fg_kernel_meta *m, int br, int bc) {
   expect_tma_plan_n(m, br, bc, 4);
@@ -104,15 +96,8 @@ Test(plan_text, malformed_lines_are_refused) {
       {"tmap q 64\n", "not a parameter block that carries them"},
       {"params fwd_tma\ntmap q 1\ntmap k 1\ntmap v 1\ntmap o 1\ntmap q 1\n", "too many tensor maps"},
   };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    char text[512];
-    snprintf(text, sizeof text, "main 0\nstep fg_x q_tiles 64 128 0\n%s", bad[i].tail);
-    fg_kernel_meta m;
-    const char *why = fg_kernel_plan_parse(text, &m);
-    cr_assert_not_null(why, "accepted: %s", text);
-    cr_assert(strstr(why, bad[i].needle), "'%s' for %s; want '%s'", why, bad[i].tail,
-              bad[i].needle);
-  }
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    fgt_expect_plan_refused("q_tiles", bad[i].tail, bad[i].needle);
   /* Four maps, one of each tensor, are fine. */
   fg_kernel_meta m;
   cr_assert_null(fg_kernel_plan_parse("main 0\nstep fg_x q_tiles 64 128 0\nparams fwd_tma\n"
@@ -126,87 +111,30 @@ Test(plan_text, malformed_lines_are_refused) {
 /* A copy of templates/ in dir, with fwd_tma.cu a stub (the kernel is the lead's; the plan is
  * what is read here) and fwd.lua's text `from` replaced by `to` (NULL: unchanged). */
 static void template_dir(char dir[64], const char *from, const char *to) {
-  strcpy(dir, "/tmp/fg-tma-tpl-XXXXXX");
-  cr_assert_not_null(mkdtemp(dir));
-  const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
-  if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
-  char tdir[1024];
-  snprintf(tdir, sizeof tdir, "%s/templates", src);
-  DIR *d = opendir(tdir);
-  cr_assert_not_null(d, "cannot list %s", tdir);
-  for (struct dirent *e; (e = readdir(d));) {
-    char in[2048], out[2048];
-    snprintf(in, sizeof in, "%s/%s", tdir, e->d_name);
-    struct stat st;
-    if (stat(in, &st) || !S_ISREG(st.st_mode)) continue;
-    FILE *fi = fopen(in, "rb");
-    cr_assert_not_null(fi);
-    char *text = calloc(1, (size_t)st.st_size + 1);
-    cr_assert_eq(fread(text, 1, (size_t)st.st_size, fi), (size_t)st.st_size);
-    fclose(fi);
-    snprintf(out, sizeof out, "%s/%s", dir, e->d_name);
-    FILE *fo = fopen(out, "wb");
-    cr_assert_not_null(fo);
-    char *at = from && strcmp(e->d_name, "fwd.lua") == 0 ? strstr(text, from) : NULL;
-    if (from && strcmp(e->d_name, "fwd.lua") == 0)
-      cr_assert_not_null(at, "fwd.lua no longer holds '%s': update this test", from);
-    if (at) {
-      fwrite(text, 1, (size_t)(at - text), fo);
-      fputs(to, fo);
-      fputs(at + strlen(from), fo);
-    } else {
-      fputs(text, fo);
-    }
-    fclose(fo);
-    free(text);
-  }
-  closedir(d);
-  char stub[1024];
-  snprintf(stub, sizeof stub, "%s/fwd_tma.cu", dir);
-  FILE *f = fopen(stub, "w");
-  cr_assert_not_null(f);
-  fputs("// a stub of the q_tma kernel for test_tma.c\n"
-        "extern \"C\" __global__ void {{ entry }}() {}\n",
-        f);
-  fclose(f);
-}
-
-static void remove_dir(const char *dir) { fgt_rm_rf(dir); }
-
-/* Renders name with the templates in dir: 0 with *meta, or -1 with err. */
-static int render_in(const char *dir, const char *name, fg_kernel_meta *meta, char *err,
-                     size_t errlen) {
-  setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
-  fg_generator *g = NULL;
-  cr_assert_eq(fg_generator_create(&g, err, errlen), 0, "generator: %s", err);
-  fg_variant v;
-  cr_assert_eq(fg_variant_parse(name, &v, err, errlen), 0, "%s", err);
-  char *src = NULL;
-  const int rc = fg_generator_render(g, &v, &src, meta, err, errlen);
-  free(src);
-  fg_generator_destroy(g);
-  unsetenv("FLASHGEN_TEMPLATE_DIR");
-  return rc;
+  fgt_template_dir(dir, "/tmp/fg-tma-tpl-XXXXXX", "fwd.lua", from, to);
+  fgt_write_text(dir, "fwd_tma.cu",
+                 "// a stub of the q_tma kernel for test_tma.c\n"
+                 "extern \"C\" __global__ void {{ entry }}() {}\n");
 }
 
 Test(generator, reads_the_q_tma_plan_of_fwd_lua) {
   char dir[64], err[4096];
   template_dir(dir, NULL, NULL);
   fg_kernel_meta m;
-  cr_assert_eq(render_in(dir, TMA_NAME, &m, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(fgt_render_in(dir, TMA_NAME, &m, err, sizeof err), 0, "%s", err);
   expect_tma_plan(&m, 128, 64);
   cr_assert_eq(m.steps[0].threads, 8 * 32 + 128, "consumers and the producer warpgroup");
   cr_assert_eq(fg_kernel_main(&m)->grid, FG_GRID_Q_TILES);
-  cr_assert_eq(render_in(dir, "fwd_d128_br64_bc128_f16_noncausal_qtma_w4_s2_sm90a", &m, err,
-                         sizeof err),
+  cr_assert_eq(fgt_render_in(dir, "fwd_d128_br64_bc128_f16_noncausal_qtma_w4_s2_sm90a", &m, err,
+                             sizeof err),
                0, "%s", err);
   expect_tma_plan(&m, 64, 128);
   /* The other loop orders keep the pass's own block, without maps. */
-  cr_assert_eq(render_in(dir, "fwd_d64_br128_bc64_bf16_noncausal_qwgmma_w8_s2_sm90a", &m, err,
-                         sizeof err),
+  cr_assert_eq(fgt_render_in(dir, "fwd_d64_br128_bc64_bf16_noncausal_qwgmma_w8_s2_sm90a", &m,
+                             err, sizeof err),
                0, "%s", err);
   cr_assert(m.params == FG_PARAMS_DEFAULT && m.n_tmaps == 0);
-  remove_dir(dir);
+  fgt_rm_rf(dir);
 }
 
 Test(generator, malformed_tensor_maps_are_refused) {
@@ -236,12 +164,13 @@ Test(generator, malformed_tensor_maps_are_refused) {
     char dir[64], err[4096] = "";
     template_dir(dir, bad[i].from, bad[i].to);
     fg_kernel_meta m;
-    cr_assert_neq(render_in(dir, TMA_NAME, &m, err, sizeof err), 0, "accepted: %s", bad[i].to);
+    cr_assert_neq(fgt_render_in(dir, TMA_NAME, &m, err, sizeof err), 0, "accepted: %s",
+                  bad[i].to);
     cr_assert(strstr(err, bad[i].needle) && strstr(err, "launch(v)") &&
                   strstr(err, "templates/README.md"),
               "for %s: '%s' lacks '%s' (or the manifest's name and what to read)", bad[i].to, err,
               bad[i].needle);
-    remove_dir(dir);
+    fgt_rm_rf(dir);
   }
 }
 
@@ -250,22 +179,9 @@ Test(export_cli, flashgen_export_writes_the_maps_and_the_table_registers_them, .
   if (fg_nvrtc_load(err, sizeof err) != 0) cr_skip_test("no NVRTC: %s", err);
   const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
   if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
-  char dir[64], env[256], path[256];
+  char dir[64];
   template_dir(dir, NULL, NULL); /* also the working directory of the command */
-  snprintf(path, sizeof path, "%s/v.txt", dir);
-  FILE *f = fopen(path, "w");
-  cr_assert_not_null(f);
-  fprintf(f, "%s\n", TMA_NAME);
-  fclose(f);
-  snprintf(env, sizeof env, "FLASHGEN_TEMPLATE_DIR='%s' FLASHGEN_CACHE_DIR='%s/cache'", dir, dir);
-  cr_assert_eq(
-      fg_test_run_cli(dir, env, "export -q --arch sm_90a --variants v.txt --prefix tt -o out"), 0,
-      "%s", fg_test_err);
-  const size_t cap = 1u << 20;
-  char *text = malloc(cap);
-  cr_assert_not_null(text);
-  snprintf(path, sizeof path, "%s/out/tt_kernels.c", dir);
-  fg_test_slurp(path, text, cap);
+  char *text = fgt_export_one(dir, TMA_NAME, "tt");
   cr_assert(strstr(text, "_tmaps[4] = {\n"
                          "    {.tensor = FG_EXPORT_TENSOR_Q, .rows = 128},\n"
                          "    {.tensor = FG_EXPORT_TENSOR_K, .rows = 64},\n"
@@ -276,27 +192,14 @@ Test(export_cli, flashgen_export_writes_the_maps_and_the_table_registers_them, .
   cr_assert(strstr(text, "    .tmap_size = sizeof(fg_export_tmap)};\n"), "no tmap_size");
   free(text);
   /* It compiles warning-free, and registers with its maps. */
-  char cmd[1024], so[160];
-  snprintf(so, sizeof so, "%s/tt.so", dir);
-  const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
-  snprintf(cmd, sizeof cmd,
-           "%s -std=c11 -Wall -Wextra -Werror -pedantic -shared -fPIC -I'%s/include' -I'%s/out' "
-           "-o '%s' '%s'",
-           cc, src, dir, so, path);
-  cr_assert_eq(system(cmd), 0, "the exported C does not compile: %s", cmd);
-  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-  cr_assert_not_null(h, "%s", dlerror());
-  const fg_export *(*fn)(void);
-  *(void **)&fn = dlsym(h, "tt_flashgen_export");
-  cr_assert_not_null(fn, "%s", dlerror());
-  const fg_export *t = fn();
+  const fg_export *t = fgt_export_load(dir, "tt");
   cr_assert(t->n_kernels == 1 && t->tmap_size == sizeof(fg_export_tmap));
   cr_assert_eq(t->abi_version, FG_EXPORT_ABI_VERSION_TMA,
                "a table holding a TMA kernel is version 2 (runtimes before the maps refuse it)");
   cr_assert(t->kernels[0].params == FG_EXPORT_PARAMS_FWD_TMA && t->kernels[0].n_tmaps == 4);
   cr_assert(t->kernels[0].tmaps[1].tensor == FG_EXPORT_TENSOR_K && t->kernels[0].tmaps[1].rows == 64);
   cr_assert_eq(fg_register_export(t, err, sizeof err), FG_OK, "%s", err);
-  remove_dir(dir);
+  fgt_rm_rf(dir);
 }
 
 /* ---- the cache ------------------------------------------------------------------------------ */
@@ -314,20 +217,10 @@ static const unsigned char fake_cubin[16] = {0x7f, 'E', 'L', 'F'};
 Test(cache, a_plan_with_tensor_maps_round_trips_and_a_damaged_map_is_a_miss,
      .init = cache_setup, .fini = cache_teardown) {
   fg_cache *c = fgt_open_ok(cache_dir);
-  fg_kernel_image img;
-  memset(&img, 0, sizeof img);
-  snprintf(img.variant, sizeof img.variant, "%s", TMA_NAME);
-  img.arch = FG_ARCH_SM90A;
-  unsigned char cubin[64];
-  for (size_t i = 0; i < sizeof cubin; i++) cubin[i] = (unsigned char)(i * 7);
-  char ptx[] = "// ptx";
-  img.cubin = cubin;
-  img.cubin_size = sizeof cubin;
-  img.ptx = ptx;
-  img.ptx_size = strlen(ptx);
-  tma_plan(&img.meta, TMA_NAME, 128, 64);
+  fg_kernel_meta plan;
+  tma_plan(&plan, TMA_NAME, 128, 64);
   fg_cache_key k = fgt_key_of(TMA_NAME);
-  fgt_put_ok(c, &k, &img);
+  fgt_put_image(c, &k, &plan);
   fg_kernel_image got;
   char warn[1024] = "";
   cr_assert_eq(fgt_get(c, &k, &got, warn, sizeof warn), 1, "%s", warn);
@@ -379,23 +272,7 @@ static fg_export_kernel tma_export_kernel(void) {
 }
 
 static fg_export export_of(const fg_export_kernel *k, size_t kernel_size) {
-  fg_export e;
-  memset(&e, 0, sizeof e);
-  /* Version 2 when the kernel takes tensor maps, as flashgen export writes it (a kernel size from
-   * before the maps carries none). */
-  e.abi_version = kernel_size > offsetof(fg_export_kernel, params) && k->params
-                      ? FG_EXPORT_ABI_VERSION_TMA
-                      : FG_EXPORT_ABI_VERSION;
-  e.size = sizeof e;
-  e.kernel_size = (uint32_t)kernel_size;
-  e.choice_size = sizeof(fg_export_choice);
-  e.description = "test_tma";
-  e.kernels = k;
-  e.n_kernels = 1;
-  e.step_size = sizeof(fg_export_step);
-  e.workspace_desc_size = sizeof(fg_export_workspace);
-  e.tmap_size = sizeof(fg_export_tmap);
-  return e;
+  return fgt_export_table(k, kernel_size, "test_tma");
 }
 
 /* A table whose kernel takes tensor maps must say version 2 (which runtimes from before the maps
@@ -466,15 +343,8 @@ Test(export, malformed_tensor_maps_are_refused_naming_the_kernel) {
 
 /* ---- the launch on the fake driver ---------------------------------------------------------- */
 
-/* The fake driver's records: tests/fake_cuda/fake_records.h. */
-static char fake_dir[64];
-static void *fake_handle;
-static void (*fake_reset)(void);
-static int (*fake_tmap_count)(void);
-static const fake_tmap *(*fake_tmap_get)(int);
-static const fake_tmap *(*fake_tmap_encoded)(const fg_tmap *);
-static int (*fake_tma_launch_count)(void);
-static const fake_tma_launch *(*fake_tma_launch_get)(int);
+/* The fake driver and its records (fake_support.h), and the context on it. */
+static fgt_fake fake;
 static fg_context *ctx;
 
 /* Kernels as `flashgen export` would write them: two q_tma variants and, for comparison, the
@@ -517,27 +387,14 @@ static void register_kernels(void) {
 }
 
 static void fake_setup_with(const char *defines) {
-  strcpy(fake_dir, "/tmp/fg-tma-fake-XXXXXX");
-  cr_assert_not_null(mkdtemp(fake_dir));
-  char lib[160];
-  fgt_fake_driver_build(fake_dir, defines, lib, sizeof lib);
-  register_kernels();
-  ctx = fgt_fake_context(lib, &fake_handle);
-  *(void **)&fake_reset = fgt_fake_sym(fake_handle, "fake_reset");
-  *(void **)&fake_tmap_count = fgt_fake_sym(fake_handle, "fake_tmap_count");
-  *(void **)&fake_tmap_get = fgt_fake_sym(fake_handle, "fake_tmap_get");
-  *(void **)&fake_tmap_encoded = fgt_fake_sym(fake_handle, "fake_tmap_encoded");
-  *(void **)&fake_tma_launch_count = fgt_fake_sym(fake_handle, "fake_tma_launch_count");
-  *(void **)&fake_tma_launch_get = fgt_fake_sym(fake_handle, "fake_tma_launch_get");
-  fake_reset();
+  ctx = fgt_fake_open(&fake, "/tmp/fg-tma-fake-XXXXXX", defines, register_kernels);
 }
 static void fake_setup(void) { fake_setup_with(""); }
 static void fake_setup_no_tmap(void) { fake_setup_with("-DFAKE_CUDA_NO_TENSOR_MAP"); }
 
 static void fake_teardown(void) {
-  fgt_fake_teardown(ctx, fake_handle, fake_dir);
+  fgt_fake_close(&fake, ctx);
   ctx = NULL;
-  fake_handle = NULL;
 }
 
 /* A problem whose tensors are host memory (the fake's device memory): sizes, and per tensor
@@ -547,11 +404,6 @@ typedef struct problem {
   void *mem[4]; /* q, k, v, o */
   size_t bytes[4];
 } problem;
-
-static size_t span(int64_t n0, int64_t n1, int64_t n2, int64_t d, const int64_t s[3]) {
-  if (!s[0] && !s[1] && !s[2]) return (size_t)(n0 * n1 * n2 * d);
-  return (size_t)fg_tensor_extent(n0, n1, n2, d, s);
-}
 
 static problem make_problem(fg_dtype t, int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq,
                             int64_t Nk, int64_t d, const int64_t *strides /* 4 x 3 or NULL */) {
@@ -572,22 +424,9 @@ static problem make_problem(fg_dtype t, int64_t B, int64_t Hq, int64_t Hkv, int6
   int64_t *st[4] = {a->q_stride, a->k_stride, a->v_stride, a->o_stride};
   unsigned seed = 12345;
   for (int i = 0; i < 4; i++) {
-    pr.bytes[i] = 2 * span(B, n1[i], n2[i], d, st[i]);
-    pr.mem[i] = aligned_alloc(256, (pr.bytes[i] + 255) / 256 * 256);
-    cr_assert_not_null(pr.mem[i]);
-    uint16_t *x = pr.mem[i];
-    for (size_t j = 0; j < pr.bytes[i] / 2; j++) {
-      seed = seed * 1103515245u + 12345u;
-      /* values in [-2, 2): bf16 and f16 of small integers over 8 */
-      const float f = (float)((int)((seed >> 16) % 32) - 16) / 8.0f;
-      uint32_t u;
-      memcpy(&u, &f, 4);
-      x[j] = t == FG_DTYPE_BF16 ? (uint16_t)(u >> 16) : 0;
-      if (t == FG_DTYPE_F16) { /* exact: |f| <= 2 with 3 fraction bits */
-        const int e = f == 0 ? 0 : (int)((u >> 23) & 0xff) - 127 + 15;
-        x[j] = f == 0 ? 0 : (uint16_t)((u >> 16 & 0x8000u) | (unsigned)e << 10 | (u >> 13 & 0x3ffu));
-      }
-    }
+    pr.bytes[i] = 2 * fgt_span(B, n1[i], n2[i], d, st[i]);
+    pr.mem[i] = fgt_fake_alloc(pr.bytes[i]);
+    fgt_fill_random(pr.mem[i], pr.bytes[i] / 2, t, &seed);
   }
   a->q = pr.mem[0], a->k = pr.mem[1], a->v = pr.mem[2], a->o = pr.mem[3];
   return pr;
@@ -597,24 +436,17 @@ static void free_problem(problem *pr) {
   for (int i = 0; i < 4; i++) free(pr->mem[i]);
 }
 
-static fg_variant variant(const char *name) {
-  fg_variant v;
-  char err[256];
-  cr_assert_eq(fg_variant_parse(name, &v, err, sizeof err), 0, "%s", err);
-  return v;
-}
-
 /* Runs the TMA variant name on pr, then REF_NAME (through pointers) on the same inputs into a
  * second O: the two outputs must be equal bit for bit (and not all zero). */
 static void expect_same_output_as_pointers(problem *pr, const char *name) {
   memset(pr->mem[3], 0, pr->bytes[3]);
-  fg_variant v = variant(name);
+  fg_variant v = fgt_variant(name);
   fg_status st = fg_attention_forward_variant(ctx, &pr->a, NULL, &v);
   cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
   unsigned char *tma_out = malloc(pr->bytes[3]);
   memcpy(tma_out, pr->mem[3], pr->bytes[3]);
   memset(pr->mem[3], 0, pr->bytes[3]);
-  fg_variant r = variant(REF_NAME);
+  fg_variant r = fgt_variant(REF_NAME);
   st = fg_attention_forward_variant(ctx, &pr->a, NULL, &r);
   cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
   size_t nonzero = 0;
@@ -625,26 +457,12 @@ static void expect_same_output_as_pointers(problem *pr, const char *name) {
   free(tma_out);
 }
 
+/* Asserts encode i as fgt_expect_map does, and an element stride of 1 in every dimension. */
 static void expect_map(int i, int type, const void *base, const unsigned long long dims[4],
                        const unsigned long long strides[3], unsigned rows) {
-  const fake_tmap *t = fake_tmap_get(i);
-  cr_assert_not_null(t, "encode %d was not recorded (%d)", i, fake_tmap_count());
-  cr_assert_eq(t->data_type, type, "map %d: data type %d, want %d", i, t->data_type, type);
-  cr_assert_eq(t->rank, 4u);
-  cr_assert_eq(t->address, (unsigned long long)(uintptr_t)base, "map %d: base address", i);
-  for (int j = 0; j < 4; j++)
-    cr_assert_eq(t->dims[j], dims[j], "map %d: dims[%d] = %llu, want %llu", i, j, t->dims[j],
-                 dims[j]);
-  for (int j = 0; j < 3; j++)
-    cr_assert_eq(t->strides[j], strides[j], "map %d: strides[%d] = %llu B, want %llu B", i, j,
-                 t->strides[j], strides[j]);
-  cr_assert(t->box[0] == 64 && t->box[1] == rows && t->box[2] == 1 && t->box[3] == 1,
-            "map %d: box {%u, %u, %u, %u}, want {64, %u, 1, 1}", i, t->box[0], t->box[1],
-            t->box[2], t->box[3], rows);
+  fgt_expect_map(&fake, i, type, base, dims, strides, rows);
+  const fake_tmap *t = fake.tmap_get(i);
   for (int j = 0; j < 4; j++) cr_assert_eq(t->element_strides[j], 1, "map %d", i);
-  cr_assert(t->interleave == 0 && t->swizzle == 3 && t->l2_promotion == 3 && t->oob_fill == 0,
-            "map %d: interleave %d swizzle %d l2 %d oob %d; want none, 128B, 256B, none", i,
-            t->interleave, t->swizzle, t->l2_promotion, t->oob_fill);
 }
 
 #define ULL(...) ((const unsigned long long[]){__VA_ARGS__})
@@ -653,22 +471,22 @@ Test(launch, gqa_and_nq_ne_nk_maps_and_output, .init = fake_setup, .fini = fake_
   const int64_t B = 2, Hq = 4, Hkv = 2, Nq = 100, Nk = 130, d = 64;
   problem pr = make_problem(FG_DTYPE_BF16, B, Hq, Hkv, Nq, Nk, d, NULL);
   expect_same_output_as_pointers(&pr, TMA_NAME);
-  cr_assert_eq(fake_tmap_count(), 3, "three maps for one launch, got %d", fake_tmap_count());
+  cr_assert_eq(fake.tmap_count(), 3, "three maps for one launch, got %d", fake.tmap_count());
   expect_map(0, 9, pr.mem[0], ULL(64, 100, 4, 2), ULL(128, 100 * 128, 4 * 100 * 128), 128);
   expect_map(1, 9, pr.mem[1], ULL(64, 130, 2, 2), ULL(128, 130 * 128, 2 * 130 * 128), 64);
   expect_map(2, 9, pr.mem[2], ULL(64, 130, 2, 2), ULL(128, 130 * 128, 2 * 130 * 128), 64);
   /* The launch: the plan's grid and block, the maps as encoded in tmap[0..2], tmap[3] zero, the
    * forward's block after them. */
-  cr_assert_eq(fake_tma_launch_count(), 1);
-  const fake_tma_launch *l = fake_tma_launch_get(0);
+  cr_assert_eq(fake.tma_launch_count(), 1);
+  const fake_tma_launch *l = fake.tma_launch_get(0);
   cr_assert_str_eq(l->entry, "fg_fwd_d64_br128_bc64_bf16_noncausal_qtma_w8_s2_sm90a");
   cr_assert(l->grid[0] == 1 && l->grid[1] == 8 && l->grid[2] == 1, "grid %u x %u x %u",
             l->grid[0], l->grid[1], l->grid[2]);
   cr_assert(l->block[0] == 384 && l->smem == 99000);
   for (int i = 0; i < 3; i++) {
-    const fake_tmap *enc = fake_tmap_encoded(&l->params.tmap[i]);
+    const fake_tmap *enc = fake.tmap_encoded(&l->params.tmap[i]);
     cr_assert_not_null(enc, "tmap[%d] holds no map", i);
-    cr_assert_eq(memcmp(enc, fake_tmap_get(i), sizeof *enc), 0, "tmap[%d] is not encode %d", i, i);
+    cr_assert_eq(memcmp(enc, fake.tmap_get(i), sizeof *enc), 0, "tmap[%d] is not encode %d", i, i);
   }
   static const fg_tmap zero;
   cr_assert_eq(memcmp(&l->params.tmap[3], &zero, sizeof zero), 0, "the unused map is zero");
@@ -681,13 +499,13 @@ Test(launch, gqa_and_nq_ne_nk_maps_and_output, .init = fake_setup, .fini = fake_
  * their maps stay zero (the kernel reads no K/V block) and the call succeeds. */
 Test(launch, no_keys_leaves_the_kv_maps_zero, .init = fake_setup, .fini = fake_teardown) {
   problem pr = make_problem(FG_DTYPE_BF16, 1, 2, 2, 70, 0, 64, NULL);
-  fg_variant v = variant(TMA_NAME);
+  fg_variant v = fgt_variant(TMA_NAME);
   fg_status st = fg_attention_forward_variant(ctx, &pr.a, NULL, &v);
   cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
-  cr_assert_eq(fake_tmap_count(), 1, "only Q's map is encoded, got %d", fake_tmap_count());
+  cr_assert_eq(fake.tmap_count(), 1, "only Q's map is encoded, got %d", fake.tmap_count());
   expect_map(0, 9, pr.mem[0], ULL(64, 70, 2, 1), ULL(128, 70 * 128, 2 * 70 * 128), 128);
-  cr_assert_eq(fake_tma_launch_count(), 1);
-  const fake_tma_launch *l = fake_tma_launch_get(0);
+  cr_assert_eq(fake.tma_launch_count(), 1);
+  const fake_tma_launch *l = fake.tma_launch_get(0);
   static const fg_tmap zero;
   for (int i = 1; i < 4; i++)
     cr_assert_eq(memcmp(&l->params.tmap[i], &zero, sizeof zero), 0, "tmap[%d] is not zero", i);
@@ -698,10 +516,10 @@ Test(launch, f16_causal_maps_take_float16_and_the_plans_rows, .init = fake_setup
      .fini = fake_teardown) {
   problem pr = make_problem(FG_DTYPE_F16, 1, 2, 2, 70, 70, 128, NULL);
   pr.a.causal = 1;
-  fg_variant v = variant(F16_NAME);
+  fg_variant v = fgt_variant(F16_NAME);
   fg_status st = fg_attention_forward_variant(ctx, &pr.a, NULL, &v);
   cr_assert_eq(st, FG_OK, "%s", fg_context_last_error(ctx));
-  cr_assert_eq(fake_tmap_count(), 3);
+  cr_assert_eq(fake.tmap_count(), 3);
   expect_map(0, 6, pr.mem[0], ULL(128, 70, 2, 1), ULL(256, 70 * 256, 2 * 70 * 256), 64);
   expect_map(1, 6, pr.mem[1], ULL(128, 70, 2, 1), ULL(256, 70 * 256, 2 * 70 * 256), 128);
   expect_map(2, 6, pr.mem[2], ULL(128, 70, 2, 1), ULL(256, 70 * 256, 2 * 70 * 256), 128);
@@ -732,11 +550,11 @@ Test(launch, each_batch_chunk_gets_its_own_maps, .init = fake_setup, .fini = fak
   const int64_t B = 3, H = 30000, N = 1, d = 64;
   problem pr = make_problem(FG_DTYPE_BF16, B, H, H, N, N, d, NULL);
   expect_same_output_as_pointers(&pr, TMA_NAME);
-  cr_assert_eq(fake_tma_launch_count(), 2);
+  cr_assert_eq(fake.tma_launch_count(), 2);
   const unsigned long long sb = (unsigned long long)(H * N * d * 2);
   /* The last chunk's maps are encoded first (a refusal there would launch nothing), then each
    * launch's. */
-  cr_assert_eq(fake_tmap_count(), 9);
+  cr_assert_eq(fake.tmap_count(), 9);
   for (int i = 0; i < 3; i++) {
     const char *base = pr.mem[i];
     const unsigned rows = i == 0 ? 128 : 64;
@@ -745,10 +563,10 @@ Test(launch, each_batch_chunk_gets_its_own_maps, .init = fake_setup, .fini = fak
     expect_map(6 + i, 9, base + 2 * sb, ULL(64, 1, (unsigned long long)H, 1), ULL(128, 128, sb),
                rows);
   }
-  const fake_tma_launch *l0 = fake_tma_launch_get(0), *l1 = fake_tma_launch_get(1);
+  const fake_tma_launch *l0 = fake.tma_launch_get(0), *l1 = fake.tma_launch_get(1);
   cr_assert(l0->params.p.batch == 2 && l1->params.p.batch == 1);
   cr_assert(l0->grid[1] == 2 * H && l1->grid[1] == H);
-  cr_assert_eq(fake_tmap_encoded(&l1->params.tmap[1])->address,
+  cr_assert_eq(fake.tmap_encoded(&l1->params.tmap[1])->address,
                (unsigned long long)(uintptr_t)pr.mem[1] + 2 * sb);
   free_problem(&pr);
 }
@@ -769,23 +587,16 @@ static fg_attention_args fake_args(void) {
 }
 
 static void expect_refused(fg_status st, const char *const *needles, size_t n) {
-  const char *e = fg_context_last_error(ctx);
-  cr_assert_eq(st, FG_ERROR_UNSUPPORTED, "%s: %s", fg_status_string(st), e);
-  for (size_t i = 0; i < n; i++)
-    cr_assert(strstr(e, needles[i]), "'%s' lacks '%s'", e, needles[i]);
-  cr_assert_eq(fake_tma_launch_count(), 0, "a refused call launches nothing");
+  fgt_expect_unsupported(ctx, st, needles, n);
+  cr_assert_eq(fake.tma_launch_count(), 0, "a refused call launches nothing");
 }
-#define EXPECT_REFUSED(st, ...)                                                  \
-  do {                                                                           \
-    const char *const n_[] = {__VA_ARGS__};                                      \
-    expect_refused((st), n_, sizeof n_ / sizeof n_[0]);                          \
-  } while (0)
+#define EXPECT_REFUSED(st, ...) FGT_WITH_NEEDLES(expect_refused, st, __VA_ARGS__)
 
 Test(refuse, a_stride_of_2_to_the_40_bytes, .init = fake_setup, .fini = fake_teardown) {
   fg_attention_args a = fake_args();
   const int64_t ks[3] = {(int64_t)1 << 39, 130 * 64, 64}; /* 2^40 B between K's batches */
   memcpy(a.k_stride, ks, sizeof ks);
-  fg_variant v = variant(TMA_NAME);
+  fg_variant v = fgt_variant(TMA_NAME);
   EXPECT_REFUSED(fg_attention_forward_variant(ctx, &a, NULL, &v), TMA_NAME, "cannot read k",
                  "batch stride", "2^40", "make k contiguous", "without TMA");
 }
@@ -800,7 +611,7 @@ Test(refuse, a_row_stride_not_a_multiple_of_16_bytes, .init = fake_setup, .fini 
   fg_params_from_args(&n, &p);
   p.q_sn = 68; /* 136 B */
   const fg_loaded_kernel *k = NULL;
-  fg_variant v = variant(TMA_NAME);
+  fg_variant v = fgt_variant(TMA_NAME);
   cr_assert_eq(fg_registry_get(ctx, &v, &k), FG_OK, "%s", fg_context_last_error(ctx));
   cr_assert_eq(k->dtype, FG_DTYPE_BF16);
   EXPECT_REFUSED(fg_kernel_launch(ctx, k, &p, FG_ELEMS_FORWARD, NULL), "cannot read q",
@@ -811,7 +622,7 @@ Test(refuse, a_row_stride_not_a_multiple_of_16_bytes, .init = fake_setup, .fini 
 Test(refuse, an_encode_the_driver_refuses, .init = fake_setup, .fini = fake_teardown) {
   setenv("FAKE_CUDA_TMAP_FAIL", "1", 1);
   fg_attention_args a = fake_args();
-  fg_variant v = variant(TMA_NAME);
+  fg_variant v = fgt_variant(TMA_NAME);
   EXPECT_REFUSED(fg_attention_forward_variant(ctx, &a, NULL, &v), "cuTensorMapEncodeTiled",
                  "tensor map of q", "dims {64, 100, 4, 2}", "strides {128, 12800, 51200} B",
                  "box {64, 128, 1, 1}", "make q contiguous");
@@ -821,12 +632,12 @@ Test(refuse, an_encode_the_driver_refuses, .init = fake_setup, .fini = fake_tear
 Test(refuse, a_driver_without_cuTensorMapEncodeTiled, .init = fake_setup_no_tmap,
      .fini = fake_teardown) {
   fg_attention_args a = fake_args();
-  fg_variant v = variant(TMA_NAME);
+  fg_variant v = fgt_variant(TMA_NAME);
   EXPECT_REFUSED(fg_attention_forward_variant(ctx, &a, NULL, &v), TMA_NAME,
                  "no cuTensorMapEncodeTiled", "update the NVIDIA driver", "without TMA");
   /* Kernels without maps still run there. */
   problem pr = make_problem(FG_DTYPE_BF16, 1, 2, 2, 16, 16, 64, NULL);
-  fg_variant r = variant(REF_NAME);
+  fg_variant r = fgt_variant(REF_NAME);
   cr_assert_eq(fg_attention_forward_variant(ctx, &pr.a, NULL, &r), FG_OK, "%s",
                fg_context_last_error(ctx));
   free_problem(&pr);
@@ -854,12 +665,12 @@ Test(export, a_table_from_before_tensor_maps_reads_as_no_maps, .init = fake_setu
   char err[1024] = "";
   cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_OK, "%s", err);
   const fg_loaded_kernel *lk = NULL;
-  fg_variant v = variant(name);
+  fg_variant v = fgt_variant(name);
   cr_assert_eq(fg_registry_get(ctx, &v, &lk), FG_OK, "%s", fg_context_last_error(ctx));
   cr_assert_eq(lk->meta.params, FG_PARAMS_DEFAULT);
   cr_assert_eq(lk->meta.n_tmaps, 0);
   /* And the maps of the table registered at setup arrived. */
-  fg_variant t = variant(TMA_NAME);
+  fg_variant t = fgt_variant(TMA_NAME);
   cr_assert_eq(fg_registry_get(ctx, &t, &lk), FG_OK, "%s", fg_context_last_error(ctx));
   expect_tma_plan_n(&lk->meta, 128, 64, 3);
 }

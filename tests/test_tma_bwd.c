@@ -11,8 +11,6 @@
  * = 0, and the refusals (a dO stride the TMA cannot take, an encode the driver refuses, a driver
  * without cuTensorMapEncodeTiled), none of which launches anything. */
 #include <criterion/criterion.h>
-#include <dirent.h>
-#include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,13 +21,12 @@
 
 #include "fake_support.h"
 #include "cache_support.h"
-#include "cli_runner.h"
 #include "fg_gen.h"
 #include "fg_params.h"
 #include "fg_runtime_internal.h"
 #include "flashgen_export.h"
 #include "support_plan.h"
-#include "fake_cuda/fake_records.h"
+#include "tma_support.h"
 
 /* The Hopper backward on TMA (d 64, Br 64, Bc 128) and, for comparison, the wgmma one of the same
  * tiles, whose fake kernel reads through the block's pointers. */
@@ -52,14 +49,9 @@ static void bwd_tma_plan(fg_kernel_meta *m, const char *name, int d, int br, int
 }
 
 static void expect_bwd_tma_plan(const fg_kernel_meta *m, int br, int bc) {
-  cr_assert_eq(m->params, FG_PARAMS_BWD_TMA, "params %d", (int)m->params);
-  cr_assert_eq(m->n_tmaps, 4);
   const fg_tmap_tensor t[4] = {FG_TMAP_Q, FG_TMAP_DO, FG_TMAP_K, FG_TMAP_V};
   const int rows[4] = {br, br, bc, bc};
-  for (int i = 0; i < 4; i++)
-    cr_assert(m->tmaps[i].tensor == t[i] && m->tmaps[i].rows == rows[i],
-              "map %d: tensor %d, %d rows; want %d, %d", i, (int)m->tmaps[i].tensor,
-              m->tmaps[i].rows, (int)t[i], rows[i]);
+  fgt_expect_plan_tmaps(m, FG_PARAMS_BWD_TMA, 4, t, rows);
 }
 
 /* ---- the plan's vocabulary and text (core/kernel.c) ---------------------------------------- */
@@ -95,15 +87,8 @@ Test(plan_text, each_tma_block_takes_its_own_tensors) {
       {"params bwd_tma\ntmap dO 64\n", "other than q, k, v, o or do"},
       {"params bwd_tma\ntmap do 0\n", "tensor map of its plan is malformed"},
   };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    char text[512];
-    snprintf(text, sizeof text, "main 0\nstep fg_x kv_tiles 64 128 0\n%s", bad[i].tail);
-    fg_kernel_meta m;
-    const char *why = fg_kernel_plan_parse(text, &m);
-    cr_assert_not_null(why, "accepted: %s", text);
-    cr_assert(strstr(why, bad[i].needle), "'%s' for %s; want '%s'", why, bad[i].tail,
-              bad[i].needle);
-  }
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    fgt_expect_plan_refused("kv_tiles", bad[i].tail, bad[i].needle);
 }
 
 Test(plan_text, a_block_of_the_other_pass_is_refused) {
@@ -150,64 +135,14 @@ static const char *const QDOKV = "{ { tensor = \"q\", rows = v.br }, { tensor = 
 
 /* A copy of templates/ in dir, with file's text `from` replaced by `to` (NULL: unchanged). */
 static void template_dir(char dir[64], const char *file, const char *from, const char *to) {
-  strcpy(dir, "/tmp/fg-tmab-tpl-XXXXXX");
-  cr_assert_not_null(mkdtemp(dir));
-  const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
-  if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
-  char tdir[1024];
-  snprintf(tdir, sizeof tdir, "%s/templates", src);
-  DIR *d = opendir(tdir);
-  cr_assert_not_null(d, "cannot list %s", tdir);
-  for (struct dirent *e; (e = readdir(d));) {
-    char in[2048], out[2048];
-    snprintf(in, sizeof in, "%s/%s", tdir, e->d_name);
-    struct stat st;
-    if (stat(in, &st) || !S_ISREG(st.st_mode)) continue;
-    FILE *fi = fopen(in, "rb");
-    cr_assert_not_null(fi);
-    char *text = calloc(1, (size_t)st.st_size + 1);
-    cr_assert_eq(fread(text, 1, (size_t)st.st_size, fi), (size_t)st.st_size);
-    fclose(fi);
-    snprintf(out, sizeof out, "%s/%s", dir, e->d_name);
-    FILE *fo = fopen(out, "wb");
-    cr_assert_not_null(fo);
-    const int mine = from && strcmp(e->d_name, file) == 0;
-    char *at = mine ? strstr(text, from) : NULL;
-    if (mine) cr_assert_not_null(at, "%s no longer holds '%s': update this test", file, from);
-    if (at) {
-      fwrite(text, 1, (size_t)(at - text), fo);
-      fputs(to, fo);
-      fputs(at + strlen(from), fo);
-    } else {
-      fputs(text, fo);
-    }
-    fclose(fo);
-    free(text);
-  }
-  closedir(d);
-}
-
-/* Renders name with the templates in dir: 0 with *meta, or -1 with err. */
-static int render_in(const char *dir, const char *name, fg_kernel_meta *meta, char *err,
-                     size_t errlen) {
-  setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
-  fg_generator *g = NULL;
-  cr_assert_eq(fg_generator_create(&g, err, errlen), 0, "generator: %s", err);
-  fg_variant v;
-  cr_assert_eq(fg_variant_parse(name, &v, err, errlen), 0, "%s", err);
-  char *src = NULL;
-  const int rc = fg_generator_render(g, &v, &src, meta, err, errlen);
-  free(src);
-  fg_generator_destroy(g);
-  unsetenv("FLASHGEN_TEMPLATE_DIR");
-  return rc;
+  fgt_template_dir(dir, "/tmp/fg-tmab-tpl-XXXXXX", file, from, to);
 }
 
 Test(generator, reads_a_bwd_tma_plan_from_bwd_lua) {
   char dir[64], err[4096];
   template_dir(dir, "bwd.lua", BWD_LUA_END, bwd_wrap("\"bwd_tma\"", QDOKV));
   fg_kernel_meta m;
-  cr_assert_eq(render_in(dir, GEN_REF, &m, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(fgt_render_in(dir, GEN_REF, &m, err, sizeof err), 0, "%s", err);
   expect_bwd_tma_plan(&m, 128, 128);
   cr_assert(m.n_steps == 3 && fg_kernel_main(&m)->grid == FG_GRID_KV_TILES);
   fgt_rm_rf(dir);
@@ -234,16 +169,11 @@ Test(generator, a_tma_block_of_the_other_pass_or_tensor_is_refused) {
     char dir[64], err[4096] = "";
     template_dir(dir, bad[i].file, bad[i].from,
                  bad[i].params ? bwd_wrap(bad[i].params, bad[i].maps) : "t.params = \"bwd_tma\"");
-    if (!bad[i].params) { /* fwd.lua's q_tma plan needs its (stub) template to render */
-      char stub[1024];
-      snprintf(stub, sizeof stub, "%s/fwd_tma.cu", dir);
-      FILE *f = fopen(stub, "w");
-      cr_assert_not_null(f);
-      fputs("extern \"C\" __global__ void {{ entry }}() {}\n", f);
-      fclose(f);
-    }
+    if (!bad[i].params) /* fwd.lua's q_tma plan needs its (stub) template to render */
+      fgt_write_text(dir, "fwd_tma.cu", "extern \"C\" __global__ void {{ entry }}() {}\n");
     fg_kernel_meta m;
-    cr_assert_neq(render_in(dir, bad[i].variant, &m, err, sizeof err), 0, "case %zu accepted", i);
+    cr_assert_neq(fgt_render_in(dir, bad[i].variant, &m, err, sizeof err), 0, "case %zu accepted",
+                  i);
     cr_assert(strstr(err, bad[i].needle) && strstr(err, "launch(v)") &&
                   strstr(err, "templates/README.md"),
               "case %zu: '%s' lacks '%s' (or the manifest's name and what to read)", i, err,
@@ -266,20 +196,10 @@ static const unsigned char fake_cubin[16] = {0x7f, 'E', 'L', 'F'};
 
 Test(cache, a_bwd_tma_plan_round_trips, .init = cache_setup, .fini = cache_teardown) {
   fg_cache *c = fgt_open_ok(cache_dir);
-  fg_kernel_image img;
-  memset(&img, 0, sizeof img);
-  snprintf(img.variant, sizeof img.variant, "%s", BWD_TMA);
-  img.arch = FG_ARCH_SM90A;
-  unsigned char cubin[64];
-  for (size_t i = 0; i < sizeof cubin; i++) cubin[i] = (unsigned char)(i * 5);
-  char ptx[] = "// ptx";
-  img.cubin = cubin;
-  img.cubin_size = sizeof cubin;
-  img.ptx = ptx;
-  img.ptx_size = strlen(ptx);
-  bwd_tma_plan(&img.meta, BWD_TMA, 64, 64, 128);
+  fg_kernel_meta plan;
+  bwd_tma_plan(&plan, BWD_TMA, 64, 64, 128);
   fg_cache_key k = fgt_key_of(BWD_TMA);
-  fgt_put_ok(c, &k, &img);
+  fgt_put_image(c, &k, &plan);
   fg_kernel_image got;
   char warn[1024] = "";
   cr_assert_eq(fgt_get(c, &k, &got, warn, sizeof warn), 1, "%s", warn);
@@ -296,22 +216,9 @@ Test(export_cli, a_bwd_tma_kernel_is_written_as_version_2_and_registers, .timeou
   if (fg_nvrtc_load(err, sizeof err) != 0) cr_skip_test("no NVRTC: %s", err);
   const char *src = getenv("FLASHGEN_TEST_SOURCE_DIR");
   if (!src) cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
-  char dir[64], env[256], path[256];
+  char dir[64];
   template_dir(dir, "bwd.lua", BWD_LUA_END, bwd_wrap("\"bwd_tma\"", QDOKV));
-  snprintf(path, sizeof path, "%s/v.txt", dir);
-  FILE *f = fopen(path, "w");
-  cr_assert_not_null(f);
-  fprintf(f, "%s\n", GEN_REF);
-  fclose(f);
-  snprintf(env, sizeof env, "FLASHGEN_TEMPLATE_DIR='%s' FLASHGEN_CACHE_DIR='%s/cache'", dir, dir);
-  cr_assert_eq(
-      fg_test_run_cli(dir, env, "export -q --arch sm_90a --variants v.txt --prefix tb -o out"), 0,
-      "%s", fg_test_err);
-  const size_t cap = 1u << 22;
-  char *text = malloc(cap);
-  cr_assert_not_null(text);
-  snprintf(path, sizeof path, "%s/out/tb_kernels.c", dir);
-  fg_test_slurp(path, text, cap);
+  char *text = fgt_export_one(dir, GEN_REF, "tb");
   cr_assert(strstr(text, "_tmaps[4] = {\n"
                          "    {.tensor = FG_EXPORT_TENSOR_Q, .rows = 128},\n"
                          "    {.tensor = FG_EXPORT_TENSOR_DO, .rows = 128},\n"
@@ -321,20 +228,7 @@ Test(export_cli, a_bwd_tma_kernel_is_written_as_version_2_and_registers, .timeou
   cr_assert(strstr(text, "     .params = FG_EXPORT_PARAMS_BWD_TMA,\n"), "no parameter block");
   cr_assert(strstr(text, ".abi_version = FG_EXPORT_ABI_VERSION_TMA,"), "not version 2");
   free(text);
-  char cmd[1024], so[160];
-  snprintf(so, sizeof so, "%s/tb.so", dir);
-  const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
-  snprintf(cmd, sizeof cmd,
-           "%s -std=c11 -Wall -Wextra -Werror -pedantic -shared -fPIC -I'%s/include' -I'%s/out' "
-           "-o '%s' '%s'",
-           cc, src, dir, so, path);
-  cr_assert_eq(system(cmd), 0, "the exported C does not compile: %s", cmd);
-  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-  cr_assert_not_null(h, "%s", dlerror());
-  const fg_export *(*fn)(void);
-  *(void **)&fn = dlsym(h, "tb_flashgen_export");
-  cr_assert_not_null(fn, "%s", dlerror());
-  const fg_export *t = fn();
+  const fg_export *t = fgt_export_load(dir, "tb");
   cr_assert_eq(t->abi_version, FG_EXPORT_ABI_VERSION_TMA);
   cr_assert(t->n_kernels == 1 && t->kernels[0].params == FG_EXPORT_PARAMS_BWD_TMA &&
             t->kernels[0].n_tmaps == 4 && t->kernels[0].n_steps == 3);
@@ -385,19 +279,7 @@ static fg_export_kernel bwd_export_kernel(const char *variant) {
 }
 
 static fg_export export_of(const fg_export_kernel *k) {
-  fg_export e;
-  memset(&e, 0, sizeof e);
-  e.abi_version = FG_EXPORT_ABI_VERSION_TMA;
-  e.size = sizeof e;
-  e.kernel_size = sizeof *k;
-  e.choice_size = sizeof(fg_export_choice);
-  e.description = "test_tma_bwd";
-  e.kernels = k;
-  e.n_kernels = 1;
-  e.step_size = sizeof(fg_export_step);
-  e.workspace_desc_size = sizeof(fg_export_workspace);
-  e.tmap_size = sizeof(fg_export_tmap);
-  return e;
+  return fgt_export_table(k, sizeof *k, "test_tma_bwd");
 }
 
 Test(export, bwd_tma_tables_are_checked) {
@@ -434,18 +316,8 @@ Test(export, bwd_tma_tables_are_checked) {
 
 /* ---- the backward call on the fake driver --------------------------------------------------- */
 
-/* The fake driver's records: tests/fake_cuda/fake_records.h. */
-static char fake_dir[64];
-static void *fake_handle;
-static void (*fake_reset)(void);
-static int (*fake_tmap_count)(void);
-static const fake_tmap *(*fake_tmap_get)(int);
-static const fake_tmap *(*fake_tmap_encoded)(const fg_tmap *);
-static int (*fake_launch_count)(void);
-static const fake_launch *(*fake_launch_get)(int);
-static int (*fake_bwd_tma_launch_count)(void);
-static const fake_bwd_tma_launch *(*fake_bwd_tma_launch_get)(int);
-static void (*fake_mem_counts)(int *, int *, size_t *);
+/* The fake driver and its records (fake_support.h), and the context on it. */
+static fgt_fake fake;
 static fg_context *ctx;
 
 /* Kernels as if exported: the kv_tma variant (bwd_tma_plan), the kv_wgmma one of the same tiles
@@ -491,30 +363,14 @@ static void register_kernels(void) {
 }
 
 static void fake_setup_with(const char *defines) {
-  strcpy(fake_dir, "/tmp/fg-tmab-fake-XXXXXX");
-  cr_assert_not_null(mkdtemp(fake_dir));
-  char lib[160];
-  fgt_fake_driver_build(fake_dir, defines, lib, sizeof lib);
-  register_kernels();
-  ctx = fgt_fake_context(lib, &fake_handle);
-  *(void **)&fake_reset = fgt_fake_sym(fake_handle, "fake_reset");
-  *(void **)&fake_tmap_count = fgt_fake_sym(fake_handle, "fake_tmap_count");
-  *(void **)&fake_tmap_get = fgt_fake_sym(fake_handle, "fake_tmap_get");
-  *(void **)&fake_tmap_encoded = fgt_fake_sym(fake_handle, "fake_tmap_encoded");
-  *(void **)&fake_launch_count = fgt_fake_sym(fake_handle, "fake_launch_count");
-  *(void **)&fake_launch_get = fgt_fake_sym(fake_handle, "fake_launch_get");
-  *(void **)&fake_bwd_tma_launch_count = fgt_fake_sym(fake_handle, "fake_bwd_tma_launch_count");
-  *(void **)&fake_bwd_tma_launch_get = fgt_fake_sym(fake_handle, "fake_bwd_tma_launch_get");
-  *(void **)&fake_mem_counts = fgt_fake_sym(fake_handle, "fake_mem_counts");
-  fake_reset();
+  ctx = fgt_fake_open(&fake, "/tmp/fg-tmab-fake-XXXXXX", defines, register_kernels);
 }
 static void fake_setup(void) { fake_setup_with(""); }
 static void fake_setup_no_tmap(void) { fake_setup_with("-DFAKE_CUDA_NO_TENSOR_MAP"); }
 
 static void fake_teardown(void) {
-  fgt_fake_teardown(ctx, fake_handle, fake_dir);
+  fgt_fake_close(&fake, ctx);
   ctx = NULL;
-  fake_handle = NULL;
 }
 
 /* A backward problem in host memory (the fake's device memory): q, k, v, o, do, dq, dk, dv in
@@ -526,11 +382,6 @@ typedef struct problem {
   void *mem[T_N];
   size_t bytes[T_N];
 } problem;
-
-static size_t span(int64_t n0, int64_t n1, int64_t n2, int64_t d, const int64_t s[3]) {
-  if (!s[0] && !s[1] && !s[2]) return (size_t)(n0 * n1 * n2 * d);
-  return (size_t)fg_tensor_extent(n0, n1, n2, d, s);
-}
 
 static problem make_problem(int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t d,
                             const int64_t *strides /* 5 x 3 or NULL */) {
@@ -551,19 +402,9 @@ static problem make_problem(int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq, int6
   unsigned seed = 4242;
   for (int i = 0; i < T_N; i++) {
     pr.bytes[i] = i == T_LSE ? (size_t)(4 * B * Hq * Nq)
-                             : 2 * span(B, n1[i], n2[i], d, st[i] ? st[i] : zero);
-    pr.mem[i] = aligned_alloc(256, (pr.bytes[i] + 256) / 256 * 256); /* 256 B at least */
-    cr_assert_not_null(pr.mem[i]);
-    memset(pr.mem[i], 0, pr.bytes[i]);
-    if (i > T_DO) continue;
-    uint16_t *x = pr.mem[i];
-    for (size_t j = 0; j < pr.bytes[i] / 2; j++) {
-      seed = seed * 1103515245u + 12345u;
-      const float f = (float)((int)((seed >> 16) % 32) - 16) / 8.0f; /* exact in bf16 */
-      uint32_t u;
-      memcpy(&u, &f, 4);
-      x[j] = (uint16_t)(u >> 16);
-    }
+                             : 2 * fgt_span(B, n1[i], n2[i], d, st[i] ? st[i] : zero);
+    pr.mem[i] = fgt_fake_alloc(pr.bytes[i]);
+    if (i <= T_DO) fgt_fill_random(pr.mem[i], pr.bytes[i] / 2, FG_DTYPE_BF16, &seed);
   }
   a->q = pr.mem[T_Q], a->k = pr.mem[T_K], a->v = pr.mem[T_V], a->o = pr.mem[T_O];
   a->d_o = pr.mem[T_DO], a->lse = pr.mem[T_LSE];
@@ -575,20 +416,13 @@ static void free_problem(problem *pr) {
   for (int i = 0; i < T_N; i++) free(pr->mem[i]);
 }
 
-static fg_variant variant(const char *name) {
-  fg_variant v;
-  char err[256];
-  cr_assert_eq(fg_variant_parse(name, &v, err, sizeof err), 0, "%s", err);
-  return v;
-}
-
 /* Runs BWD_TMA on pr, then BWD_REF (through pointers) on the same inputs: dQ, dK and dV must be
  * equal bit for bit (and not mostly zero). The fake's record is cleared in between, and holds
  * the TMA run's afterwards. */
 static void expect_same_gradients_as_pointers(problem *pr) {
   unsigned char *tma[3];
   for (int g = 0; g < 3; g++) memset(pr->mem[T_DQ + g], 0, pr->bytes[T_DQ + g]);
-  fg_variant r = variant(BWD_REF);
+  fg_variant r = fgt_variant(BWD_REF);
   fg_status st = fg_attention_backward_variant(ctx, &pr->a, NULL, &r);
   cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
   for (int g = 0; g < 3; g++) {
@@ -596,8 +430,8 @@ static void expect_same_gradients_as_pointers(problem *pr) {
     memcpy(tma[g], pr->mem[T_DQ + g], pr->bytes[T_DQ + g]);
     memset(pr->mem[T_DQ + g], 0, pr->bytes[T_DQ + g]);
   }
-  fake_reset();
-  fg_variant v = variant(BWD_TMA);
+  fake.reset();
+  fg_variant v = fgt_variant(BWD_TMA);
   st = fg_attention_backward_variant(ctx, &pr->a, NULL, &v);
   cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
   static const char *const what[3] = {"dQ", "dK", "dV"};
@@ -612,43 +446,28 @@ static void expect_same_gradients_as_pointers(problem *pr) {
   }
 }
 
+/* Asserts encode i as fgt_expect_map does, for a bf16 map (CUDA data type 9). */
 static void expect_map(int i, const void *base, const unsigned long long dims[4],
                        const unsigned long long strides[3], unsigned rows) {
-  const fake_tmap *t = fake_tmap_get(i);
-  cr_assert_not_null(t, "encode %d was not recorded (%d)", i, fake_tmap_count());
-  cr_assert_eq(t->data_type, 9, "map %d: data type %d, want bf16 (9)", i, t->data_type);
-  cr_assert_eq(t->rank, 4u);
-  cr_assert_eq(t->address, (unsigned long long)(uintptr_t)base, "map %d: base address", i);
-  for (int j = 0; j < 4; j++)
-    cr_assert_eq(t->dims[j], dims[j], "map %d: dims[%d] = %llu, want %llu", i, j, t->dims[j],
-                 dims[j]);
-  for (int j = 0; j < 3; j++)
-    cr_assert_eq(t->strides[j], strides[j], "map %d: strides[%d] = %llu B, want %llu B", i, j,
-                 t->strides[j], strides[j]);
-  cr_assert(t->box[0] == 64 && t->box[1] == rows && t->box[2] == 1 && t->box[3] == 1,
-            "map %d: box {%u, %u, %u, %u}, want {64, %u, 1, 1}", i, t->box[0], t->box[1],
-            t->box[2], t->box[3], rows);
-  cr_assert(t->interleave == 0 && t->swizzle == 3 && t->l2_promotion == 3 && t->oob_fill == 0,
-            "map %d: interleave %d swizzle %d l2 %d oob %d", i, t->interleave, t->swizzle,
-            t->l2_promotion, t->oob_fill);
+  fgt_expect_map(&fake, i, 9, base, dims, strides, rows);
 }
 
 /* Launch i of the fake's kvtma record: the plan's step (entry), its maps the encodes first ..
  * first + 3 (in the plan's order q, do, k, v), and its inner block the same as the plain record's
  * of the same launch, with the workspaces of the plan in it. */
 static const fake_bwd_tma_launch *expect_tma_launch(int i, const char *step, int first) {
-  const fake_bwd_tma_launch *l = fake_bwd_tma_launch_get(i);
-  cr_assert_not_null(l, "kvtma launch %d not recorded (%d)", i, fake_bwd_tma_launch_count());
+  const fake_bwd_tma_launch *l = fake.bwd_tma_launch_get(i);
+  cr_assert_not_null(l, "kvtma launch %d not recorded (%d)", i, fake.bwd_tma_launch_count());
   char entry[128];
   snprintf(entry, sizeof entry, "fg_%s%s", BWD_TMA, step);
   cr_assert_str_eq(l->entry, entry, "launch %d", i);
   for (int m = 0; m < 4; m++) {
-    const fake_tmap *enc = fake_tmap_encoded(&l->params.tmap[m]);
+    const fake_tmap *enc = fake.tmap_encoded(&l->params.tmap[m]);
     cr_assert_not_null(enc, "launch %d (%s): tmap[%d] holds no map", i, entry, m);
-    cr_assert_eq(memcmp(enc, fake_tmap_get(first + m), sizeof *enc), 0,
+    cr_assert_eq(memcmp(enc, fake.tmap_get(first + m), sizeof *enc), 0,
                  "launch %d (%s): tmap[%d] is not encode %d", i, entry, m, first + m);
   }
-  const fake_launch *plain = fake_launch_get(i);
+  const fake_launch *plain = fake.launch_get(i);
   cr_assert_not_null(plain);
   cr_assert_eq(memcmp(&plain->params, &l->params.p, sizeof plain->params), 0);
   cr_assert(l->params.p.workspace != 0 && l->params.p.dsum != 0,
@@ -665,15 +484,15 @@ Test(launch, gqa_nq_ne_nk_and_dos_own_strides, .init = fake_setup, .fini = fake_
   const int64_t s[15] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, Nq * Hq * d, d, Hq * d};
   problem pr = make_problem(B, Hq, Hkv, Nq, Nk, d, s);
   expect_same_gradients_as_pointers(&pr);
-  cr_assert_eq(fake_tmap_count(), 4, "four maps for one launch of each step, got %d",
-               fake_tmap_count());
+  cr_assert_eq(fake.tmap_count(), 4, "four maps for one launch of each step, got %d",
+               fake.tmap_count());
   expect_map(0, pr.mem[T_Q], ULL(64, 100, 4, 2), ULL(128, 100 * 128, 4 * 100 * 128), 64);
   expect_map(1, pr.mem[T_DO], ULL(64, 100, 4, 2), ULL(4 * 128, 128, 100 * 4 * 128), 64);
   expect_map(2, pr.mem[T_K], ULL(64, 130, 2, 2), ULL(128, 130 * 128, 2 * 130 * 128), 128);
   expect_map(3, pr.mem[T_V], ULL(64, 130, 2, 2), ULL(128, 130 * 128, 2 * 130 * 128), 128);
   /* Every step of the plan got the block: the maps, then the backward's with its workspaces. */
-  cr_assert_eq(fake_bwd_tma_launch_count(), 3);
-  cr_assert_eq(fake_launch_count(), 3);
+  cr_assert_eq(fake.bwd_tma_launch_count(), 3);
+  cr_assert_eq(fake.launch_count(), 3);
   const fake_bwd_tma_launch *pre = expect_tma_launch(0, "_pre", 0);
   const fake_bwd_tma_launch *mid = expect_tma_launch(1, "", 0);
   const fake_bwd_tma_launch *post = expect_tma_launch(2, "_post", 0);
@@ -714,11 +533,11 @@ Test(launch, each_batch_chunk_gets_its_own_maps, .init = fake_setup, .fini = fak
   const int64_t B = 3, H = 30000, N = 2, d = 64;
   problem pr = make_problem(B, H, H, N, N, d, NULL);
   expect_same_gradients_as_pointers(&pr);
-  cr_assert_eq(fake_bwd_tma_launch_count(), 6, "three steps for each of two chunks");
+  cr_assert_eq(fake.bwd_tma_launch_count(), 6, "three steps for each of two chunks");
   const unsigned long long sb = (unsigned long long)(H * N * d * 2);
   /* The last chunk's maps are encoded first (a refusal there launches nothing), then each
    * launch's. */
-  cr_assert_eq(fake_tmap_count(), 12);
+  cr_assert_eq(fake.tmap_count(), 12);
   const int t[4] = {T_Q, T_DO, T_K, T_V};
   for (int i = 0; i < 4; i++) {
     const char *base = pr.mem[t[i]];
@@ -735,7 +554,7 @@ Test(launch, each_batch_chunk_gets_its_own_maps, .init = fake_setup, .fini = fak
   }
   /* The second chunk's workspaces start at its first batch's part: dq_accum (4 d B per row)
    * and D (4 B per row) each hold every batch, one after the other. */
-  const fake_bwd_tma_launch *l0 = fake_bwd_tma_launch_get(1), *l1 = fake_bwd_tma_launch_get(4);
+  const fake_bwd_tma_launch *l0 = fake.bwd_tma_launch_get(1), *l1 = fake.bwd_tma_launch_get(4);
   cr_assert_eq(l1->params.p.workspace - l0->params.p.workspace, 2ull * H * N * 4 * d);
   cr_assert_eq(l1->params.p.dsum - l0->params.p.dsum, 2ull * H * N * 4);
   cr_assert_eq(l1->params.p.q, (uintptr_t)pr.mem[T_Q] + 2 * sb);
@@ -747,19 +566,19 @@ Test(launch, each_batch_chunk_gets_its_own_maps, .init = fake_setup, .fini = fak
  * run (_pre, _post: the main kernel has no key block) get them. */
 Test(launch, no_keys_leaves_the_kv_maps_zero, .init = fake_setup, .fini = fake_teardown) {
   problem pr = make_problem(1, 2, 2, 70, 0, 64, NULL);
-  fg_variant v = variant(BWD_TMA);
+  fg_variant v = fgt_variant(BWD_TMA);
   fg_status st = fg_attention_backward_variant(ctx, &pr.a, NULL, &v);
   cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));
-  cr_assert_eq(fake_tmap_count(), 2, "only Q's and dO's maps are encoded, got %d",
-               fake_tmap_count());
+  cr_assert_eq(fake.tmap_count(), 2, "only Q's and dO's maps are encoded, got %d",
+               fake.tmap_count());
   expect_map(0, pr.mem[T_Q], ULL(64, 70, 2, 1), ULL(128, 70 * 128, 2 * 70 * 128), 64);
   expect_map(1, pr.mem[T_DO], ULL(64, 70, 2, 1), ULL(128, 70 * 128, 2 * 70 * 128), 64);
-  cr_assert_eq(fake_bwd_tma_launch_count(), 2);
+  cr_assert_eq(fake.bwd_tma_launch_count(), 2);
   static const fg_tmap zero;
   for (int i = 0; i < 2; i++) {
-    const fake_bwd_tma_launch *l = fake_bwd_tma_launch_get(i);
-    cr_assert_not_null(fake_tmap_encoded(&l->params.tmap[0]));
-    cr_assert_not_null(fake_tmap_encoded(&l->params.tmap[1]));
+    const fake_bwd_tma_launch *l = fake.bwd_tma_launch_get(i);
+    cr_assert_not_null(fake.tmap_encoded(&l->params.tmap[0]));
+    cr_assert_not_null(fake.tmap_encoded(&l->params.tmap[1]));
     for (int m = 2; m < 4; m++)
       cr_assert_eq(memcmp(&l->params.tmap[m], &zero, sizeof zero), 0, "%s: tmap[%d] not zero",
                    l->entry, m);
@@ -785,27 +604,20 @@ static fg_attention_backward_args fake_args(void) {
 }
 
 static void expect_refused(fg_status st, const char *const *needles, size_t n) {
-  const char *e = fg_context_last_error(ctx);
-  cr_assert_eq(st, FG_ERROR_UNSUPPORTED, "%s: %s", fg_status_string(st), e);
-  for (size_t i = 0; i < n; i++)
-    cr_assert(strstr(e, needles[i]), "'%s' lacks '%s'", e, needles[i]);
-  cr_assert_eq(fake_launch_count(), 0, "a refused call launches nothing");
+  fgt_expect_unsupported(ctx, st, needles, n);
+  cr_assert_eq(fake.launch_count(), 0, "a refused call launches nothing");
   int allocs, frees;
   size_t last;
-  fake_mem_counts(&allocs, &frees, &last);
+  fake.mem_counts(&allocs, &frees, &last);
   cr_assert_eq(allocs, frees, "the workspace is freed (%d allocations, %d frees)", allocs, frees);
 }
-#define EXPECT_REFUSED(st, ...)                                                  \
-  do {                                                                           \
-    const char *const n_[] = {__VA_ARGS__};                                      \
-    expect_refused((st), n_, sizeof n_ / sizeof n_[0]);                          \
-  } while (0)
+#define EXPECT_REFUSED(st, ...) FGT_WITH_NEEDLES(expect_refused, st, __VA_ARGS__)
 
 Test(refuse, a_do_stride_of_2_to_the_40_bytes, .init = fake_setup, .fini = fake_teardown) {
   fg_attention_backward_args a = fake_args();
   const int64_t ds[3] = {(int64_t)1 << 39, 100 * 64, 64}; /* 2^40 B between dO's batches */
   memcpy(a.do_stride, ds, sizeof ds);
-  fg_variant v = variant(BWD_TMA);
+  fg_variant v = fgt_variant(BWD_TMA);
   EXPECT_REFUSED(fg_attention_backward_variant(ctx, &a, NULL, &v), BWD_TMA, "cannot read do",
                  "batch stride", "2^40", "make do contiguous", "a loop order other than kvtma");
 }
@@ -822,7 +634,7 @@ Test(refuse, a_do_row_stride_not_a_multiple_of_16_bytes, .init = fake_setup,
   fg_bwd_params_from_args(&n, &p);
   p.do_sn = 68; /* 136 B */
   const fg_loaded_kernel *k = NULL;
-  fg_variant v = variant(BWD_TMA);
+  fg_variant v = fgt_variant(BWD_TMA);
   cr_assert_eq(fg_registry_get(ctx, &v, &k), FG_OK, "%s", fg_context_last_error(ctx));
   cr_assert_eq(k->dtype, FG_DTYPE_BF16, "the maps' element type comes from the variant");
   static fg_bwd_tma_params tp;
@@ -832,13 +644,13 @@ Test(refuse, a_do_row_stride_not_a_multiple_of_16_bytes, .init = fake_setup,
   EXPECT_REFUSED(st, "cannot read do", "row stride is 68 elements (136 bytes)",
                  "not a multiple of 16 bytes", "make do contiguous",
                  "a loop order other than kvtma");
-  cr_assert_eq(fake_tmap_count(), 1, "q's map was encoded, dO's refused before the driver");
+  cr_assert_eq(fake.tmap_count(), 1, "q's map was encoded, dO's refused before the driver");
 }
 
 Test(refuse, an_encode_the_driver_refuses, .init = fake_setup, .fini = fake_teardown) {
   setenv("FAKE_CUDA_TMAP_FAIL", "1", 1);
   fg_attention_backward_args a = fake_args();
-  fg_variant v = variant(BWD_TMA);
+  fg_variant v = fgt_variant(BWD_TMA);
   EXPECT_REFUSED(fg_attention_backward_variant(ctx, &a, NULL, &v), "cuTensorMapEncodeTiled",
                  "tensor map of q", "dims {64, 100, 4, 2}", "box {64, 64, 1, 1}",
                  "make q contiguous", "a loop order other than kvtma");
@@ -848,7 +660,7 @@ Test(refuse, an_encode_the_driver_refuses, .init = fake_setup, .fini = fake_tear
 Test(refuse, a_driver_without_cuTensorMapEncodeTiled, .init = fake_setup_no_tmap,
      .fini = fake_teardown) {
   fg_attention_backward_args a = fake_args();
-  fg_variant v = variant(BWD_TMA);
+  fg_variant v = fgt_variant(BWD_TMA);
   EXPECT_REFUSED(fg_attention_backward_variant(ctx, &a, NULL, &v), BWD_TMA,
                  "no cuTensorMapEncodeTiled", "update the NVIDIA driver",
                  "a loop order other than kvtma");
@@ -857,13 +669,13 @@ Test(refuse, a_driver_without_cuTensorMapEncodeTiled, .init = fake_setup_no_tmap
 Test(refuse, a_tma_block_of_the_other_pass_does_not_load, .init = fake_setup,
      .fini = fake_teardown) {
   const fg_loaded_kernel *k = NULL;
-  fg_variant v = variant(FWD_WRONG);
+  fg_variant v = fgt_variant(FWD_WRONG);
   cr_assert_eq(fg_registry_get(ctx, &v, &k), FG_ERROR_INTERNAL);
   const char *e = fg_context_last_error(ctx);
   cr_assert(strstr(e, FWD_WRONG) && strstr(e, "parameter block bwd_tma") &&
                 strstr(e, "only backward variants do") && strstr(e, "rebuild or re-export"),
             "%s", e);
-  v = variant(BWD_WRONG);
+  v = fgt_variant(BWD_WRONG);
   cr_assert_eq(fg_registry_get(ctx, &v, &k), FG_ERROR_INTERNAL);
   e = fg_context_last_error(ctx);
   cr_assert(strstr(e, BWD_WRONG) && strstr(e, "parameter block fwd_tma") &&
