@@ -1,9 +1,11 @@
 // bwd_consumer.cuh: what the Hopper backward templates (bwd_wgmma.cu, bwd_tma.cu) compute alike
 // for one warpgroup of 64 keys, rendered inside their kernels by Lua functions (included after
-// the template's constants and wgmma instructions with {% include("bwd_consumer.cuh") %}). They
+// wgmma.cuh with {% include("bwd_consumer.cuh") %}, called after the template's constants). They
 // use the kernel's names: k_wg, v_wg (the warpgroup's K and V rows), s_q, s_do, s_l (this query
 // block's Q, dO, LSE/D), q0, p, wg, wr, g, t, sl2, Nk, diag, dk, dv (the accumulators), b, hk (for
 // the stores); and the constants D, BR, BC, KSTEPS, NT_S, NT_D, CAUSAL, BF16.
+//   {% bwd_wgmma_decls() %}      the wgmma instructions of the four products (wgmma.cuh) and the
+//                                shared-memory helpers both kernels use
 //   {% bwd_sdp() %}              S^T = K Q^T and dP^T = V dO^T into s, dp, issued and waited for
 //   {% bwd_pds("ds") %}          P^T packed into pa, dS^T stored at shared address ds (swizzled)
 //   {% bwd_dv() %}               dV += P^T dO issued (committed, not waited for)
@@ -12,6 +14,35 @@
 //                                thread's index among the working threads)
 //   {% bwd_dkdv_store() %}       dK = scale * dK and dV stored in the element type
 // Text, not functions: the verified kernels' cubins stay byte for byte what they were.
+{% function bwd_wgmma_decls() %}
+// d (64 x BR, f32) = A B^T over one k-step (16 columns of D), A (64 keys) and B (BR query rows)
+// from shared memory, both K-major: S^T = K Q^T and dP^T = V dO^T. scale_d = 0 starts from zero.
+{% wgmma_ss("wgmma_sdp", br, 0, 0) %}
+// dV (64 x D, f32) += P^T dO over 16 query rows: A = P^T from registers (the mma.sync m16k16
+// fragment, per warp), B = dO (16 x D) from shared memory, D-major (transposed).
+{% wgmma_rs("wgmma_dv", d) %}
+// dK (64 x D, f32) += dS^T Q over 16 query rows (called with scale_d = 1): A = dS^T from shared
+// memory (key rows, K-major), B = Q (16 x D) from shared memory, D-major (transposed).
+{% wgmma_ss("wgmma_dk", d, 0, 1) %}
+// d (64 x DQ_N, f32) (+)= dS K over 16 keys: A = dS from dS^T in shared memory (query-major:
+// transposed), B = K (16 x DQ_N) from shared memory, D-major (transposed).
+{% wgmma_ss("wgmma_dq", (br // 64 == warps // 4) and d or d // (warps // 4), 1, 1) %}
+FG_DEV void ld_shared_f2(u32 a, float &x, float &y) {
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x), "=f"(y) : "r"(a));
+}
+FG_DEV void st_shared_f2(u32 a, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(x), "f"(y) : "memory");
+}
+// A descriptor the compiler must form anew where it is used (volatile): descriptors derived from
+// it by adding offsets (desc + (bytes >> 4)) are then not hoisted out of the query-block loop
+// and kept live (16 64-bit K and V descriptors at d = 128: registers the accumulators need).
+FG_DEV u64 fresh(u64 x) {
+  u64 r;
+  asm volatile("mov.b64 %0, %1;\n" : "=l"(r) : "l"(x));
+  return r;
+}
+FG_DEV void st_shared_u32(u32 a, u32 x) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(x) : "memory"); }
+{% end %}
 {% function bwd_sdp() %}
     float s[BR / 2], dp[BR / 2];
     const u64 dk_a = fresh(sw128_desc(k_wg, 16, 1024)), dv_a = fresh(sw128_desc(v_wg, 16, 1024));

@@ -18,6 +18,7 @@
 {% include("common.cuh") %}
 {% include("wgmma.cuh") %}
 {% include("tma.cuh") %}
+{% include("bwd_consumer.cuh") %}
 
 namespace {
 constexpr int D = {{ d }};            // head dimension: 64 or 128 (bwd.lua)
@@ -70,32 +71,7 @@ FG_DEV u32 bar_ds_empty(int b) { return 24u + 8u * (2 * STAGES + NDS + b); }
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 constexpr int CONSUMER_THREADS = 128 * NWG;
 
-// d (64 x BR, f32) = A B^T over one k-step (16 columns of D), A (64 keys) and B (BR query rows)
-// from shared memory, both K-major: S^T = K Q^T and dP^T = V dO^T. scale_d = 0 starts from zero.
-{% wgmma_ss("wgmma_sdp", br, 0, 0) %}
-// dV (64 x D, f32) += P^T dO over 16 query rows: A = P^T from registers (the mma.sync m16k16
-// fragment, per warp), B = dO (16 x D) from shared memory, D-major (transposed).
-{% wgmma_rs("wgmma_dv", d) %}
-// dK (64 x D, f32) += dS^T Q over 16 query rows (called with scale_d = 1): A = dS^T from shared
-// memory (key rows, K-major), B = Q (16 x D) from shared memory, D-major (transposed).
-{% wgmma_ss("wgmma_dk", d, 0, 1) %}
-// d (64 x DQ_N, f32) (+)= dS K over 16 keys: A = dS from dS^T in shared memory (query-major:
-// transposed), B = K (16 x DQ_N) from shared memory, D-major (transposed).
-{% wgmma_ss("wgmma_dq", (br // 64 == warps // 4) and d or d // (warps // 4), 1, 1) %}
-FG_DEV void ld_shared_f2(u32 a, float &x, float &y) {
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x), "=f"(y) : "r"(a));
-}
-FG_DEV void st_shared_f2(u32 a, float x, float y) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(x), "f"(y) : "memory");
-}
-// A descriptor the compiler must form anew where it is used (bwd_wgmma.cu: hoisted descriptors
-// took the accumulators' registers).
-FG_DEV u64 fresh(u64 x) {
-  u64 r;
-  asm volatile("mov.b64 %0, %1;\n" : "=l"(r) : "l"(x));
-  return r;
-}
-FG_DEV void st_shared_u32(u32 a, u32 x) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(x) : "memory"); }
+{% bwd_wgmma_decls() %}
 // The consumer warpgroups' barrier (named barrier 1; the producer warps never take it), and one
 // warpgroup's own (named barriers 2, 3).
 FG_DEV void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMER_THREADS) : "memory"); }
@@ -109,7 +85,6 @@ FG_DEV void warpgroup_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 
 #define BWD_PARAMS_BIND const fg_bwd_params &p = P.p;
 #define BWD_DET_GROUPS 1  // deterministic without a mask: key blocks dealt out in groups (bwd_aux.cuh)
 {% include("bwd_aux.cuh") %}
-{% include("bwd_consumer.cuh") %}
 
 // The main kernel. Grid (ceil(Nk / BC), B * Hkv, splits of the query blocks: bwd_span_of).
 extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS) {

@@ -14,6 +14,7 @@
 // 64 columns (128-byte rows), 128-byte swizzled (wgmma.cuh). Do not edit.
 {% include("common.cuh") %}
 {% include("wgmma.cuh") %}
+{% include("bwd_consumer.cuh") %}
 
 namespace {
 constexpr int D = {{ d }};            // head dimension: 64 or 128 (bwd.lua)
@@ -37,33 +38,9 @@ constexpr unsigned KV_BYTES = BC * D * 2, QT_BYTES = BR * D * 2;
 constexpr unsigned K_OFF = 0, V_OFF = KV_BYTES, Q_OFF = 2 * KV_BYTES;
 constexpr unsigned DS_OFF = Q_OFF + STAGES * 2 * QT_BYTES, L_OFF = DS_OFF + BC * BR * 2;
 
-// d (64 x BR, f32) = A B^T over one k-step (16 columns of D), A (64 keys) and B (BR query rows)
-// from shared memory, both K-major: S^T = K Q^T and dP^T = V dO^T. scale_d = 0 starts from zero.
-{% wgmma_ss("wgmma_sdp", br, 0, 0) %}
-// dV (64 x D, f32) += P^T dO over 16 query rows: A = P^T from registers (the mma.sync m16k16
-// fragment, per warp), B = dO (16 x D) from shared memory, D-major (transposed).
-{% wgmma_rs("wgmma_dv", d) %}
-// dK (64 x D, f32) += dS^T Q over 16 query rows (called with scale_d = 1): A = dS^T from shared
-// memory (key rows, K-major), B = Q (16 x D) from shared memory, D-major (transposed).
-{% wgmma_ss("wgmma_dk", d, 0, 1) %}
-// d (64 x DQ_N, f32) (+)= dS K over 16 keys: A = dS from dS^T in shared memory (query-major:
-// transposed), B = K (16 x DQ_N) from shared memory, D-major (transposed).
-{% wgmma_ss("wgmma_dq", (br // 64 == warps // 4) and d or d // (warps // 4), 1, 1) %}
-FG_DEV void ld_shared_f2(u32 a, float &x, float &y) {
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x), "=f"(y) : "r"(a));
-}
-// A descriptor the compiler must form anew where it is used (volatile): descriptors derived from
-// it by adding offsets (desc + (bytes >> 4)) are then not hoisted out of the query-block loop
-// and kept live (16 64-bit K and V descriptors at d = 128: registers the accumulators need).
-FG_DEV u64 fresh(u64 x) {
-  u64 r;
-  asm volatile("mov.b64 %0, %1;\n" : "=l"(r) : "l"(x));
-  return r;
-}
-FG_DEV void st_shared_u32(u32 a, u32 x) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(x) : "memory"); }
+{% bwd_wgmma_decls() %}
 }  // namespace
 {% include("bwd_aux.cuh") %}
-{% include("bwd_consumer.cuh") %}
 
 // The main kernel. Grid (ceil(Nk / BC), B * Hkv, splits of the query blocks: bwd_span_of).
 extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __grid_constant__ fg_bwd_params p) {
