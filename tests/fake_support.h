@@ -17,8 +17,11 @@
  * else cc) fails. */
 void fgt_fake_driver_build(const char *dir, const char *defines, char *lib, size_t lib_len);
 
-/* A context on the fake driver at lib (fgt_fake_driver_build's; FLASHGEN_CUDA_LIBRARY points at
- * it) that takes only exported kernels, quietly (never compiles, never touches the disk), and in
+/* A context that takes only exported kernels, quietly (never compiles, never touches the disk),
+ * on the driver FLASHGEN_CUDA_LIBRARY names; asserted created. */
+fg_context *fgt_exported_only_context(void);
+/* fgt_exported_only_context on the fake driver at lib (fgt_fake_driver_build's;
+ * FLASHGEN_CUDA_LIBRARY points at it), and in
  * *handle the instance of the driver the runtime loaded (dlopen of the same file), for
  * fgt_fake_sym. Asserts both. */
 fg_context *fgt_fake_context(const char *lib, void **handle);

@@ -24,7 +24,7 @@ void fgt_fake_driver_build(const char *dir, const char *defines, char *lib, size
   setenv("FLASHGEN_CUDA_LIBRARY", lib, 1);
 }
 
-fg_context *fgt_fake_context(const char *lib, void **handle) {
+fg_context *fgt_exported_only_context(void) {
   fg_context_options o;
   memset(&o, 0, sizeof o);
   o.size = sizeof o;
@@ -32,6 +32,11 @@ fg_context *fgt_fake_context(const char *lib, void **handle) {
   o.quiet = 1;
   fg_context *ctx = NULL;
   cr_assert_eq(fg_context_create(&ctx, &o), FG_OK, "%s", fg_last_create_error());
+  return ctx;
+}
+
+fg_context *fgt_fake_context(const char *lib, void **handle) {
+  fg_context *ctx = fgt_exported_only_context();
   *handle = dlopen(lib, RTLD_NOW | RTLD_LOCAL); /* the instance the runtime loaded */
   cr_assert_not_null(*handle, "%s", dlerror());
   return ctx;

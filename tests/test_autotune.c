@@ -796,17 +796,6 @@ static void fake_driver_done(void) {
   if (fake_dir[0] && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", fake_dir);
 }
 
-static fg_context *exported_only_context(void) {
-  fg_context_options o;
-  memset(&o, 0, sizeof o);
-  o.size = sizeof o;
-  o.policy = FG_POLICY_EXPORTED_ONLY;
-  o.quiet = 1;
-  fg_context *ctx = NULL;
-  cr_assert_eq(fg_context_create(&ctx, &o), FG_OK, "%s", fg_last_create_error());
-  return ctx;
-}
-
 static fg_attention_backward_args bwd_shape(int64_t n, int causal) {
   fg_attention_backward_args b;
   memset(&b, 0, sizeof b);
@@ -823,7 +812,7 @@ static fg_attention_backward_args bwd_shape(int64_t n, int causal) {
 
 Test(explain_backward, builtin_rule_and_missing_binary, .init = fake_driver,
      .fini = fake_driver_done) {
-  fg_context *ctx = exported_only_context();
+  fg_context *ctx = fgt_exported_only_context();
   fg_attention_backward_args b = bwd_shape(4000, 1);
   char buf[8192];
   fg_status st = fg_explain_backward(ctx, &b, buf, sizeof buf);
@@ -880,7 +869,7 @@ Test(explain_backward, exported_choice_nearest_bucket_and_plan, .init = fake_dri
   char err[512];
   cr_assert_eq(fg_register_exported(&tab, err, sizeof err), FG_OK, "%s", err);
 
-  fg_context *ctx = exported_only_context();
+  fg_context *ctx = fgt_exported_only_context();
   fg_attention_backward_args b = bwd_shape(4096, 1);
   char buf[8192];
   fg_status st = fg_explain_backward(ctx, &b, buf, sizeof buf);

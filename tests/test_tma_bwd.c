@@ -36,16 +36,13 @@
 /* The kv_wgmma variant the generator's tests render with a bwd_tma plan (its tiles fit). */
 #define GEN_REF "bwd_d64_br128_bc128_bf16_noncausal_kvwgmma_w8_s2_sm90a"
 
-/* The plan bwd.lua gives a kv_tma variant: the backward's three steps and workspaces
- * (support_plan.h), params bwd_tma, maps q and do of Br rows, k and v of Bc. */
+/* The plan bwd.lua gives a kv_tma variant: the backward's three steps and workspaces, and for a
+ * kvtma name params bwd_tma with maps q and do of Br rows, k and v of Bc (support_plan.h). */
 static void bwd_tma_plan(fg_kernel_meta *m, const char *name, int d, int br, int bc) {
   test_backward_plan(m, name, d, bc, 384, 200000);
-  m->params = FG_PARAMS_BWD_TMA;
-  m->n_tmaps = 4;
-  m->tmaps[0] = (fg_plan_tmap){FG_TMAP_Q, br};
-  m->tmaps[1] = (fg_plan_tmap){FG_TMAP_DO, br};
-  m->tmaps[2] = (fg_plan_tmap){FG_TMAP_K, bc};
-  m->tmaps[3] = (fg_plan_tmap){FG_TMAP_V, bc};
+  cr_assert(m->params == FG_PARAMS_BWD_TMA && m->n_tmaps == 4 && m->tmaps[0].rows == br &&
+                m->tmaps[2].rows == bc,
+            "%s: not a kvtma plan of Br %d, Bc %d", name, br, bc);
 }
 
 static void expect_bwd_tma_plan(const fg_kernel_meta *m, int br, int bc) {
