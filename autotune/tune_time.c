@@ -159,12 +159,14 @@ static fg_attention_args problem_args(const fg_tune_problem *pb, CUdeviceptr q, 
 }
 
 /* Bytes of one input set of problem pb: forward Q, K, V, O; backward Q, K, V, O, dO, dQ, dK,
- * dV, LSE and the fp32 workspace. */
+ * dV and LSE. The backward's fp32 workspace comes from the context's pool (args->workspace NULL):
+ * each candidate's plan sizes its own (templates/bwd.lua; kv_tma rounds each head's query rows up
+ * to its Br), which one formula here could not follow. */
 static size_t set_bytes_of(const fg_tune_problem *pb) {
   const size_t rows = (size_t)(pb->batch * pb->heads * pb->n);
   const size_t tensor = fg_tune_align256(rows * (size_t)pb->d * 2);
   if (pb->pass != FG_PASS_BWD) return 4 * tensor;
-  return 8 * tensor + fg_tune_align256(rows * 4) + fg_tune_align256(rows * (size_t)(pb->d + 1) * 4);
+  return 8 * tensor + fg_tune_align256(rows * 4);
 }
 
 /* Fills L with the input sets of problem pi in the timing pool. The backward's O and LSE come
@@ -185,7 +187,7 @@ static fg_status make_sets(trun *R, int pi, int sets, tlaunch *L) {
     const CUdeviceptr base = D->pool + (CUdeviceptr)s * set_bytes;
     CUdeviceptr t[8];
     for (int i = 0; i < 8; i++) t[i] = base + (CUdeviceptr)i * tensor;
-    const CUdeviceptr lse = base + 8 * tensor, ws = lse + fg_tune_align256(rows * 4);
+    const CUdeviceptr lse = base + 8 * tensor;
     fg_attention_args a = problem_args(pb, t[0], t[1], t[2], t[3], pb->pass == FG_PASS_BWD ? lse : 0),
                       norm;
     if ((st = fg_validate_args(&a, FG_VALIDATE_CALL, &norm, err, sizeof err)) != FG_OK)
@@ -217,8 +219,7 @@ static fg_status make_sets(trun *R, int pi, int sets, tlaunch *L) {
     b->dq = (void *)(uintptr_t)t[5];
     b->dk = (void *)(uintptr_t)t[6];
     b->dv = (void *)(uintptr_t)t[7];
-    b->workspace = (void *)(uintptr_t)ws;
-    b->workspace_size = fg_tune_align256(rows * (size_t)(pb->d + 1) * 4);
+    b->workspace = NULL; /* the plan's own size, from the context's pool (set_bytes_of) */
     fg_attention_backward_args bn;
     if ((st = fg_validate_backward_args(b, FG_VALIDATE_CALL, &bn, err, sizeof err)) != FG_OK)
       return fg_fail(ctx, st, "tune: backward problem %lldx%lldx%lldx%d: %s",

@@ -99,7 +99,8 @@ def pass_flops(B, H, N, d, causal, pass_="fwd"):
 def flashgen_bwd_workspace_bytes(B, H, N, d):
     """The fp32 workspace flashgen's backward allocates itself (cuMemAllocAsync, so PyTorch's
     counter cannot see it): (d + 1) floats per (batch, query head, query row), as
-    include/flashgen.h documents for fg_attention_backward_workspace_size."""
+    include/flashgen.h documents for fg_attention_backward_workspace_size (exact where N is a
+    multiple of 128, as on the grid: the Hopper kernel rounds each head's rows up to its block)."""
     return B * H * N * (d + 1) * 4
 
 

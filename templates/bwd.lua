@@ -85,17 +85,25 @@ end
 -- add each dQ tile to the accumulator with bulk reductions from shared memory (two buffers where
 -- each warpgroup owns whole rows of the tile: Br 128 at d = 64). Shared memory, from a 1024-byte
 -- aligned base: K, V; the Q/dO stages; two dS^T buffers (each block's dQ reads them one block
--- later); the fp32 dQ tile in rows of 4 d + 32 bytes (conflict-free fragment stores), split in
--- the buffers; LSE and D per stage; 256 bytes of mbarriers. Registers: the producer gives its own up
--- (setmaxnreg 40), the consumers take 232; the block's 64K over its 384 threads is what the fit
--- rule counts (168 each: what ptxas reports for the kernel, which launches with that many).
+-- later); the fp32 dQ tile in the consumers' fragment order (the accumulator's layout: below),
+-- dq_bufs deep (2 where that fits in the 227 KB of a block, so the consumers write a tile while
+-- the last one is still being added; else 1); LSE and D per stage. The mbarriers (under 256
+-- bytes) sit in the 1 KB allocated for the alignment, before the base or after the layout.
+-- Registers: the producer gives its own up (setmaxnreg 40), the consumers take 232; the block's
+-- 64K over its 384 threads is what the fit rule counts (168 each: what ptxas reports for the
+-- kernel, which launches with that many).
 local function tma_loop(v) return v.loop == "kv_tma" end
 local TMA_BLOCK_REGS = 65536
+local SM90_SMEM = 232448  -- shared memory one block may opt into on sm_90 (227 KB)
+
+local function tma_smem(v, dq_bufs)
+  return 1024 + (2 * v.bc * v.d + v.stages * 2 * v.br * v.d + 2 * v.bc * v.br) * 2 +
+         dq_bufs * v.br * v.d * 4 + v.stages * 2 * v.br * 4
+end
+local function tma_dq_bufs(v) return tma_smem(v, 2) <= SM90_SMEM and 2 or 1 end
 
 local function tma_resources(v)
-  return { threads = 32 * v.warps + 128,
-           smem = 1024 + (2 * v.bc * v.d + v.stages * 2 * v.br * v.d + 2 * v.bc * v.br) * 2 +
-                  v.br * (4 * v.d + 32) + v.stages * 2 * v.br * 4 + 256,
+  return { threads = 32 * v.warps + 128, smem = tma_smem(v, tma_dq_bufs(v)),
            regs = TMA_BLOCK_REGS // (32 * v.warps + 128) // 8 * 8 }
 end
 
@@ -185,7 +193,7 @@ local SPLIT_ROWS, DKV_SEM_FLOATS = 65536, 4
 --   <entry>_post  grid q_tiles, 128 threads: dQ = scale * accumulator (and past SPLIT_ROWS dK =
 --                 scale * dK sum, dV = dV sum from dkv_accum)
 -- Workspaces, one after the other: per (batch, query head) the fp32 dQ accumulator (d floats per
--- query row, at p.workspace); past SPLIT_ROWS, per key block of each (batch, KV head), the fp32
+-- query row, at p.workspace; kv_tma's in tiles of Br rows: launch below); past SPLIT_ROWS, per key block of each (batch, KV head), the fp32
 -- dK/dV sums and a semaphore (dkv_accum at p.dkv; second, so that it starts 16-byte aligned);
 -- per (batch, query head) D (1 float per row, p.dsum) and in deterministic mode a 4-byte
 -- semaphore per 16 query rows (p.sem).
@@ -219,6 +227,10 @@ function M.launch(v)
   if tma_loop(v) then
     local t = plan(v, "bwd_tma.cu", r.threads, r.smem)
     t.params = "bwd_tma"
+    -- dQ's accumulator in tiles of Br rows (each head's rows rounded up to them) laid out as
+    -- the consumers' fragments (bwd_tma.cu): one bulk reduction adds a warpgroup's part.
+    t.workspaces[1].rows, t.workspaces[1].bytes = v.br, 4 * v.d * v.br
+    t.constants.dq_bufs = tma_dq_bufs(v)
     t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "do", rows = v.br },
                 { tensor = "k", rows = v.bc }, { tensor = "v", rows = v.bc } }
     return t

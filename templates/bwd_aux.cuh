@@ -2,8 +2,8 @@
 // plan's first and last kernels ({{ entry }}_pre: D = rowsum(dO * O) and the fp32 dQ accumulator
 // zeroed; {{ entry }}_post: dQ converted; for long query ranges dkv_accum zeroed and converted
 // into dK, dV too), the fp32 reductions of dQ tiles, the query blocks a key block (and its split)
-// visits, the LSE/D loads of a query block, deterministic mode's semaphores, and the splits'
-// additions of their dK/dV partial sums.
+// visits, the LSE/D loads of a query block, deterministic mode's semaphores, the splits'
+// additions of their dK/dV partial sums, and (DQ_TILED) the tiled dQ accumulator of bwd_tma.cu.
 // Included after the template's constants (D, CHUNKS, BF16, BR, CAUSAL, THREADS) with
 // {% include("bwd_aux.cuh") %}. The helpers that every working thread of the main kernel calls
 // count MAIN_THREADS and meet at main_sync(): by default every thread of the block and
@@ -325,6 +325,48 @@ FG_DEV void row_out(const float *acc_row, u16 *dst, float sc, int lane) {
     st_global_v4(dst + c * 8, y[0], y[1], y[2], y[3]);
   }
 }
+#ifdef DQ_TILED
+// The dQ accumulator in the consumers' fragment order (a template that defines DQ_TILED, with DQ_N
+// and NT_Q: bwd_tma.cu). Per (batch, query head) its query rows rounded up to BR (the plan's
+// workspace rows) in chunks of 64 rows x D floats; a chunk holds D / DQ_N parts (a warpgroup's
+// 64 rows x DQ_N columns of a dQ tile), each NT_Q groups of 128 float4s: group nt's float4 of
+// warpgroup thread c (warp w = c / 32, g = c % 32 / 4, t = c % 4) is dq[4 nt ... 4 nt + 3] of
+// the wgmma fragment: rows 16 w + g and 16 w + g + 8, columns 8 nt + 2 t and 8 nt + 2 t + 1 of the
+// part. The consumers store a part with one float4 per thread and group (no bank conflicts) and
+// the dQ warp adds it with one bulk reduction; _post puts the rows back in order.
+static_assert(PRE_ROWS == 64 && BR % 64 == 0 && D % DQ_N == 0 && NT_Q == DQ_N / 8, "64-row chunks");
+FG_DEV i64 dq_chunks(const fg_bwd_params &p) { return (p.seqlen_q + BR - 1) / BR * (BR / 64); }
+FG_DEV float *dq_chunk(const fg_bwd_params &p, i64 bh, i64 c) {
+  return dq_acc(p) + (bh * dq_chunks(p) + c) * 64 * D;
+}
+// _post's block: its 64-row chunk times sc, through shared memory (rows padded by 16 bytes: the
+// fragments' 4-byte stores hit every bank once), into dQ's rows below Nq.
+FG_DEV void dq_chunk_out(const fg_bwd_params &p, u32 bh, u32 b, u32 h, float sc) {
+  constexpr int ROW = D + 8;  // u16 per staged row
+  __shared__ __align__(16) u16 st[64 * ROW];
+  const int c = threadIdx.x, g = c % 32 / 4, t = c % 4, r = 16 * (c / 32) + g;
+  const float *chunk = dq_chunk(p, bh, blockIdx.x);
+#pragma unroll
+  for (int part = 0; part < D / DQ_N; ++part) {
+#pragma unroll
+    for (int nt = 0; nt < NT_Q; ++nt) {
+      u32 x[4];
+      ld_global_v4(chunk + ((part * NT_Q + nt) * 128 + c) * 4, x[0], x[1], x[2], x[3]);
+      const int col = part * DQ_N + 8 * nt + 2 * t;
+      *(u32 *)&st[r * ROW + col] = pack2<BF16>(__int_as_float(x[0]) * sc, __int_as_float(x[1]) * sc);
+      *(u32 *)&st[(r + 8) * ROW + col] = pack2<BF16>(__int_as_float(x[2]) * sc, __int_as_float(x[3]) * sc);
+    }
+  }
+  __syncthreads();
+  const i64 q0 = (i64)blockIdx.x * 64;
+  for (int i = c; i < 64 * CHUNKS; i += PRE_THREADS) {
+    const int rr = i / CHUNKS, ch = i % CHUNKS;
+    if (q0 + rr >= p.seqlen_q) break;
+    const uint4 y = *(const uint4 *)&st[rr * ROW + ch * 8];
+    st_global_v4((u16 *)p.dq + b * p.dq_sb + h * p.dq_sh + (q0 + rr) * p.dq_sn + ch * 8, y.x, y.y, y.z, y.w);
+  }
+}
+#endif
 }  // namespace
 
 // D = rowsum(dO * O) in fp32; zeroes the row's dQ accumulator. Grid (ceil(Nq / 64), B * Hq).
@@ -348,9 +390,17 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_pre(BWD_PA
     acc = warp_sum(acc);
     const i64 row = (i64)bh * p.seqlen_q + q;
     if (lane == 0) d_sum(p)[row] = acc;
+#ifndef DQ_TILED
     float *acc_row = dq_acc(p) + row * D;
     for (int c = lane; c < D / 4; c += 32) st_global_v4(acc_row + c * 4, 0u, 0u, 0u, 0u);
+#endif
   }
+#ifdef DQ_TILED
+  {  // the accumulator's 64-row chunk of these rows (a tile's padding past Nq included)
+    float *chunk = dq_chunk(p, bh, blockIdx.x);
+    for (int i = threadIdx.x; i < 64 * D / 4; i += PRE_THREADS) st_global_v4(chunk + 4 * i, 0u, 0u, 0u, 0u);
+  }
+#endif
   if (p.deterministic && threadIdx.x < PRE_ROWS / SEM_ROWS) {  // this block's rows' semaphores
     const i64 s = (i64)blockIdx.x * (PRE_ROWS / SEM_ROWS) + threadIdx.x;
     if (s < sems_per_head(p)) ((u32 *)p.sem)[(i64)bh * sems_per_head(p) + s] = 0u;
@@ -371,12 +421,16 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_post(BWD_P
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const u32 bh = blockIdx.y, b = bh / (u32)p.heads_q, h = bh % (u32)p.heads_q;
   const float sc = (float)p.scale;
+#ifdef DQ_TILED
+  dq_chunk_out(p, bh, b, h, sc);
+#else
   for (int rr = warp; rr < PRE_ROWS; rr += PRE_THREADS / 32) {
     const i64 q = (i64)blockIdx.x * PRE_ROWS + rr;
     if (q >= p.seqlen_q) break;
     row_out(dq_acc(p) + ((i64)bh * p.seqlen_q + q) * D,
             (u16 *)p.dq + b * p.dq_sb + h * p.dq_sh + q * p.dq_sn, sc, lane);
   }
+#endif
   if (p.dkv) {  // long query ranges: a warp per key row of this (batch, KV head)
     const dkv_share sh = dkv_share_of(p, b, h);
     const u32 hk = sh.bhk % (u32)p.heads_kv;

@@ -7,9 +7,10 @@
 // buffers with TMA (cp.async.bulk.tensor from the tensor maps the runtime encodes per call),
 // completing on mbarriers; one warp loads LSE * log2(e) and D into the same buffers; one warp
 // per dQ buffer (NDQ: one per consumer warpgroup where each owns whole rows of the tile, else one)
-// adds each dQ tile, which the consumers leave in shared memory, to the fp32 accumulator with bulk
-// reductions (cp.reduce.async.bulk, a row each), in deterministic mode behind the tile's
-// semaphore. The consumers wait only on mbarriers: dQ of a query block (which reads both
+// adds each dQ tile, which the consumers leave in shared memory (two buffers deep where they fit),
+// to the fp32 accumulator with bulk reductions (cp.reduce.async.bulk, one per warpgroup's part:
+// the accumulator is tiled in the consumers' fragment order), in deterministic mode behind the
+// tile's semaphore. The consumers wait only on mbarriers: dQ of a query block (which reads both
 // warpgroups' dS^T rows) is issued after the next block's dK, so the warpgroups need not run in
 // step. The plan's other kernels ({{ entry }}_pre,
 // {{ entry }}_post) are bwd_aux.cuh's, taking the same parameter block. Tiles are 64-column blocks
@@ -39,27 +40,30 @@ static_assert(D % 64 == 0 && BC == 64 * NWG && NWG == 2 && (BR == 64 || BR == 12
               "tile shape (bwd.lua)");
 // Shared memory, from a 1024-byte aligned base: K and V (BC rows), STAGES x (Q, dO) (BR rows),
 // NDS dS^T buffers (BC rows of BR columns; query block it uses it % NDS), the fp32 dQ tile in NDQ
-// buffers (below), STAGES x (LSE * log2(e), D) (BR floats each), the mbarriers.
+// x NBUF buffers (below), STAGES x (LSE * log2(e), D) (BR floats each); the mbarriers in the
+// alignment's slack (see bars in the kernel).
 constexpr int NDS = 2;  // dS^T buffers
 constexpr u32 KV_BYTES = BC * D * 2, QT_BYTES = BR * D * 2, DS_BYTES = BC * BR * 2;
-// The dQ tile in NDQ buffers of DQ_ROWS rows of DQ_ROW bytes (D floats and 32 bytes: a warp's
-// fragment stores hit every bank once), each with its own dQ warp (producer warp 2 + buffer):
+// The dQ tile in NDQ parts of DQ_ROWS rows, each with its own dQ warp (producer warp 2 + part):
 // where each warpgroup owns whole rows of the tile (BR = 64 per warpgroup) one per warpgroup, so
 // the warpgroups never wait for each other's reductions (d = 64: 1.25-1.4x one shared buffer);
-// else (dQ split by columns) one shared.
-constexpr int NDQ = MB == NWG ? NWG : 1;
-constexpr u32 DQ_ROWS = BR / NDQ, DQ_ROW = D * 4 + 32, DQ_BYTES = DQ_ROWS * DQ_ROW;
+// else (dQ split by columns) one shared. Each part is NBUF buffers deep (bwd.lua, dq_bufs: 2
+// where they fit), stored as the accumulator is laid out (bwd_aux.cuh, DQ_TILED: the fragments'
+// float4s, thread after thread), so one bulk reduction adds a warpgroup's 64 x DQ_N.
+constexpr int NDQ = MB == NWG ? NWG : 1, NBUF = {{ dq_bufs }};
+constexpr u32 DQ_ROWS = BR / NDQ, DQ_BYTES = DQ_ROWS * D * 4, DQ_PART = 64 * DQ_N * 4;
 constexpr u32 K_OFF = 0, V_OFF = KV_BYTES, Q_OFF = 2 * KV_BYTES;
 constexpr u32 DS_OFF = Q_OFF + STAGES * 2 * QT_BYTES, DQ_OFF = DS_OFF + NDS * DS_BYTES;
-constexpr u32 L_OFF = DQ_OFF + NDQ * DQ_BYTES, BAR_OFF = L_OFF + STAGES * 2 * BR * 4;
+constexpr u32 L_OFF = DQ_OFF + NDQ * NBUF * DQ_BYTES, BAR_OFF = L_OFF + STAGES * 2 * BR * 4;
 // mbarriers (8 bytes each): K/V full; per stage full (the TMA's bytes and the 32 lanes of the
 // LSE/D warp) and empty (every consumer thread: each arrives after its own reads, which one lane
 // per warp could not vouch for; compute-sanitizer's racecheck flagged the LSE/D rewrites); per
-// dS^T buffer full and empty; per dQ buffer full (the consumer threads that write it) and empty
-// (its dQ warp).
-constexpr u32 BAR_KV = 0;
-FG_DEV u32 bar_dq_full(int w) { return 24u + 8u * (2 * STAGES + 2 * NDS + w); }  // w < NDQ <= 2
-FG_DEV u32 bar_dq_empty(int w) { return 24u + 8u * (2 * STAGES + 2 * NDS + 2 + w); }
+// dS^T buffer full and empty; per dQ buffer (part w, slot s: w * NBUF + s < 4) full (the consumer
+// threads that write it) and empty (its dQ warp).
+constexpr u32 BAR_KV = 0, BAR_BYTES = 24u + 8u * (2 * STAGES + 2 * NDS + 8);
+static_assert(NDQ * NBUF <= 4 && BAR_BYTES <= 256, "mbarriers in the alignment's slack");
+FG_DEV u32 bar_dq_full(int w, int s) { return 24u + 8u * (2 * STAGES + 2 * NDS + w * NBUF + s); }
+FG_DEV u32 bar_dq_empty(int w, int s) { return 24u + 8u * (2 * STAGES + 2 * NDS + 4 + w * NBUF + s); }
 FG_DEV u32 bar_full(int s) { return 24u + 8u * s; }
 FG_DEV u32 bar_empty(int s) { return 24u + 8u * (STAGES + s); }
 // Per dS^T buffer: full (every consumer thread, after its rows' stores) and empty (every consumer
@@ -76,6 +80,9 @@ constexpr int CONSUMER_THREADS = 128 * NWG;
 // warpgroup's own (named barriers 2, 3).
 FG_DEV void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMER_THREADS) : "memory"); }
 FG_DEV void warpgroup_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory"); }
+FG_DEV void st_shared_f4(u32 a, float x, float y, float z, float w) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
+}
 }  // namespace
 // bwd_aux.cuh's block-wide helpers (the split's dK/dV additions) run on the consumers alone.
 #define MAIN_THREADS CONSUMER_THREADS
@@ -84,6 +91,7 @@ FG_DEV void warpgroup_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 
 #define BWD_PARAMS const __grid_constant__ fg_bwd_tma_params P
 #define BWD_PARAMS_BIND const fg_bwd_params &p = P.p;
 #define BWD_DET_GROUPS 1  // deterministic without a mask: key blocks dealt out in groups (bwd_aux.cuh)
+#define DQ_TILED 1        // the dQ accumulator in fragment order (bwd_aux.cuh)
 {% include("bwd_aux.cuh") %}
 
 // The main kernel. Grid (ceil(Nk / BC), B * Hkv, splits of the query blocks: bwd_span_of).
@@ -92,14 +100,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   extern __shared__ __align__(1024) u16 smem_raw[];
   const u32 sbase = (smem_addr(smem_raw) + 1023u) & ~1023u;  // 1024 B more are allocated (bwd.lua)
   char *const sgen = (char *)smem_raw + (sbase - smem_addr(smem_raw));  // sbase, as a pointer
-  const u32 bars = sbase + BAR_OFF;
+  // The mbarriers: before the base where the alignment left BAR_BYTES there, else after the
+  // layout (the 1024 bytes' rest, at least 1024 - BAR_BYTES).
+  const u32 bars = sbase - smem_addr(smem_raw) >= BAR_BYTES ? smem_addr(smem_raw) : sbase + BAR_OFF;
   const int tid = threadIdx.x;
   if (tid == 0) {
     mbar_init(bars + BAR_KV, 1);
 #pragma unroll
     for (int w = 0; w < NDQ; ++w) {
-      mbar_init(bars + bar_dq_full(w), CONSUMER_THREADS / NDQ);
-      mbar_init(bars + bar_dq_empty(w), 1);
+#pragma unroll
+      for (int s = 0; s < NBUF; ++s) {
+        mbar_init(bars + bar_dq_full(w, s), CONSUMER_THREADS / NDQ);
+        mbar_init(bars + bar_dq_empty(w, s), 1);
+      }
     }
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
@@ -156,19 +169,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
         mbar_arrive(bars + bar_full(st));
       }
     } else if (warp >= 2 && warp < 2 + NDQ) {
-      // dQ buffer w = warp - 2 (the tile's rows w DQ_ROWS ...): each item's part, once the
-      // consumers have written it, added to the accumulator row by row (a bulk reduction per row
-      // and lane); then the buffer is freed. Deterministic mode: the tile's semaphore counts NDQ
-      // per key block (its parts add disjoint rows); a part adds once the key blocks before it in
-      // the tile's order have added all theirs.
+      // dQ part w = warp - 2 (the tile's rows w DQ_ROWS ...): each item's, once the consumers
+      // have written it into its slot, added to the accumulator's chunk (bwd_aux.cuh: dq_chunk)
+      // with one bulk reduction per 64 x DQ_N (lane k the k-th); then the slot is freed.
+      // Deterministic mode: the tile's semaphore counts NDQ per key block (its parts add
+      // disjoint rows); a part adds once the key blocks before it in the tile's order have added
+      // all theirs.
       const int w = warp - 2;
-      const u32 s_dq = sbase + DQ_OFF + (u32)w * DQ_BYTES;
       for (int it = 0; it < sp.n_items; ++it) {
-        mbar_wait(bars + bar_dq_full(w), (u32)it & 1);
+        const int slot = it % NBUF;
+        const u32 s_dq = sbase + DQ_OFF + (u32)(w * NBUF + slot) * DQ_BYTES;
+        mbar_wait(bars + bar_dq_full(w, slot), (u32)(it / NBUF) & 1);
         const i64 h = (i64)hk * G + it / sp.per_head, q0 = (i64)(sp.i0 + it % sp.per_head) * BR;
         const i64 Nq = p.seqlen_q;
-        const i64 r0 = q0 + (i64)w * DQ_ROWS;  // this buffer's first query row
-        const int q_left = (int)(Nq - r0 < DQ_ROWS ? Nq - r0 : DQ_ROWS);
+        const i64 r0 = q0 + (i64)w * DQ_ROWS;  // this part's first query row
         u32 *sem = dq_sem(p, b, h, q0);
         if (p.deterministic) {
           if (lane == 0) {
@@ -179,13 +193,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
           __syncwarp();
           fence_proxy_async_global();  // the acquired additions, before this block's bulk ones
         }
-        float *acc = dq_acc(p) + (((i64)b * p.heads_q + h) * Nq + r0) * D;
-        for (int r = lane; r < q_left; r += 32) bulk_reduce_add_f32(acc + r * D, s_dq + (u32)r * DQ_ROW, D * 4);
+        char *acc = (char *)dq_chunk(p, (i64)b * p.heads_q + h, r0 / 64);
+        if (lane < (int)(DQ_BYTES / DQ_PART) && r0 < Nq)
+          bulk_reduce_add_f32(acc + lane * DQ_PART, s_dq + (u32)lane * DQ_PART, DQ_PART);
         bulk_commit();
         if (p.deterministic) {
           bulk_wait_read0();  // shared memory read: the consumers may write the next tile
           __syncwarp();
-          if (lane == 0) mbar_arrive(bars + bar_dq_empty(w));
+          if (lane == 0) mbar_arrive(bars + bar_dq_empty(w, slot));
           bulk_wait0();  // the additions done, not only read, before the tile passes on
           fence_proxy_async_global();
           __threadfence();
@@ -194,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
         } else {
           bulk_wait_read0();  // shared memory read: the consumers may write the next tile
           __syncwarp();
-          if (lane == 0) mbar_arrive(bars + bar_dq_empty(w));
+          if (lane == 0) mbar_arrive(bars + bar_dq_empty(w, slot));
         }
       }
       bulk_wait0();
@@ -265,19 +280,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     for (int kk = 0; kk < BC / 16; ++kk) wgmma_dq(dq, dq_a + kk * 2048 / 16, dq_k + kk * 2048 / 16, kk > 0);
     wg_commit();
   };
-  // After the wait: dS^T of j released, the dQ tile into shared memory once the dQ warp has taken
-  // the last one: dq[4 nt + 2 hh + e] is query 64 qb + wr + g + 8 hh, column n0 + 8 nt + 2 t + e.
+  // After the wait: dS^T of j released, the dQ tile into its slot once the dQ warp has taken the
+  // one NBUF blocks back: dq[4 nt ... 4 nt + 3] as one float4 of group nt (bwd_aux.cuh, DQ_TILED),
+  // in part n0 / DQ_N of the buffer (0 where each warpgroup has its own).
   auto dq_out = [&](int j, const float *dq) {
     mbar_arrive(bars + bar_ds_empty(j % NDS));
-    if (j > 0) mbar_wait(bars + bar_dq_empty(dqb), (u32)(j - 1) & 1);
+    const int slot = j % NBUF;
+    if (j >= NBUF) mbar_wait(bars + bar_dq_empty(dqb, slot), (u32)(j / NBUF + 1) & 1);
+    const u32 dst = sbase + DQ_OFF + (u32)(dqb * NBUF + slot) * DQ_BYTES + (u32)(NDQ == 1 ? wg : 0) * DQ_PART +
+                    (u32)(ctid % 128) * 16;
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const u32 row = sbase + DQ_OFF + (u32)dqb * DQ_BYTES + (u32)(wr + g + 8 * hh) * DQ_ROW + (u32)(n0 + 2 * t) * 4;
-#pragma unroll
-      for (int nt = 0; nt < NT_Q; ++nt) st_shared_f2(row + nt * 32, dq[4 * nt + 2 * hh], dq[4 * nt + 2 * hh + 1]);
-    }
+    for (int nt = 0; nt < NT_Q; ++nt) st_shared_f4(dst + nt * 128 * 16, dq[4 * nt], dq[4 * nt + 1], dq[4 * nt + 2], dq[4 * nt + 3]);
     fence_async_smem();  // the generic stores, visible to the bulk reductions
-    mbar_arrive(bars + bar_dq_full(dqb));
+    mbar_arrive(bars + bar_dq_full(dqb, slot));
   };
   auto wait_all = [&] {
     wg_wait<0>();

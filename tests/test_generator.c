@@ -161,20 +161,30 @@ Test(fit, backward_wgmma_rules) {
 
 /* The warp-specialised Hopper backward (kv_tma, templates/bwd.lua): the built-in shapes and the
  * third stage fit an H100 (the block's 64K registers over 384 threads count, not the consumers'
- * 232), each rule refuses with its reason, and three stages at d = 128 exceed the shared memory. */
+ * 232), with the dQ tile double-buffered where two fit in the 227 KB (the built-in shapes: to the
+ * byte at d = 64) and single-buffered at d = 128 with three stages; each rule refuses with its
+ * reason, and three stages at d = 64 with Br 128 exceed the shared memory. */
 Test(fit, backward_tma_rules) {
   fg_generator *g = gen();
   char why[256];
-  static const char *const ok[] = {"bwd_d128_br64_bc128_bf16_causal_kvtma_w8_s2_sm90a",
-                                   "bwd_d64_br128_bc128_f16_noncausal_kvtma_w8_s2_sm90a",
-                                   "bwd_d64_br64_bc128_bf16_noncausal_kvtma_w8_s3_sm90a"};
+  static const struct {
+    const char *name;
+    int smem;
+  } ok[] = {
+      /* 1 KB of alignment, K V, Q dO per stage, 2 dS^T, dq_bufs x the fp32 dQ tile, LSE D */
+      {"bwd_d128_br64_bc128_bf16_causal_kvtma_w8_s2_sm90a", 1024 + 163840 + 2 * 32768 + 1024},
+      {"bwd_d64_br128_bc128_f16_noncausal_kvtma_w8_s2_sm90a", 1024 + 163840 + 2 * 32768 + 2048},
+      {"bwd_d64_br64_bc128_bf16_noncausal_kvtma_w8_s3_sm90a", 1024 + 114688 + 2 * 16384 + 1536},
+      {"bwd_d128_br64_bc128_bf16_noncausal_kvtma_w8_s3_sm90a", 1024 + 196608 + 32768 + 1536},
+  };
   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
-    fg_variant v = parse(ok[i]);
-    cr_assert_eq(fg_variant_fits(g, &v, &fg_limits_h100, why, sizeof why), 1, "%s: %s", ok[i], why);
+    fg_variant v = parse(ok[i].name);
+    cr_assert_eq(fg_variant_fits(g, &v, &fg_limits_h100, why, sizeof why), 1, "%s: %s", ok[i].name, why);
     fg_resources r;
     cr_assert_eq(fg_generator_resources(g, &v, &r, why, sizeof why), 0, "%s", why);
-    cr_assert_eq(r.threads, 32 * v.warps + 128, "%s: the producer warpgroup", ok[i]);
-    cr_assert_eq(r.regs_estimate, 168, "%s: 65536 / 384 in multiples of 8", ok[i]);
+    cr_assert_eq(r.threads, 32 * v.warps + 128, "%s: the producer warpgroup", ok[i].name);
+    cr_assert_eq(r.regs_estimate, 168, "%s: 65536 / 384 in multiples of 8", ok[i].name);
+    cr_assert_eq(r.smem_bytes, ok[i].smem, "%s: %d bytes of shared memory", ok[i].name, r.smem_bytes);
   }
   static const struct {
     const char *name, *reason;
@@ -184,7 +194,7 @@ Test(fit, backward_tma_rules) {
       {"bwd_d128_br64_bc64_bf16_causal_kvtma_w4_s2_sm90a", "Bc = 128, warps = 8"},
       {"bwd_d128_br64_bc128_bf16_causal_kvtma_w8_s1_sm90a", "2 or 3 stages"},
       {"bwd_d128_br128_bc128_bf16_causal_kvtma_w8_s2_sm90a", "64-column halves"},
-      {"bwd_d128_br64_bc128_bf16_causal_kvtma_w8_s3_sm90a", "shared memory"},
+      {"bwd_d64_br128_bc128_bf16_causal_kvtma_w8_s3_sm90a", "shared memory"},
       {"fwd_d128_br64_bc64_bf16_causal_kvtma_w4_s2_sm90a", "loop order of the backward"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -730,6 +740,42 @@ Test(render, backward_plan_comes_from_the_manifest) {
   cr_assert_not_null(strstr(src, "constexpr int DKV_SEM_FLOATS = 4;"),
                      "bwd.cu renders dkv_accum's layout from the manifest");
   free(src);
+  fg_generator_destroy(g);
+}
+
+/* kv_tma's dQ accumulator is tiled (templates/bwd.lua, bwd_tma.cu): a unit of Br query rows of
+ * Br * d floats, so each head's rows are rounded up to Br (the last tile's parts are added
+ * whole), laid out in fragment order (DQ_TILED: _pre and _post follow); the dQ tile is
+ * double-buffered where two fit (the constant the template renders) and single-buffered at
+ * d = 128 with three stages. */
+Test(render, tma_backward_tiles_the_dq_accumulator) {
+  fg_generator *g = gen();
+  static const struct {
+    const char *name;
+    int br, d, bufs;
+  } c[] = {{"bwd_d64_br128_bc128_bf16_noncausal_kvtma_w8_s2_sm90a", 128, 64, 2},
+           {"bwd_d128_br64_bc128_f16_causal_kvtma_w8_s2_sm90a", 64, 128, 2},
+           {"bwd_d128_br64_bc128_bf16_noncausal_kvtma_w8_s3_sm90a", 64, 128, 1}};
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    fg_variant v = parse(c[i].name);
+    char *src = NULL, err[4096];
+    fg_kernel_meta meta;
+    cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
+    const fg_plan_workspace *w = &meta.workspaces[0];
+    cr_assert_str_eq(w->name, "dq_accum");
+    cr_assert(w->rows == c[i].br && w->bytes == 4 * c[i].d * c[i].br, "%s: %d B per %d rows",
+              c[i].name, w->bytes, w->rows);
+    /* 100 query rows: 128 per head (two tiles of 64 or one of 128), then D (4 B a row). */
+    uint64_t b = 0, off[FG_PLAN_MAX_WORKSPACES];
+    cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 5, 100, 100, 0, &b, off), 0);
+    cr_assert_eq(off[2], 3u * 5 * 128 * c[i].d * 4, "%s", c[i].name);
+    cr_assert_eq(b, off[2] + 3u * 5 * 100 * 4, "%s", c[i].name);
+    char want[64];
+    snprintf(want, sizeof want, "NBUF = %d;", c[i].bufs);
+    cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
+    cr_assert_not_null(strstr(src, "#define DQ_TILED 1"), "%s", c[i].name);
+    free(src);
+  }
   fg_generator_destroy(g);
 }
 
