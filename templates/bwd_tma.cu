@@ -51,6 +51,10 @@ constexpr u32 KV_BYTES = BC * D * 2, QT_BYTES = BR * D * 2, DS_BYTES = BC * BR *
 // where they fit), stored as the accumulator is laid out (bwd_aux.cuh, DQ_TILED: the fragments'
 // float4s, thread after thread), so one bulk reduction adds a warpgroup's 64 x DQ_N.
 constexpr int NDQ = MB == NWG ? NWG : 1, NBUF = {{ dq_bufs }};
+// The dQ warps: one per part where there are two; else one per slot, taking alternate items, so
+// that one tile's bulk reductions are issued while the last one's complete (deterministic mode
+// waits for completion before passing a tile on: with one warp that wait serialized the tiles).
+constexpr int DQ_WARPS = NDQ == 1 ? NBUF : NDQ;
 constexpr u32 DQ_ROWS = BR / NDQ, DQ_BYTES = DQ_ROWS * D * 4, DQ_PART = 64 * DQ_N * 4;
 constexpr u32 K_OFF = 0, V_OFF = KV_BYTES, Q_OFF = 2 * KV_BYTES;
 constexpr u32 DS_OFF = Q_OFF + STAGES * 2 * QT_BYTES, DQ_OFF = DS_OFF + NDS * DS_BYTES;
@@ -168,15 +172,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
         load_lse_d((float *)(sgen + L_OFF + st * 2 * BR * 4), p, b, h, q0, lane, 32);
         mbar_arrive(bars + bar_full(st));
       }
-    } else if (warp >= 2 && warp < 2 + NDQ) {
-      // dQ part w = warp - 2 (the tile's rows w DQ_ROWS ...): each item's, once the consumers
-      // have written it into its slot, added to the accumulator's chunk (bwd_aux.cuh: dq_chunk)
-      // with one bulk reduction per 64 x DQ_N (lane k the k-th); then the slot is freed.
-      // Deterministic mode: the tile's semaphore counts NDQ per key block (its parts add
-      // disjoint rows); a part adds once the key blocks before it in the tile's order have added
-      // all theirs.
-      const int w = warp - 2;
-      for (int it = 0; it < sp.n_items; ++it) {
+    } else if (warp >= 2 && warp < 2 + DQ_WARPS) {
+      // dQ part w (the tile's rows w DQ_ROWS ...) of each item this warp takes (DQ_WARPS), once
+      // the consumers have written it into its slot, added to the accumulator's chunk
+      // (bwd_aux.cuh: dq_chunk) with one bulk reduction per 64 x DQ_N (lane k the k-th); then
+      // the slot is freed. Deterministic mode: the tile's semaphore counts NDQ per key block (its
+      // parts add disjoint rows); a part adds once the key blocks before it in the tile's order
+      // have added all theirs, and passes the tile on once its additions are done.
+      const int w = NDQ == 1 ? 0 : warp - 2;
+      const int first = NDQ == 1 ? warp - 2 : 0, step = NDQ == 1 ? NBUF : 1;
+      for (int it = first; it < sp.n_items; it += step) {
         const int slot = it % NBUF;
         const u32 s_dq = sbase + DQ_OFF + (u32)(w * NBUF + slot) * DQ_BYTES;
         mbar_wait(bars + bar_dq_full(w, slot), (u32)(it / NBUF) & 1);
