@@ -230,6 +230,8 @@ function M.launch(v)
     -- dQ's accumulator in tiles of Br rows (each head's rows rounded up to them) laid out as
     -- the consumers' fragments (bwd_tma.cu): one bulk reduction adds a warpgroup's part.
     t.workspaces[1].rows, t.workspaces[1].bytes = v.br, 4 * v.d * v.br
+    -- _post puts a 64-row chunk back in row order through shared memory (rows of d + 8 elements).
+    t.steps[3].smem = 64 * (v.d + 8) * 2
     t.constants.dq_bufs = tma_dq_bufs(v)
     t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "do", rows = v.br },
                 { tensor = "k", rows = v.bc }, { tensor = "v", rows = v.bc } }

@@ -339,11 +339,12 @@ FG_DEV i64 dq_chunks(const fg_bwd_params &p) { return (p.seqlen_q + BR - 1) / BR
 FG_DEV float *dq_chunk(const fg_bwd_params &p, i64 bh, i64 c) {
   return dq_acc(p) + (bh * dq_chunks(p) + c) * 64 * D;
 }
-// _post's block: its 64-row chunk times sc, through shared memory (rows padded by 16 bytes: the
-// fragments' 4-byte stores hit every bank once), into dQ's rows below Nq.
+// _post's block: its 64-row chunk times sc, through shared memory (dynamic: the plan's _post step
+// declares 64 rows of D + 8 elements; padded by 16 bytes, the fragments' 4-byte stores hit every
+// bank once), into dQ's rows below Nq.
 FG_DEV void dq_chunk_out(const fg_bwd_params &p, u32 bh, u32 b, u32 h, float sc) {
   constexpr int ROW = D + 8;  // u16 per staged row
-  __shared__ __align__(16) u16 st[64 * ROW];
+  extern __shared__ __align__(16) u16 st[];
   const int c = threadIdx.x, g = c % 32 / 4, t = c % 4, r = 16 * (c / 32) + g;
   const float *chunk = dq_chunk(p, bh, blockIdx.x);
 #pragma unroll

@@ -747,7 +747,7 @@ Test(render, backward_plan_comes_from_the_manifest) {
  * Br * d floats, so each head's rows are rounded up to Br (the last tile's parts are added
  * whole), laid out in fragment order (DQ_TILED: _pre and _post follow); the dQ tile is
  * double-buffered where two fit (the constant the template renders) and single-buffered at
- * d = 128 with three stages. */
+ * d = 128 with three stages; _post's step declares the shared memory it reorders a chunk in. */
 Test(render, tma_backward_tiles_the_dq_accumulator) {
   fg_generator *g = gen();
   static const struct {
@@ -774,6 +774,8 @@ Test(render, tma_backward_tiles_the_dq_accumulator) {
     snprintf(want, sizeof want, "NBUF = %d;", c[i].bufs);
     cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
     cr_assert_not_null(strstr(src, "#define DQ_TILED 1"), "%s", c[i].name);
+    /* _post reorders a 64-row chunk in dynamic shared memory, which its step declares. */
+    cr_assert_eq(meta.steps[2].smem_bytes, 64 * (c[i].d + 8) * 2, "%s", c[i].name);
     free(src);
   }
   fg_generator_destroy(g);
