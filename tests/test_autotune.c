@@ -1200,8 +1200,11 @@ Test(tune_fake_gpu, tunes_records_and_skips_what_is_recorded, .init = make_cache
     cr_assert_eq(fg_cache_get_tuning(c, &dev, buckets[b], &cands, &n, winner, sizeof winner), 1,
                  "no record of %s", buckets[b]);
     cr_assert_gt(n, 4);
-    cr_assert(winner[0] && (strstr(winner, "qouter") || strstr(winner, "qwgmma")) &&
-                  !strstr(winner, "br128_bc128") && !strstr(winner, "_w8_"),
+    /* The winner is any correct candidate that is not slowed: the fake driver times its CPU
+     * reference by the wall clock, so under a loaded sanitizer build a qtma candidate may beat
+     * the qouter ones (CI saw fwd_d64_br192_bc64_bf16_causal_qtma_w12_s2_sm90a win). */
+    cr_assert(winner[0] && !strstr(winner, "kvouter") && !strstr(winner, "br128_bc128") &&
+                  !strstr(winner, "_w8_"),
               "%s: winner %s", buckets[b], winner);
     int kv = 0, wrong = 0, slower = 0, w8 = 0;
     for (int i = 0; i < n; i++) {
