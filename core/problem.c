@@ -33,22 +33,18 @@ fg_problem fg_problem_from_backward(const fg_attention_backward_args *b) {
   return fg_problem_make(FG_PASS_BWD, (int)b->head_dim, b->dtype, b->causal, b->seqlen_k);
 }
 
-static int fg_problem_head(const fg_problem *p, char *buf, size_t len) {
-  return snprintf(buf, len, "%s_d%d_%s_%s", fg_pass_name(p->pass), p->d, fg_dtype_name(p->dtype),
-                  p->causal ? "causal" : "noncausal");
-}
-
 int fg_problem_prefix(const fg_problem *p, char *buf, size_t len) {
-  char head[FG_PROBLEM_KEY_MAX];
-  fg_problem_head(p, head, sizeof head);
-  if (p->nq > 0) return snprintf(buf, len, "%s_nq%" PRId64 "_nk", head, p->nq);
-  return snprintf(buf, len, "%s_nk", head);
+  const char *pass = fg_pass_name(p->pass), *dtype = fg_dtype_name(p->dtype);
+  const char *mask = p->causal ? "causal" : "noncausal";
+  if (p->nq > 0)
+    return snprintf(buf, len, "%s_d%d_%s_%s_nq%" PRId64 "_nk", pass, p->d, dtype, mask, p->nq);
+  return snprintf(buf, len, "%s_d%d_%s_%s_nk", pass, p->d, dtype, mask);
 }
 
 int fg_problem_format(const fg_problem *p, char *buf, size_t len) {
-  char prefix[FG_PROBLEM_KEY_MAX];
-  fg_problem_prefix(p, prefix, sizeof prefix);
-  return snprintf(buf, len, "%s%" PRId64, prefix, p->nk);
+  const int n = fg_problem_prefix(p, buf, len);
+  if (n < 0 || (size_t)n >= len) return n < 0 ? n : n + snprintf(NULL, 0, "%" PRId64, p->nk);
+  return n + snprintf(buf + n, len - (size_t)n, "%" PRId64, p->nk);
 }
 
 /* A decimal number without sign or leading zeros, whole of [s, end); -1 if not. */
