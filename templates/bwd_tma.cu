@@ -12,7 +12,8 @@
 // the accumulator is tiled in the consumers' fragment order), in deterministic mode behind the
 // tile's semaphore. The consumers wait only on mbarriers: dQ of a query block (which reads both
 // warpgroups' dS^T rows) is issued after the next block's dK, so the warpgroups need not run in
-// step. The plan's other kernels ({{ entry }}_pre,
+// step. At the end dV, then dK, leave through the warpgroup's own V rows in shared memory, so
+// every row is written with 16-byte stores. The plan's other kernels ({{ entry }}_pre,
 // {{ entry }}_post) are bwd_aux.cuh's, taking the same parameter block. Tiles are 64-column blocks
 // of 128-byte rows, 128-byte swizzled (the TMA's SWIZZLE_128B, what wgmma's descriptors read).
 // Do not edit.
@@ -330,5 +331,41 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   // (long query ranges, split) this split's sums added into dkv_accum, which _post converts.
 {% bwd_dkdv_split("ctid") %}
   const u32 b = KV_HEAD_BLOCK(p) / (u32)p.heads_kv, hk = KV_HEAD_BLOCK(p) % (u32)p.heads_kv;
-{% bwd_dkdv_store() %}
+  // Stored through shared memory: the warpgroup's 64 rows of V (D / 64 chunks of 64 rows x 128
+  // bytes), which only its own dP^T read and which its last wait freed, take dV, then dK, in the
+  // element type, 16-byte units XOR-swizzled by row (the fragments' 4-byte stores hit every bank
+  // once); then each row leaves in 16-byte stores (before: 4-byte stores straight from the
+  // fragments, 8 rows x 16 bytes per warp instruction). Every row starts 16-byte aligned: the
+  // runtime refuses strides that are not multiples of 8 elements and misaligned pointers.
+  u16 *gdK = (u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh + k0e * p.dk_sn;
+  u16 *gdV = (u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + k0e * p.dv_sn;
+  const int kv_left = (int)(Nk - k0e < BC ? Nk - k0e : BC) - wg * 64;
+  const u32 s_out = sbase + V_OFF + (u32)wg * 64 * 128;
+  const int wt = ctid % 128;
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    const float *acc = m == 0 ? dv : dk;
+    const float f = m == 0 ? 1.f : sc;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = wr + g + 8 * hh;
+#pragma unroll
+      for (int nt = 0; nt < NT_D; ++nt)
+        st_shared_u32(s_out + (u32)(nt / 8) * BC * 128 + (u32)r * 128 + (u32)(((nt % 8) ^ (r % 8)) * 16 + 4 * t),
+                      pack2<BF16>(acc[4 * nt + 2 * hh] * f, acc[4 * nt + 2 * hh + 1] * f));
+    }
+    warpgroup_sync(wg);
+    u16 *dst = m == 0 ? gdV : gdK;
+    const i64 sn = m == 0 ? p.dv_sn : p.dk_sn;
+#pragma unroll
+    for (int i = 0; i < 64 * CHUNKS / 128; ++i) {
+      const int u = i * 128 + wt, r = u / CHUNKS, ch = u % CHUNKS;
+      u32 x, y, z, w;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
+                   : "r"(s_out + (u32)(ch / 8) * BC * 128 + (u32)r * 128 + (u32)(((ch % 8) ^ (r % 8)) * 16)));
+      u16 *at = dst + (i64)(wg * 64 + r) * sn + ch * 8;
+      if (r < kv_left) st_global_v4(at, x, y, z, w);  // 16-byte aligned: runtime/validate.c
+    }
+    warpgroup_sync(wg);
+  }
 }
