@@ -151,6 +151,13 @@ void fgt_expect_plan_tmaps(const fg_kernel_meta *m, fg_param_block params, int n
               m->tmaps[i].rows, (int)t[i], rows[i]);
 }
 
+fg_generator *fgt_generator(void) {
+  char err[4096];
+  fg_generator *g = NULL;
+  cr_assert_eq(fg_generator_create(&g, err, sizeof err), 0, "generator: %s", err);
+  return g;
+}
+
 fg_variant fgt_variant(const char *name) {
   fg_variant v;
   char err[256];

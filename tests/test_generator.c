@@ -1,5 +1,6 @@
 /* test_generator.c: variant names, the fit rule against real devices' limits, template
- * rendering (sandbox, errors naming template:line, self-contained output) and the seed rule. */
+ * rendering (sandbox, errors naming template:line, self-contained output) and the seed rule.
+ * The plans the manifests return: test_plans.c. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,20 +12,8 @@
 
 #include "fg_autotune.h"
 #include "fg_gen.h"
+#include "tma_support.h"
 
-static fg_generator *gen(void) {
-  char err[4096];
-  fg_generator *g = NULL;
-  cr_assert_eq(fg_generator_create(&g, err, sizeof err), 0, "generator: %s", err);
-  return g;
-}
-
-static fg_variant parse(const char *name) {
-  fg_variant v;
-  char err[512];
-  cr_assert_eq(fg_variant_parse(name, &v, err, sizeof err), 0, "%s: %s", name, err);
-  return v;
-}
 
 Test(variant, names_round_trip) {
   static const char *const names[] = {
@@ -36,12 +25,12 @@ Test(variant, names_round_trip) {
       "bwd_d128_br64_bc64_bf16_causal_kvouter_w8_s2_sm90a",
   };
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-    fg_variant v = parse(names[i]);
+    fg_variant v = fgt_variant(names[i]);
     char back[FG_VARIANT_NAME_MAX];
     cr_assert_gt(fg_variant_name(&v, back, sizeof back), 0);
     cr_assert_str_eq(back, names[i]);
   }
-  fg_variant v = parse("fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm80");
+  fg_variant v = fgt_variant("fwd_d128_br128_bc64_bf16_causal_qouter_w4_s2_sm80");
   cr_assert_eq(v.d, 128);
   cr_assert_eq(v.br, 128);
   cr_assert_eq(v.bc, 64);
@@ -78,15 +67,15 @@ Test(variant, bad_names_say_which_field) {
 
 Test(variant, structural_rules) {
   char err[256];
-  fg_variant v = parse("fwd_d100_br64_bc64_bf16_causal_qouter_w4_s2_sm80");
+  fg_variant v = fgt_variant("fwd_d100_br64_bc64_bf16_causal_qouter_w4_s2_sm80");
   cr_assert_neq(fg_variant_check(&v, err, sizeof err), 0);
   cr_assert(strstr(err, "d = 100") && strstr(err, "multiple of 8"), "%s", err);
-  v = parse("fwd_d264_br64_bc64_bf16_causal_qouter_w4_s2_sm80");
+  v = fgt_variant("fwd_d264_br64_bc64_bf16_causal_qouter_w4_s2_sm80");
   cr_assert_neq(fg_variant_check(&v, err, sizeof err), 0);
-  v = parse("fwd_d128_br32_bc64_bf16_causal_qouter_w4_s2_sm80");
+  v = fgt_variant("fwd_d128_br32_bc64_bf16_causal_qouter_w4_s2_sm80");
   cr_assert_neq(fg_variant_check(&v, err, sizeof err), 0);
   cr_assert(strstr(err, "Br = 32 with 4 warps"), "%s", err);
-  v = parse("fwd_d128_br64_bc24_bf16_causal_qouter_w4_s2_sm80");
+  v = fgt_variant("fwd_d128_br64_bc24_bf16_causal_qouter_w4_s2_sm80");
   cr_assert_neq(fg_variant_check(&v, err, sizeof err), 0);
   cr_assert(strstr(err, "Bc = 24"), "%s", err);
   for (int d = 32; d <= 256; d += 8) {
@@ -98,30 +87,30 @@ Test(variant, structural_rules) {
 
 /* The fit rule against the A100 (163 KB per block), H100 (227 KB) and RTX 4090 (99 KB). */
 Test(fit, devices_accept_and_reject_with_numbers) {
-  fg_generator *g = gen();
+  fg_generator *g = fgt_generator();
   char why[256];
   /* (128 + 2*2*64) rows * 136 elements * 2 B = 104448 B: over the 4090's 101376. */
-  fg_variant mid = parse("fwd_d128_br128_bc64_bf16_causal_qouter_w8_s2_sm80");
+  fg_variant mid = fgt_variant("fwd_d128_br128_bc64_bf16_causal_qouter_w8_s2_sm80");
   cr_assert_eq(fg_variant_fits(g, &mid, &fg_limits_a100, why, sizeof why), 1, "%s", why);
   cr_assert_eq(fg_variant_fits(g, &mid, &fg_limits_h100, why, sizeof why), 1, "%s", why);
   cr_assert_eq(fg_variant_fits(g, &mid, &fg_limits_rtx4090, why, sizeof why), 0);
   cr_assert_str_eq(why, "needs 104448 B of shared memory, NVIDIA GeForce RTX 4090 allows 101376 B per block");
   /* (128 + 2*3*128) * 136 * 2 = 243712 B: over every device here. */
-  fg_variant big = parse("fwd_d128_br128_bc128_bf16_causal_qouter_w8_s3_sm90a");
+  fg_variant big = fgt_variant("fwd_d128_br128_bc128_bf16_causal_qouter_w8_s3_sm90a");
   cr_assert_eq(fg_variant_fits(g, &big, &fg_limits_h100, why, sizeof why), 0);
   cr_assert_str_eq(why, "needs 243712 B of shared memory, NVIDIA H100 allows 232448 B per block");
   cr_assert_eq(fg_variant_fits(g, &big, &fg_limits_a100, why, sizeof why), 0);
   cr_assert_str_eq(why, "needs 243712 B of shared memory, NVIDIA A100 allows 166912 B per block");
   /* (64 + 2*2*128) * 264 * 2 = 304128 B at d = 256; (64 + 2*2*32)*264*2 = 101376 fits all three. */
-  fg_variant d256 = parse("fwd_d256_br64_bc32_f16_noncausal_qouter_w4_s2_sm80");
+  fg_variant d256 = fgt_variant("fwd_d256_br64_bc32_f16_noncausal_qouter_w4_s2_sm80");
   cr_assert_eq(fg_variant_fits(g, &d256, &fg_limits_rtx4090, why, sizeof why), 1, "%s", why);
   cr_assert_eq(fg_variant_fits(g, &d256, &fg_limits_a100, why, sizeof why), 1, "%s", why);
   /* 8 warps * 64 rows each: too many registers for the accumulators at d = 256. */
-  fg_variant regs = parse("fwd_d256_br256_bc64_f16_noncausal_qouter_w4_s1_sm90a");
+  fg_variant regs = fgt_variant("fwd_d256_br256_bc64_f16_noncausal_qouter_w4_s1_sm90a");
   cr_assert_eq(fg_variant_fits(g, &regs, &fg_limits_h100, why, sizeof why), 0);
   cr_assert(strstr(why, "registers"), "%s", why);
   /* kv_outer keeps one K/V block: stages must be 1. */
-  fg_variant kv = parse("fwd_d64_br64_bc64_f16_noncausal_kvouter_w4_s2_sm80");
+  fg_variant kv = fgt_variant("fwd_d64_br64_bc64_f16_noncausal_kvouter_w4_s2_sm80");
   cr_assert_eq(fg_variant_fits(g, &kv, &fg_limits_h100, why, sizeof why), 0);
   cr_assert(strstr(why, "stages must be 1"), "%s", why);
   fg_generator_destroy(g);
@@ -130,13 +119,13 @@ Test(fit, devices_accept_and_reject_with_numbers) {
 /* The Hopper backward loop (kv_wgmma, templates/bwd.lua): its shapes fit, and each rule refuses
  * with its reason; the forward does not take it. */
 Test(fit, backward_wgmma_rules) {
-  fg_generator *g = gen();
+  fg_generator *g = fgt_generator();
   char why[256];
   static const char *const ok[] = {"bwd_d128_br64_bc128_bf16_causal_kvwgmma_w8_s2_sm90a",
                                    "bwd_d64_br128_bc128_f16_noncausal_kvwgmma_w8_s2_sm90a",
                                    "bwd_d64_br64_bc64_bf16_noncausal_kvwgmma_w4_s2_sm90a"};
   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
-    fg_variant v = parse(ok[i]);
+    fg_variant v = fgt_variant(ok[i]);
     cr_assert_eq(fg_variant_fits(g, &v, &fg_limits_h100, why, sizeof why), 1, "%s: %s", ok[i], why);
   }
   static const struct {
@@ -152,7 +141,7 @@ Test(fit, backward_wgmma_rules) {
       {"fwd_d128_br64_bc64_bf16_causal_kvwgmma_w4_s2_sm90a", "loop order of the backward"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    fg_variant v = parse(bad[i].name);
+    fg_variant v = fgt_variant(bad[i].name);
     cr_assert_eq(fg_variant_fits(g, &v, &fg_limits_h100, why, sizeof why), 0, "%s fits", bad[i].name);
     cr_assert(strstr(why, bad[i].reason), "%s: '%s' lacks '%s'", bad[i].name, why, bad[i].reason);
   }
@@ -165,7 +154,7 @@ Test(fit, backward_wgmma_rules) {
  * byte at d = 64) and single-buffered at d = 128 with three stages; each rule refuses with its
  * reason, and three stages at d = 64 with Br 128 exceed the shared memory. */
 Test(fit, backward_tma_rules) {
-  fg_generator *g = gen();
+  fg_generator *g = fgt_generator();
   char why[256];
   static const struct {
     const char *name;
@@ -178,7 +167,7 @@ Test(fit, backward_tma_rules) {
       {"bwd_d128_br64_bc128_bf16_noncausal_kvtma_w8_s3_sm90a", 1024 + 196608 + 32768 + 1536},
   };
   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
-    fg_variant v = parse(ok[i].name);
+    fg_variant v = fgt_variant(ok[i].name);
     cr_assert_eq(fg_variant_fits(g, &v, &fg_limits_h100, why, sizeof why), 1, "%s: %s", ok[i].name, why);
     fg_resources r;
     cr_assert_eq(fg_generator_resources(g, &v, &r, why, sizeof why), 0, "%s", why);
@@ -198,7 +187,7 @@ Test(fit, backward_tma_rules) {
       {"fwd_d128_br64_bc64_bf16_causal_kvtma_w4_s2_sm90a", "loop order of the backward"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    fg_variant v = parse(bad[i].name);
+    fg_variant v = fgt_variant(bad[i].name);
     cr_assert_eq(fg_variant_fits(g, &v, &fg_limits_h100, why, sizeof why), 0, "%s fits", bad[i].name);
     cr_assert(strstr(why, bad[i].reason), "%s: '%s' lacks '%s'", bad[i].name, why, bad[i].reason);
   }
@@ -206,7 +195,7 @@ Test(fit, backward_tma_rules) {
 }
 
 Test(fit, builtin_variants_fit_the_smallest_device) {
-  fg_generator *g = gen();
+  fg_generator *g = fgt_generator();
   char why[256];
   for (int d = 32; d <= 256; d += 8)
     for (int c = 0; c <= 1; c++) {
@@ -217,7 +206,7 @@ Test(fit, builtin_variants_fit_the_smallest_device) {
 }
 
 Test(seed_rule, follows_the_paper_within_the_limits) {
-  fg_generator *g = gen();
+  fg_generator *g = fgt_generator();
   char why[256];
   /* H100: M = 232448 / 2 = 116224 elements; ceil(M / 4d) at d = 64 is 454: Bc capped at 256, Br =
    * min(454, 64) = 64. The result must fit. */
@@ -241,11 +230,11 @@ Test(seed_rule, follows_the_paper_within_the_limits) {
 }
 
 Test(render, source_is_self_contained_and_names_itself) {
-  fg_generator *g = gen();
+  fg_generator *g = fgt_generator();
   static const char *const names[] = {"fwd_d128_br128_bc64_bf16_causal_qouter_w8_s2_sm80",
                                       "fwd_d40_br64_bc32_f16_noncausal_kvouter_w4_s1_sm90a"};
   for (int i = 0; i < 2; i++) {
-    fg_variant v = parse(names[i]);
+    fg_variant v = fgt_variant(names[i]);
     char *src = NULL, err[4096];
     fg_kernel_meta meta;
     cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
@@ -340,7 +329,7 @@ static void remove_dir(const char *dir) {
 static uint64_t hash_of(const char *dir) {
   if (dir) setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
   else unsetenv("FLASHGEN_TEMPLATE_DIR");
-  fg_generator *g = gen();
+  fg_generator *g = fgt_generator();
   uint64_t h = fg_generator_template_hash(g);
   fg_generator_destroy(g);
   unsetenv("FLASHGEN_TEMPLATE_DIR");
@@ -351,8 +340,8 @@ static void expect_render_error(const char *file, int line, const char *text, co
   char dir[64];
   make_template_dir(dir, file, line, text);
   setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
-  fg_generator *g = gen();
-  fg_variant v = parse("fwd_d64_br64_bc64_f16_causal_qouter_w4_s2_sm80");
+  fg_generator *g = fgt_generator();
+  fg_variant v = fgt_variant("fwd_d64_br64_bc64_f16_causal_qouter_w4_s2_sm80");
   char *src = NULL, err[4096];
   fg_kernel_meta meta;
   cr_assert_neq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "render should fail");
@@ -378,14 +367,14 @@ Test(render, errors_name_template_and_line) {
 }
 
 Test(render, template_dir_override_changes_hash) {
-  fg_generator *g = gen();
+  fg_generator *g = fgt_generator();
   uint64_t h0 = fg_generator_template_hash(g);
   cr_assert_str_eq(fg_generator_template_source(g), "embedded");
   fg_generator_destroy(g);
   char dir[64];
   make_template_dir(dir, "fwd_q_outer.cu", 2, "// a comment that changes nothing but the text");
   setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
-  g = gen();
+  g = fgt_generator();
   cr_assert_str_eq(fg_generator_template_source(g), dir);
   cr_assert_neq(fg_generator_template_hash(g), h0, "any template change must change the hash");
   fg_generator_destroy(g);
@@ -484,7 +473,7 @@ static void expect_limit(const char *file, int line, const char *text, const cha
   int rc = fg_generator_create(&g, err, sizeof err);
   if (!at_create) {
     cr_assert_eq(rc, 0, "generator: %s", err);
-    fg_variant v = parse(variant);
+    fg_variant v = fgt_variant(variant);
     char *src = NULL;
     fg_kernel_meta meta;
     rc = fg_generator_render(g, &v, &src, &meta, err, sizeof err);
@@ -529,13 +518,13 @@ Test(sandbox, the_budget_is_per_call, .timeout = 120) {
   char dir[64];
   make_template_dir(dir, "fwd_q_outer.cu", 20, "{% if d == 64 then while true do end end %}");
   setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
-  fg_generator *g = gen();
+  fg_generator *g = fgt_generator();
   char *src = NULL, err[4096];
   fg_kernel_meta meta;
-  fg_variant v = parse(V64);
+  fg_variant v = fgt_variant(V64);
   cr_assert_neq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0);
   cr_assert(strstr(err, "fwd_q_outer.cu:20:"), "%s", err);
-  v = parse("fwd_d128_br128_bc64_bf16_causal_qouter_w8_s2_sm80");
+  v = fgt_variant("fwd_d128_br128_bc64_bf16_causal_qouter_w8_s2_sm80");
   for (int i = 0; i < 3; i++) {
     cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
     free(src);
@@ -613,8 +602,8 @@ static void expect_nvrtc_error_at(const char *file, const char *needle, const ch
   make_template_dir(dir, file, l, "  undefined_thing_here();");
   snprintf(at, sizeof at, "%s:%d", file, l);
   setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
-  fg_generator *g = gen();
-  fg_variant v = parse(variant);
+  fg_generator *g = fgt_generator();
+  fg_variant v = fgt_variant(variant);
   fg_kernel_image img;
   char *log = NULL;
   cr_assert_neq(fg_generator_build(g, &v, &img, &log), 0, "the broken template compiled");
@@ -658,206 +647,6 @@ Test(variant, arch_for_compute_capability) {
   cr_assert_eq(fg_arch_for_cc(12, 0), FG_ARCH_SM90);
 }
 
-/* The backward's plan comes from templates/bwd.lua: _pre, the main kernel, _post, in that order,
- * in one module; the four workspaces; and the template renders the auxiliary kernels' rows and
- * threads from the same numbers (no second copy in bwd.cu). */
-Test(render, backward_plan_comes_from_the_manifest) {
-  fg_generator *g = gen();
-  const char *name = "bwd_d128_br64_bc128_bf16_causal_kvouter_w8_s2_sm90a";
-  fg_variant v = parse(name);
-  char *src = NULL, err[4096];
-  fg_kernel_meta meta;
-  cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
-  cr_assert_eq(meta.n_steps, 3);
-  cr_assert_eq(meta.main_step, 1);
-  char e[3][96];
-  snprintf(e[0], sizeof e[0], "fg_%s_pre", name);
-  snprintf(e[1], sizeof e[1], "fg_%s", name);
-  snprintf(e[2], sizeof e[2], "fg_%s_post", name);
-  fg_resources r;
-  cr_assert_eq(fg_generator_resources(g, &v, &r, err, sizeof err), 0, "%s", err);
-  for (int i = 0; i < 3; i++) {
-    const fg_plan_step *sp = &meta.steps[i];
-    cr_assert_str_eq(sp->entry, e[i], "step %d", i);
-    if (i == 1) {
-      cr_assert_eq(sp->grid, FG_GRID_KV_TILES);
-      cr_assert_eq(sp->br, v.bc, "the main kernel's grid runs over K/V blocks of Bc");
-      cr_assert_eq(sp->threads, v.warps * 32);
-      cr_assert_eq(sp->smem_bytes, r.smem_bytes);
-      cr_assert_eq(sp->split_rows, 65536, "the main kernel splits past 65536 rows per KV head");
-    } else {
-      cr_assert_eq(sp->grid, FG_GRID_Q_TILES, "step %d", i);
-      cr_assert_eq(sp->br, 64, "step %d", i);
-      cr_assert_eq(sp->threads, 128, "step %d", i);
-      cr_assert_eq(sp->smem_bytes, 0, "step %d", i);
-      cr_assert_eq(sp->split_rows, 0, "step %d", i);
-    }
-    /* Every step is an entry of the one module (bwd_aux.cuh's take the plan's block through
-     * BWD_PARAMS: fg_bwd_params p unless the template defines it). */
-    char decl[160];
-    snprintf(decl, sizeof decl, i == 1 ? " %s(const __grid_constant__ fg_bwd_params p)" : " %s(BWD_PARAMS)",
-             e[i]);
-    cr_assert_not_null(strstr(src, decl), "no entry %s in the source", e[i]);
-  }
-  static const struct {
-    const char *name, *param;
-    int bytes, rows, det, per_key;
-    long long min_group_rows;
-  } ws[4] = {{"dq_accum", "workspace", 4 * 128, 1, 0, 0, 0},
-             {"dkv_accum", "dkv", 4 * (2 * 128 * 128 + 4), 128, 0, 1, 65536},
-             {"dsum", "dsum", 4, 1, 0, 0, 0},
-             {"semaphores", "sem", 4, 16, 1, 0, 0}};
-  cr_assert_eq(meta.n_workspaces, 4);
-  for (int i = 0; i < 4; i++) {
-    const fg_plan_workspace *w = &meta.workspaces[i];
-    cr_assert_str_eq(w->name, ws[i].name);
-    cr_assert_str_eq(w->param, ws[i].param);
-    cr_assert(w->bytes == ws[i].bytes && w->rows == ws[i].rows &&
-                  w->deterministic_only == ws[i].det && w->per_key == ws[i].per_key &&
-                  w->min_group_rows == ws[i].min_group_rows,
-              "workspace %s: %d B per %d rows, deterministic only %d, per key %d, from %lld",
-              w->name, w->bytes, w->rows, w->deterministic_only, w->per_key, w->min_group_rows);
-  }
-  /* (d + 1) * 4 B per row, and 4 B per 16 rows when deterministic. */
-  uint64_t b = 0;
-  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 5, 100, 100, 0, &b, NULL), 0);
-  cr_assert_eq(b, 3u * 5 * 100 * 129 * 4);
-  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 5, 100, 100, 1, &b, NULL), 0);
-  cr_assert_eq(b, 3u * 5 * 100 * 129 * 4 + 3u * 5 * 7 * 4);
-  /* Past 65536 query rows per K/V head (GQA 4: 16385 * 4), per key block of each (batch, KV
-   * head) (seqlen_k 300: 3 blocks of Bc = 128) 2 * 128 * 128 floats and a 16-byte semaphore, right
-   * after the dQ accumulator. */
-  uint64_t off[FG_PLAN_MAX_WORKSPACES];
-  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 8, 2, 16385, 300, 0, &b, off), 0);
-  cr_assert_eq(b, 3u * 8 * 16385 * 129 * 4 + 3u * 2 * 3 * (2 * 128 * 128 + 4) * 4);
-  cr_assert_eq(off[1], 3u * 8 * 16385 * 128 * 4);
-  cr_assert_eq(off[2], off[1] + 3u * 2 * 3 * (2 * 128 * 128 + 4) * 4);
-  cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 8, 2, 16384, 300, 0, &b, NULL), 0);
-  cr_assert_eq(b, 3u * 8 * 16384 * 129 * 4);
-  cr_assert_not_null(
-      strstr(src, "constexpr int PRE_ROWS = 64, PRE_THREADS = 128, SEM_ROWS = 16;"),
-      "bwd.cu renders its auxiliary constants from the manifest");
-  cr_assert_not_null(strstr(src, "constexpr int DKV_SEM_FLOATS = 4;"),
-                     "bwd.cu renders dkv_accum's layout from the manifest");
-  free(src);
-  fg_generator_destroy(g);
-}
-
-/* kv_tma's dQ accumulator is tiled (templates/bwd.lua, bwd_tma.cu): a unit of Br query rows of
- * Br * d floats, so each head's rows are rounded up to Br (the last tile's parts are added
- * whole), laid out in fragment order (DQ_TILED: _pre and _post follow); the dQ tile is
- * double-buffered where two fit (the constant the template renders) and single-buffered at
- * d = 128 with three stages; _post's step declares the shared memory it reorders a chunk in. */
-Test(render, tma_backward_tiles_the_dq_accumulator) {
-  fg_generator *g = gen();
-  static const struct {
-    const char *name;
-    int br, d, bufs;
-  } c[] = {{"bwd_d64_br128_bc128_bf16_noncausal_kvtma_w8_s2_sm90a", 128, 64, 2},
-           {"bwd_d128_br64_bc128_f16_causal_kvtma_w8_s2_sm90a", 64, 128, 2},
-           {"bwd_d128_br64_bc128_bf16_noncausal_kvtma_w8_s3_sm90a", 64, 128, 1}};
-  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-    fg_variant v = parse(c[i].name);
-    char *src = NULL, err[4096];
-    fg_kernel_meta meta;
-    cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
-    const fg_plan_workspace *w = &meta.workspaces[0];
-    cr_assert_str_eq(w->name, "dq_accum");
-    cr_assert(w->rows == c[i].br && w->bytes == 4 * c[i].d * c[i].br, "%s: %d B per %d rows",
-              c[i].name, w->bytes, w->rows);
-    /* 100 query rows: 128 per head (two tiles of 64 or one of 128), then D (4 B a row). */
-    uint64_t b = 0, off[FG_PLAN_MAX_WORKSPACES];
-    cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 5, 100, 100, 0, &b, off), 0);
-    cr_assert_eq(off[2], 3u * 5 * 128 * c[i].d * 4, "%s", c[i].name);
-    cr_assert_eq(b, off[2] + 3u * 5 * 100 * 4, "%s", c[i].name);
-    char want[64];
-    snprintf(want, sizeof want, "NBUF = %d;", c[i].bufs);
-    cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
-    cr_assert_not_null(strstr(src, "#define DQ_TILED 1"), "%s", c[i].name);
-    /* _post reorders a 64-row chunk in dynamic shared memory, which its step declares. */
-    cr_assert_eq(meta.steps[2].smem_bytes, 64 * (c[i].d + 8) * 2, "%s", c[i].name);
-    free(src);
-  }
-  fg_generator_destroy(g);
-}
-
-/* q_tma_p is fwd_tma.cu on the persistent grid: the same template with PERSIST on, two Q buffers
- * where they fit (the next tile's Q loads while this one's O leaves from its own), one where not
- * (d = 256, Bc 80: 225 KB with one); q_tma renders PERSIST off with one Q buffer. */
-Test(render, tma_persistent_is_the_tma_template_on_a_persistent_grid) {
-  fg_generator *g = gen();
-  static const struct {
-    const char *name;
-    int persist, qbufs, d, br, bc;
-  } c[] = {{"fwd_d128_br128_bc128_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 2, 128, 128, 128},
-           {"fwd_d64_br192_bc64_f16_causal_qtmap_w12_s2_sm90a", 1, 2, 64, 192, 64},
-           {"fwd_d256_br128_bc80_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 1, 256, 128, 80},
-           {"fwd_d128_br128_bc128_bf16_noncausal_qtma_w8_s2_sm90a", 0, 1, 128, 128, 128}};
-  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-    fg_variant v = parse(c[i].name);
-    char *src = NULL, err[4096];
-    fg_kernel_meta meta;
-    cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(fg_kernel_main(&meta)->grid,
-                 c[i].persist ? FG_GRID_PERSISTENT : FG_GRID_Q_TILES, "%s", c[i].name);
-    cr_assert_eq(fg_kernel_main(&meta)->br, c[i].br, "%s", c[i].name);
-    cr_assert_eq(meta.params, FG_PARAMS_FWD_TMA, "%s", c[i].name);
-    cr_assert_eq(fg_kernel_main(&meta)->smem_bytes,
-                 (c[i].qbufs * c[i].br + 4 * c[i].bc) * c[i].d * 2 + 1024 + 256, "%s", c[i].name);
-    char want[64];
-    snprintf(want, sizeof want, "PERSIST = %s;", c[i].persist ? "true" : "false");
-    cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
-    snprintf(want, sizeof want, "QBUFS = %d;", c[i].qbufs);
-    cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
-    free(src);
-  }
-  /* The plan names the grid kind and reads back (tests/test_tma.c launches it on the fake). */
-  fg_variant v = parse(c[0].name);
-  char *src = NULL, err[4096];
-  fg_kernel_meta meta;
-  cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
-  free(src);
-  char text[512];
-  fg_kernel_plan_format(&meta, text, sizeof text);
-  cr_assert_not_null(strstr(text, " persistent 128 "), "%s", text);
-  fg_kernel_meta back;
-  memset(&back, 0, sizeof back);
-  cr_assert_null(fg_kernel_plan_parse(text, &back), "%s", text);
-  cr_assert_eq(fg_kernel_main(&back)->grid, FG_GRID_PERSISTENT);
-  fg_generator_destroy(g);
-}
-
-/* Every backward template splits long query ranges (kv_outer at every d, kv_wgmma): the main
- * step's split_rows and a per-key dkv_accum of the same threshold, (2 Bc d + 4) * 4 bytes per key
- * block (the unpadded head dimension: the epilogue adds only the columns below d), and the
- * kernels read the split from the grid's z and p.dkv. */
-Test(render, every_backward_template_splits_long_query_ranges) {
-  fg_generator *g = gen();
-  static const char *const names[] = {"bwd_d96_br64_bc128_bf16_causal_kvouter_w8_s2_sm90a",
-                                      "bwd_d64_br128_bc128_bf16_causal_kvwgmma_w8_s2_sm90a",
-                                      "bwd_d128_br64_bc128_f16_noncausal_kvwgmma_w8_s2_sm90a",
-                                      "bwd_d192_br64_bc64_bf16_noncausal_kvouter_w8_s1_sm90a",
-                                      "bwd_d256_br32_bc64_f16_causal_kvouter_w8_s1_sm80"};
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-    fg_variant v = parse(names[i]);
-    char *src = NULL, err[4096];
-    fg_kernel_meta meta;
-    cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s: %s", names[i],
-                 err);
-    cr_assert_eq(fg_kernel_main(&meta)->split_rows, 65536, "%s", names[i]);
-    const fg_plan_workspace *w = &meta.workspaces[1];
-    cr_assert_str_eq(w->param, "dkv", "%s", names[i]);
-    cr_assert(w->per_key == 1 && w->rows == v.bc && w->min_group_rows == 65536 &&
-                  w->bytes == 4 * (2 * v.bc * v.d + 4),
-              "%s: %d B per %d key rows from %lld (expected %d)", names[i], w->bytes, w->rows,
-              w->min_group_rows, 4 * (2 * v.bc * v.d + 4));
-    cr_assert(strstr(src, "if (p.dkv) {"), "%s adds its split's sums to dkv_accum", names[i]);
-    cr_assert(strstr(src, "blockIdx.z"), "%s reads its split from the grid's z", names[i]);
-    free(src);
-  }
-  fg_generator_destroy(g);
-}
-
 /* A manifest whose plan is malformed is refused with a message that names the manifest. */
 Test(render, malformed_plan_is_refused) {
   char dir[64];
@@ -868,7 +657,7 @@ Test(render, malformed_plan_is_refused) {
   setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
   cr_assert_eq(fg_generator_create(&g, err, sizeof err), 0, "%s", err);
   unsetenv("FLASHGEN_TEMPLATE_DIR");
-  fg_variant v = parse("bwd_d128_br64_bc128_bf16_causal_kvouter_w8_s2_sm90a");
+  fg_variant v = fgt_variant("bwd_d128_br64_bc128_bf16_causal_kvouter_w8_s2_sm90a");
   char *src = NULL;
   fg_kernel_meta meta;
   cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), -1);

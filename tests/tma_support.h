@@ -1,5 +1,6 @@
-/* tma_support.h: what the tests of plans that load through tensor maps (test_tma.c, the forward's
- * fwd_tma; test_tma_bwd.c, the backward's bwd_tma) share: a copy of templates/ with one text
+/* tma_support.h: what the tests of plans (test_plans.c) and of plans that load through tensor
+ * maps (test_tma.c, the forward's fwd_tma; test_tma_bwd.c, the backward's bwd_tma) share: a
+ * generator and a variant asserted, a copy of templates/ with one text
  * replaced and rendering with it, `flashgen export` of one variant and loading its table, an
  * exported table's header, a plan's maps, and a variant and a refusal asserted
  * (tests/support_tma.c). */
@@ -47,6 +48,10 @@ void fgt_expect_plan_tmaps(const fg_kernel_meta *m, fg_param_block params, int n
 
 /* The variant name, asserted to parse. */
 fg_variant fgt_variant(const char *name);
+/* A generator on the templates FLASHGEN_TEMPLATE_DIR names (else the embedded ones), asserted;
+ * fg_generator_destroy it. */
+typedef struct fg_generator fg_generator;
+fg_generator *fgt_generator(void);
 /* Asserts that st is FG_ERROR_UNSUPPORTED and that ctx's last error holds each of the n needles. */
 void fgt_expect_unsupported(fg_context *ctx, fg_status st, const char *const *needles, size_t n);
 /* Calls check(st, needles, n) with the needles listed after st (one at least) as an array: a
