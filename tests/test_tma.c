@@ -202,6 +202,26 @@ Test(export_cli, flashgen_export_writes_the_maps_and_the_table_registers_them, .
   fgt_rm_rf(dir);
 }
 
+/* The persistent kernel (q_tma_p) exports with its grid kind, which the runtime reads back. */
+Test(export_cli, a_persistent_kernel_exports_its_grid_kind, .timeout = 300) {
+  char err[1024];
+  if (fg_nvrtc_load(err, sizeof err) != 0) cr_skip_test("no NVRTC: %s", err);
+  if (!getenv("FLASHGEN_TEST_SOURCE_DIR"))
+    cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
+  char dir[64];
+  template_dir(dir, NULL, NULL);
+  char *text = fgt_export_one(dir, "fwd_d64_br128_bc64_bf16_noncausal_qtmap_w8_s2_sm90a", "tp");
+  cr_assert(strstr(text, "FG_EXPORT_GRID_PERSISTENT"), "no persistent grid: %.2000s", text);
+  free(text);
+  const fg_export *t = fgt_export_load(dir, "tp");
+  cr_assert_eq(t->n_kernels, 1);
+  cr_assert_eq(t->kernels[0].grid, FG_EXPORT_GRID_PERSISTENT);
+  cr_assert_eq(t->kernels[0].steps[0].grid, FG_EXPORT_GRID_PERSISTENT);
+  cr_assert_eq(t->kernels[0].params, FG_EXPORT_PARAMS_FWD_TMA);
+  cr_assert_eq(fg_register_export(t, err, sizeof err), FG_OK, "%s", err);
+  fgt_rm_rf(dir);
+}
+
 /* ---- the cache ------------------------------------------------------------------------------ */
 
 static char cache_dir[64];
