@@ -104,12 +104,13 @@
   auto softmax = [&](int jb, auto wait_pv) {
     const int kv_left = nk32 - jb * BC, diag_off0 = qdiag32 - jb * BC;
     const bool need_mask = kv_left < BC || (CAUSAL && diag_off0 < BC - 1);
-{% if in_place then %}
     if (need_mask) {
+{% if in_place then %}
       // In place, once O += P V of the previous block is done (no wgmma may be in flight while
       // its accumulators are written): the masked copy's BC / 2 registers saved for larger
       // blocks, the overlap given up on the blocks that need a mask.
       wait_pv();
+{% end %}
       const int kv_last = (kv_left < BC ? kv_left : BC) - 1 - 2 * t;
       const int diag_off = diag_off0 - 2 * t;
 #pragma unroll
@@ -121,36 +122,23 @@
         }
 #pragma unroll
         for (int nt = 0; nt < NT_S; ++nt) {
+{% if in_place then %}
           if (nt * 8 > lim) s[4 * nt + 2 * hh] = FG_NEG_INF;
           if (nt * 8 + 1 > lim) s[4 * nt + 2 * hh + 1] = FG_NEG_INF;
-        }
-      }
-      softmax_of(s, [] {});
-    } else {
-      softmax_of(s, wait_pv);
-    }
 {% else %}
-    if (need_mask) {
-      const int kv_last = (kv_left < BC ? kv_left : BC) - 1 - 2 * t;
-      const int diag_off = diag_off0 - 2 * t;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        int lim = kv_last;
-        if constexpr (CAUSAL) {
-          const int dl = wrow + g + hh * 8 + diag_off;
-          lim = dl < lim ? dl : lim;
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT_S; ++nt) {
           pf[4 * nt + 2 * hh] = nt * 8 > lim ? FG_NEG_INF : s[4 * nt + 2 * hh];
           pf[4 * nt + 2 * hh + 1] = nt * 8 + 1 > lim ? FG_NEG_INF : s[4 * nt + 2 * hh + 1];
+{% end %}
         }
       }
+{% if in_place then %}
+      softmax_of(s, [] {});
+{% else %}
       softmax_of(pf, wait_pv);
+{% end %}
     } else {
       softmax_of(s, wait_pv);
     }
-{% end %}
   };
 
 {% end %}
