@@ -226,7 +226,7 @@ static void add_tma_in_place_cases(fg_check_list *l, fg_arch arch) {
 /* The persistent TMA kernel (loop q_tma_p, sm_90a only: one block per SM looping over tiles, the
  * next tile's Q in a second buffer where it fits): head dims on and off the 64-column blocks,
  * both dtypes, causal or not, at one tile per block (fewer tiles than SMs), a few per block (GQA,
- * causal bottom-right) and five or more per block (every Q buffer reused twice over, the K/V
+ * causal bottom-right) and up to five per block (each Q buffer reused, the K/V
  * stages' phases carried across tiles); rows that see no key (tiles without key blocks inside a
  * block's run), a key block cut short, no LSE, (B, N, H, d) strides. */
 static void add_tma_persistent_cases(fg_check_list *l, fg_arch arch) {
