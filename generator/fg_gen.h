@@ -82,6 +82,11 @@ int fg_nvrtc_load(char *err, size_t errlen);
 /* Starts fg_nvrtc_load on a detached thread (once per process) and returns at once; a later
  * fg_nvrtc_load waits for it. Used where the load can overlap other slow work. */
 void fg_nvrtc_preload(void);
+/* Waits until a load fg_nvrtc_preload started has finished (at once if none was started). The
+ * process must not exit during that load: NVRTC's initialisers racing exit's destructors crashed
+ * or hung short runs (`flashgen check` with no case to run: 3 in 40 crashed, one spun for good),
+ * so destroying a context waits for it (jit/loader.c). */
+void fg_nvrtc_preload_wait(void);
 /* Version of the loaded NVRTC as major*1000 + minor*10 (13000 for 13.0), or 0 if not loaded. */
 int fg_nvrtc_version(void);
 /* The path NVRTC was loaded from, or "" */

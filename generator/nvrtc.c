@@ -4,6 +4,7 @@
  * generated source. */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,16 +105,24 @@ static void *preload_thread(void *arg) {
 }
 
 static pthread_once_t preload_once = PTHREAD_ONCE_INIT;
+static atomic_int preload_started;
 static void preload_start(void) {
   pthread_t th;
   pthread_attr_t at;
   pthread_attr_init(&at);
   pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-  if (pthread_create(&th, &at, preload_thread, NULL) != 0) { /* no thread: load on first use */ }
+  if (pthread_create(&th, &at, preload_thread, NULL) == 0) atomic_store(&preload_started, 1);
+  /* (no thread: NVRTC loads on first use) */
   pthread_attr_destroy(&at);
 }
 
 void fg_nvrtc_preload(void) { pthread_once(&preload_once, preload_start); }
+
+/* pthread_once returns once the thread's call has (and loads NVRTC here only if the thread has
+ * not begun). */
+void fg_nvrtc_preload_wait(void) {
+  if (atomic_load(&preload_started)) pthread_once(&nv_once, nv_load);
+}
 
 int fg_nvrtc_version(void) { return nv.lib ? nv.version : 0; }
 const char *fg_nvrtc_path(void) { return nv.lib ? nv.path : ""; }

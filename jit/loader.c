@@ -26,6 +26,7 @@ static fg_jit_state *fg_jit_state_locked(fg_context *ctx) {
 }
 
 static void fg_jit_context_destroy(fg_context *ctx) {
+  fg_nvrtc_preload_wait(); /* the process may exit next: not while NVRTC is being loaded */
   fg_jit_state *j = ctx->jit;
   if (!j) return;
   fg_cache_close(j->cache);
