@@ -127,7 +127,8 @@ static void check_usage(FILE *f) {
           "the default set, sequence lengths, head dimensions, GQA/MQA, strided layouts, LSE,\n"
           "every loop order (q_outer, kv_outer, and on sm_90a the wgmma kernels, in order and\n"
           "overlapped, and the TMA kernels, tma/...: one to three consumer warpgroups, the\n"
-          "tensor maps encoded per call), rows that see no key, 64-bit indexing, and bad\n"
+          "tensor maps encoded per call; tma_mask_in_place/...: causal blocks masked in place;\n"
+          "tma_persistent/...: the persistent grid), rows that see no key, 64-bit indexing, and bad\n"
           "input. Then the backward pass (cases bwd/...): dQ, dK, dV of the built-in backward\n"
           "variant of every head dimension (the warp-specialised kernel on sm_90a at d = 64\n"
           "and 128; bwd/hopper/...: every Hopper backward variant the tuner tries, forced;\n"
@@ -137,7 +138,9 @@ static void check_usage(FILE *f) {
           "than 2^31 elements (bwd/big: about 25 GB of device memory; on a smaller GPU it fails\n"
           "saying so), deterministic mode (the same bits twice), bad input, against an fp64\n"
           "reference computed on the host. Prints one line per case and `N passed, N failed`\n"
-          "last; exits 1 on any failure.\n\n"
+          "last; exits 1 on any failure, and 3 when the GPU has not finished a single wait\n"
+          "after FLASHGEN_HANG_TIMEOUT seconds (default 300; 0: never), naming the last kernel\n"
+          "launched (a kernel that hangs: the process cannot go on).\n\n"
           "  --quick         a subset that runs in under a minute\n"
           "  --filter S      only the cases whose name contains S\n"
           "  --list          print the case names and exit\n"
@@ -197,6 +200,10 @@ int fg_cmd_check(int argc, char **argv) {
     fprintf(stderr, "flashgen check: %s: %s\n", fg_status_string(st), fg_last_create_error());
     printf("0 passed, 1 failed\n");
     return 1;
+  }
+  if (!list && fg_watchdog_arm("flashgen check", 300) != 0) {
+    fg_context_destroy(ctx);
+    return 2;
   }
   fg_arch arch = ctx ? fg_context_arch(ctx) : FG_ARCH_SM90A;
   int device_count = 1;

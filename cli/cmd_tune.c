@@ -48,7 +48,9 @@ static void tune_usage(FILE *f) {
           "  -q, --quiet       no progress or notes on stderr\n"
           "  -h, --help        this text\n\n"
           "exit status: 0 every problem has a winner and its record is stored; 1 failure (no GPU,\n"
-          "no NVRTC, a problem without a correct candidate, records not stored); 2 bad usage.\n",
+          "no NVRTC, a problem without a correct candidate, records not stored); 2 bad usage;\n"
+          "3 the GPU has not finished a single wait after FLASHGEN_HANG_TIMEOUT seconds (default\n"
+          "300; 0: never): a kernel that hangs, named on stderr (the process cannot go on).\n",
           cpus > 0 ? cpus : 1);
 }
 
@@ -172,6 +174,7 @@ int fg_cmd_tune(int argc, char **argv) {
     goto out;
   }
   if (np == 0) np = fg_tune_default_problems(quick, probs, FG_TUNE_MAX_PROBLEMS);
+  if (fg_watchdog_arm("flashgen tune", 300) != 0) goto out;
 
   rc = 1;
   FILE *report = NULL;

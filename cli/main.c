@@ -69,7 +69,7 @@ static void usage(FILE *f) {
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].help);
   fprintf(f, "\nenvironment: FLASHGEN_CACHE_DIR, FLASHGEN_TEMPLATE_DIR, FLASHGEN_NVRTC_LIBRARY,\n"
-             "             FLASHGEN_CUDA_LIBRARY (see README.md)\n");
+             "             FLASHGEN_CUDA_LIBRARY, FLASHGEN_HANG_TIMEOUT (see README.md)\n");
 }
 
 int main(int argc, char **argv) {

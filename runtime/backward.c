@@ -91,6 +91,7 @@ static fg_status fg_launch_one(fg_context *ctx, const fg_loaded_kernel *k, int i
   if (g[0] == 0 || g[1] == 0) return FG_OK;
   const fg_plan_step *sp = &k->meta.steps[i];
   void *params[] = {block};
+  fg_watchdog_launched(sp->entry);
   CUresult r = fg_cu.cuLaunchKernel(k->fn[i], (unsigned)g[0], (unsigned)g[1], (unsigned)g[2],
                                     (unsigned)sp->threads, 1, 1, (unsigned)sp->smem_bytes, s,
                                     params, NULL);

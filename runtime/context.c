@@ -454,9 +454,22 @@ fg_status fg_dev_upload(fg_context *ctx, CUdeviceptr dst, const void *src, size_
   FG_DRIVER(ctx, "cuMemcpyHtoD", fg_cu.cuMemcpyHtoD(dst, src, bytes));
 }
 
+/* FG_DRIVER for a call that waits for the GPU, marked for the hang watchdog (watchdog.c). */
+#define FG_DRIVER_WAIT(ctx, name, call)                           \
+  do {                                                            \
+    fg_status st_ = fg_ctx_push(ctx);                             \
+    if (st_ != FG_OK) return st_;                                 \
+    fg_watchdog_wait_begin();                                     \
+    CUresult r_ = (call);                                         \
+    fg_watchdog_wait_end();                                       \
+    fg_ctx_pop(ctx);                                              \
+    if (r_ != FG_CUDA_SUCCESS) return fg_fail_cuda(ctx, name, r_); \
+    return FG_OK;                                                 \
+  } while (0)
+
 fg_status fg_dev_download(fg_context *ctx, void *dst, CUdeviceptr src, size_t bytes) {
   if (bytes == 0) return FG_OK;
-  FG_DRIVER(ctx, "cuMemcpyDtoH", fg_cu.cuMemcpyDtoH(dst, src, bytes));
+  FG_DRIVER_WAIT(ctx, "cuMemcpyDtoH", fg_cu.cuMemcpyDtoH(dst, src, bytes));
 }
 
 fg_status fg_dev_fill16(fg_context *ctx, CUdeviceptr dst, unsigned short value, size_t count) {
@@ -470,7 +483,7 @@ fg_status fg_dev_fill32(fg_context *ctx, CUdeviceptr dst, unsigned int value, si
 }
 
 fg_status fg_dev_synchronize(fg_context *ctx) {
-  FG_DRIVER(ctx, "cuCtxSynchronize", fg_cu.cuCtxSynchronize());
+  FG_DRIVER_WAIT(ctx, "cuCtxSynchronize", fg_cu.cuCtxSynchronize());
 }
 
 fg_status fg_host_alloc_pinned(fg_context *ctx, void **p, size_t bytes) {
@@ -498,7 +511,7 @@ void fg_stream_destroy(fg_context *ctx, CUstream s) {
 }
 
 fg_status fg_stream_synchronize(fg_context *ctx, CUstream s) {
-  FG_DRIVER(ctx, "cuStreamSynchronize", fg_cu.cuStreamSynchronize(s));
+  FG_DRIVER_WAIT(ctx, "cuStreamSynchronize", fg_cu.cuStreamSynchronize(s));
 }
 
 fg_status fg_event_create(fg_context *ctx, CUevent *ev) {
@@ -520,7 +533,9 @@ fg_status fg_event_elapsed_ms(fg_context *ctx, CUevent start, CUevent end, float
   *ms = NAN;
   fg_status st = fg_ctx_push(ctx);
   if (st != FG_OK) return st;
+  fg_watchdog_wait_begin();
   CUresult r = fg_cu.cuEventSynchronize(end);
+  fg_watchdog_wait_end();
   if (r == FG_CUDA_SUCCESS) r = fg_cu.cuEventElapsedTime(ms, start, end);
   fg_ctx_pop(ctx);
   return r == FG_CUDA_SUCCESS ? FG_OK : fg_fail_cuda(ctx, "cuEventElapsedTime", r);

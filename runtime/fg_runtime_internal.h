@@ -179,6 +179,16 @@ typedef struct fg_launch_elems {
  * (a persistent grid's blocks; 0: one block per tile). */
 void fg_plan_grid(const fg_plan_step *s, int sm_count, int64_t batch, int64_t heads_q,
                   int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k, uint64_t grid[3]);
+/* The hang watchdog of the command-line tools (watchdog.c): fg_watchdog_arm starts it with a
+ * limit of FLASHGEN_HANG_TIMEOUT seconds (default_s when unset; 0: off), after which a single
+ * wait for the GPU ends the process with FG_WATCHDOG_EXIT and a message naming the last kernel
+ * launched; -1 (after a message) when the variable is not a number. The runtime marks its
+ * blocking waits and notes each launch's kernel; unarmed, the marks cost an atomic load. */
+#define FG_WATCHDOG_EXIT 3
+int fg_watchdog_arm(const char *tool, double default_s);
+void fg_watchdog_launched(const char *entry);
+void fg_watchdog_wait_begin(void);
+void fg_watchdog_wait_end(void);
 /* fg_plan_grid for a forward parameter block. */
 void fg_launch_grid(const fg_plan_step *s, int sm_count, const fg_fwd_params *p, uint64_t grid[3]);
 

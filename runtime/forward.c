@@ -167,6 +167,7 @@ static fg_status fg_launch_current(fg_context *ctx, const fg_loaded_kernel *k,
       if ((st = fg_fwd_tma_params_fill(ctx, k, &c, el, &tp)) != FG_OK) break;
       params[0] = &tp;
     }
+    fg_watchdog_launched(sp->entry);
     CUresult r = fg_cu.cuLaunchKernel(k->fn[0], (unsigned)g[0], (unsigned)g[1], (unsigned)g[2],
                                       (unsigned)sp->threads, 1, 1, (unsigned)sp->smem_bytes, s,
                                       params, NULL);

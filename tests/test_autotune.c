@@ -1161,6 +1161,29 @@ static void build_fake_driver(void) {
   if (system(cmd) != 0) cr_skip_test("cannot build the fake driver with '%s'", cc);
 }
 
+/* A kernel that never finishes (the fake driver's waits block for good once a kernel has been
+ * launched): the hang watchdog ends `flashgen check` with exit status 3, naming the last kernel
+ * launched, after FLASHGEN_HANG_TIMEOUT seconds; a value that is not a number is refused. */
+Test(tune_fake_gpu, a_hung_kernel_stops_check_with_its_name, .init = make_cache_dir,
+     .fini = remove_cache_dir, .timeout = 300) {
+  build_fake_driver();
+  char env[512];
+  snprintf(env, sizeof env,
+           "FLASHGEN_CUDA_LIBRARY='%s' FLASHGEN_CACHE_DIR='%s/c' FAKE_CUDA_HANG=1 "
+           "FLASHGEN_HANG_TIMEOUT=1",
+           fake_lib, cache_dir);
+  const int rc = fg_test_run_cli(NULL, env, "check --filter seqlen/nq17_nk129_f16_noncausal");
+  cr_assert_eq(rc, 3, "exit %d\nstdout:\n%s\nstderr:\n%s", rc, fg_test_out, fg_test_err);
+  cr_assert(strstr(fg_test_err, "flashgen check: the GPU has not finished after 1 s") &&
+                strstr(fg_test_err, "the last kernel launched: fg_") &&
+                strstr(fg_test_err, "FLASHGEN_HANG_TIMEOUT"),
+            "%s", fg_test_err);
+  snprintf(env, sizeof env, "FLASHGEN_CUDA_LIBRARY='%s' FLASHGEN_CACHE_DIR='%s/c' "
+           "FLASHGEN_HANG_TIMEOUT=soon", fake_lib, cache_dir);
+  cr_assert_eq(fg_test_run_cli(NULL, env, "check --filter seqlen/nq17_nk129_f16_noncausal"), 2);
+  cr_assert(strstr(fg_test_err, "FLASHGEN_HANG_TIMEOUT='soon' is not a number"), "%s", fg_test_err);
+}
+
 Test(tune_fake_gpu, tunes_records_and_skips_what_is_recorded, .init = make_cache_dir,
      .fini = remove_cache_dir, .timeout = 600) {
   build_fake_driver();

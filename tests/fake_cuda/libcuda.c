@@ -87,7 +87,20 @@ API CUresult cuDevicePrimaryCtxRelease_v2(int d) { (void)d; return 0; }
 API CUresult cuCtxPushCurrent_v2(void *c) { (void)c; return 0; }
 API CUresult cuCtxPopCurrent_v2(void **c) { if (c) *c = &fake_ctx; return 0; }
 API CUresult cuCtxGetCurrent(void **c) { *c = NULL; return 0; } /* never current: always push */
-API CUresult cuCtxSynchronize(void) { return 0; }
+/* FAKE_CUDA_HANG set: once a kernel has been launched, every wait for the GPU blocks for good,
+ * as behind a kernel that deadlocks (the hang watchdog's test, tests/test_autotune.c). */
+static int fake_launched;
+static void fake_maybe_hang(void) {
+  if (!fake_launched || !getenv("FAKE_CUDA_HANG")) return;
+  for (;;) {
+    struct timespec nap = {1, 0};
+    nanosleep(&nap, NULL);
+  }
+}
+API CUresult cuCtxSynchronize(void) {
+  fake_maybe_hang();
+  return 0;
+}
 /* A module owns the functions taken from it (freed with it, so leak checkers stay quiet). */
 typedef struct fake_module {
   fake_fn **fns;
@@ -196,6 +209,7 @@ API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t b) {
   return 0;
 }
 API CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t b) {
+  fake_maybe_hang();
   memcpy(d, (const void *)(uintptr_t)s, b);
   return 0;
 }
@@ -223,10 +237,18 @@ API CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) {
 }
 API CUresult cuStreamCreate(void **s, unsigned f) { (void)f; *s = malloc(1); return 0; }
 API CUresult cuStreamDestroy_v2(void *s) { free(s); return 0; }
-API CUresult cuStreamSynchronize(void *s) { (void)s; return 0; }
+API CUresult cuStreamSynchronize(void *s) {
+  (void)s;
+  fake_maybe_hang();
+  return 0;
+}
 API CUresult cuEventCreate(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(double)); return 0; }
 API CUresult cuEventRecord(void *e, void *s) { (void)s; *(double *)e = now_ms(); return 0; }
-API CUresult cuEventSynchronize(void *e) { (void)e; return 0; }
+API CUresult cuEventSynchronize(void *e) {
+  (void)e;
+  fake_maybe_hang();
+  return 0;
+}
 API CUresult cuEventElapsedTime(float *ms, void *a, void *b) {
   double d = *(double *)b - *(double *)a;
   *ms = (float)(d < 1e-3 ? 1e-3 : d);
@@ -382,6 +404,7 @@ API CUresult cuLaunchKernel(void *fnp, unsigned gx, unsigned gy, unsigned gz, un
                             void **extra) {
   (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)st; (void)extra;
   const fake_fn *f = fnp;
+  fake_launched = 1;
   if (strncmp(f->name, "fg_bwd_", 7) == 0) {
     /* A kvtma kernel takes fg_bwd_tma_params: its maps, then the usual block. */
     const fg_bwd_tma_params *tp = strstr(f->name, "_kvtma_") ? params[0] : NULL;
