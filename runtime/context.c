@@ -454,18 +454,14 @@ fg_status fg_dev_upload(fg_context *ctx, CUdeviceptr dst, const void *src, size_
   FG_DRIVER(ctx, "cuMemcpyHtoD", fg_cu.cuMemcpyHtoD(dst, src, bytes));
 }
 
-/* FG_DRIVER for a call that waits for the GPU, marked for the hang watchdog (watchdog.c). */
-#define FG_DRIVER_WAIT(ctx, name, call)                           \
-  do {                                                            \
-    fg_status st_ = fg_ctx_push(ctx);                             \
-    if (st_ != FG_OK) return st_;                                 \
-    fg_watchdog_wait_begin();                                     \
-    CUresult r_ = (call);                                         \
-    fg_watchdog_wait_end();                                       \
-    fg_ctx_pop(ctx);                                              \
-    if (r_ != FG_CUDA_SUCCESS) return fg_fail_cuda(ctx, name, r_); \
-    return FG_OK;                                                 \
-  } while (0)
+/* FG_DRIVER for a call that waits for the GPU, marked for the hang watchdog (watchdog.c): the
+ * comma operator begins the mark before the call, fg_waited ends it after. */
+static CUresult fg_waited(CUresult r) {
+  fg_watchdog_wait_end();
+  return r;
+}
+#define FG_DRIVER_WAIT(ctx, name, call) \
+  FG_DRIVER(ctx, name, (fg_watchdog_wait_begin(), fg_waited(call)))
 
 fg_status fg_dev_download(fg_context *ctx, void *dst, CUdeviceptr src, size_t bytes) {
   if (bytes == 0) return FG_OK;
@@ -533,9 +529,7 @@ fg_status fg_event_elapsed_ms(fg_context *ctx, CUevent start, CUevent end, float
   *ms = NAN;
   fg_status st = fg_ctx_push(ctx);
   if (st != FG_OK) return st;
-  fg_watchdog_wait_begin();
-  CUresult r = fg_cu.cuEventSynchronize(end);
-  fg_watchdog_wait_end();
+  CUresult r = (fg_watchdog_wait_begin(), fg_waited(fg_cu.cuEventSynchronize(end)));
   if (r == FG_CUDA_SUCCESS) r = fg_cu.cuEventElapsedTime(ms, start, end);
   fg_ctx_pop(ctx);
   return r == FG_CUDA_SUCCESS ? FG_OK : fg_fail_cuda(ctx, "cuEventElapsedTime", r);

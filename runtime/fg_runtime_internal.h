@@ -181,7 +181,7 @@ typedef struct fg_launch_elems {
  * blocking waits and notes each launch's kernel; unarmed, the marks cost an atomic load. */
 #define FG_WATCHDOG_EXIT 3
 int fg_watchdog_arm(const char *tool, double default_s);
-void fg_watchdog_launched(const char *entry);
+void fg_watchdog_launched(const char *entry); /* entry must outlive the waits after it */
 void fg_watchdog_wait_begin(void);
 void fg_watchdog_wait_end(void);
 /* The grid of a plan's step for a problem (before splitting along y; z > 1 only for a kv_tiles

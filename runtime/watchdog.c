@@ -10,7 +10,6 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -18,8 +17,9 @@
 
 static atomic_int armed;
 static atomic_llong wait_since_ms; /* when the wait in progress began; 0: none */
-static pthread_mutex_t name_lock = PTHREAD_MUTEX_INITIALIZER;
-static char last_kernel[FG_VARIANT_NAME_MAX + 16];
+/* The entry of the last launch: a plan step's, which lives as long as its loaded kernel (the
+ * context's registry), so past every wait the tools make. */
+static _Atomic(const char *) last_kernel;
 static char tool_name[32];
 static double limit_s;
 
@@ -30,10 +30,7 @@ static long long now_ms(void) {
 }
 
 void fg_watchdog_launched(const char *entry) {
-  if (!atomic_load_explicit(&armed, memory_order_relaxed)) return;
-  pthread_mutex_lock(&name_lock);
-  snprintf(last_kernel, sizeof last_kernel, "%s", entry ? entry : "?");
-  pthread_mutex_unlock(&name_lock);
+  if (atomic_load_explicit(&armed, memory_order_relaxed)) atomic_store(&last_kernel, entry);
 }
 
 void fg_watchdog_wait_begin(void) {
@@ -51,13 +48,13 @@ static void *watch(void *arg) {
     nanosleep(&nap, NULL);
     const long long since = atomic_load(&wait_since_ms);
     if (since == 0 || (double)(now_ms() - since) < limit_s * 1000.0) continue;
-    pthread_mutex_lock(&name_lock);
+    const char *k = atomic_load(&last_kernel);
     fprintf(stderr,
             "%s: the GPU has not finished after %.0f s (the last kernel launched: %s): it hangs, "
             "a deadlock in that kernel or a GPU fault. Stopping here: a CUDA context cannot be "
             "recovered from a kernel that does not end. If the work is really that long, set "
             "FLASHGEN_HANG_TIMEOUT to more seconds (0 turns this watchdog off).\n",
-            tool_name, limit_s, last_kernel[0] ? last_kernel : "none yet");
+            tool_name, limit_s, k && k[0] ? k : "none yet");
     fflush(stderr);
     fflush(stdout);
     _exit(FG_WATCHDOG_EXIT);
