@@ -151,7 +151,7 @@ int main(int argc, char **argv) {
   fg_ctx_push(ctx);
   {
     uint64_t g[3];
-    fg_launch_grid(fg_kernel_main(&kern->meta), &prm, g);
+    fg_launch_grid(fg_kernel_main(&kern->meta), ctx->limits.sm_count, &prm, g);
     void *kp[] = {&prm};
     if (tma) {
       if (fg_fwd_tma_params_fill(ctx, kern, &prm, FG_ELEMS_FORWARD, &tp) != FG_OK) {

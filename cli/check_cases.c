@@ -200,6 +200,43 @@ static void add_tma_cases(fg_check_list *l, fg_arch arch) {
   }
 }
 
+/* The persistent TMA kernel (loop q_tma_p, sm_90a only: one block per SM looping over tiles, the
+ * next tile's Q in a second buffer where it fits): head dims on and off the 64-column blocks,
+ * both dtypes, causal or not, at one tile per block (fewer tiles than SMs), a few per block (GQA,
+ * causal bottom-right) and up to five per block (each Q buffer reused, the K/V
+ * stages' phases carried across tiles); rows that see no key (tiles without key blocks inside a
+ * block's run), a key block cut short, no LSE, (B, N, H, d) strides. */
+static void add_tma_persistent_cases(fg_check_list *l, fg_arch arch) {
+  if (arch != FG_ARCH_SM90A) return;
+  static const struct { int d, warps, bc, bc_causal; } shapes[] = {
+      {128, 8, 128, 112}, {64, 12, 128, 64}, {96, 8, 128, 112}, {192, 8, 96, 64}, {256, 8, 64, 48}};
+  static const struct {
+    const char *name;
+    int64_t B, Hq, Hkv, Nq, Nk, Nk_causal;
+  } runs[] = {{"one_per_block", 1, 2, 2, 300, 300, 345},
+              {"few_per_block_gqa", 4, 16, 4, 500, 500, 545},
+              {"many_per_block", 8, 16, 16, 520, 520, 520},
+              {"rows_without_keys", 6, 16, 8, 400, 150, 150}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++)
+      for (int causal = 0; causal <= 1; causal++) {
+        const int d = shapes[i].d, small = d == 64 || d == 128;
+        if (!small && r == 2) continue; /* the deepest run at d = 64 and 128 only (host time) */
+        const fg_dtype dt = alt((int64_t)(i + r) + causal);
+        const fg_variant v = {FG_PASS_FWD, d, 16 * shapes[i].warps,
+                              causal ? shapes[i].bc_causal : shapes[i].bc, dt, causal,
+                              FG_LOOP_Q_TMA_P, shapes[i].warps, 2, arch};
+        char vn[FG_VARIANT_NAME_MAX];
+        fg_variant_name(&v, vn, sizeof vn);
+        fg_check_case *c = add(l, FG_CHECK_RUN, dt, causal, d, runs[r].B, runs[r].Hq,
+                               runs[r].Hkv, runs[r].Nq, causal ? runs[r].Nk_causal : runs[r].Nk,
+                               small && r != 2, "tma_persistent/%s_%s", vn, runs[r].name);
+        if (r == 1 && i == 0) c->layout = FG_CHECK_BNHD;
+        if (r == 0 && i == 1) c->lse = 0;
+        force(c, v);
+      }
+}
+
 void fg_check_build_cases(fg_check_list *l, const fg_variant *defs, int ndefs, int device_count) {
   static const int64_t lens[] = {1, 17, 127, 128, 129, 1000, 4097};
   const int nlens = (int)(sizeof lens / sizeof lens[0]);
@@ -216,6 +253,7 @@ void fg_check_build_cases(fg_check_list *l, const fg_variant *defs, int ndefs, i
 
   if (ndefs > 0) add_wgmma_cases(l, defs[0].arch);
   if (ndefs > 0) add_tma_cases(l, defs[0].arch);
+  if (ndefs > 0) add_tma_persistent_cases(l, defs[0].arch);
 
   /* 2. Sequence lengths: every (Nq, Nk) pair, causal on and off, through the dispatcher; the
    * KV-outer loop order on every pair once (causal alternating). */

@@ -100,6 +100,7 @@ static const char *grid_name(fg_grid_kind g) {
     case FG_GRID_HEADS: return "FG_EXPORT_GRID_HEADS";
     case FG_GRID_ROWS: return "FG_EXPORT_GRID_ROWS";
     case FG_GRID_KV_TILES: return "FG_EXPORT_GRID_KV_TILES";
+    case FG_GRID_PERSISTENT: return "FG_EXPORT_GRID_PERSISTENT";
   }
   return NULL;
 }

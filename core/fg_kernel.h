@@ -12,8 +12,11 @@ typedef enum fg_grid_kind {
                           (q_outer; the backward's _pre and _post kernels, br = 64 rows) */
   FG_GRID_HEADS = 2,   /* (batch * heads_q): one block per head, Algorithm 1 (kv_outer) */
   FG_GRID_ROWS = 3,    /* (seqlen_q, batch * heads_q): one block per query row (reference) */
-  FG_GRID_KV_TILES = 4 /* (ceil(seqlen_k / br), batch * heads_kv): one block per K/V block
+  FG_GRID_KV_TILES = 4, /* (ceil(seqlen_k / br), batch * heads_kv): one block per K/V block
                           (the backward's main kernel; br holds its Bc) */
+  FG_GRID_PERSISTENT = 5 /* (min(ceil(seqlen_q / br) * batch * heads_q, SMs)): one block per SM
+                            (at most one per tile), each looping over tiles of br query rows
+                            (q_tma_p; the order is the kernel's, templates/common.cuh) */
 } fg_grid_kind;
 
 /* The manifest's launch(v) (templates/fwd.lua, bwd.lua) returns a plan: kernels of one module
@@ -26,7 +29,8 @@ typedef enum fg_grid_kind {
 typedef struct fg_plan_step {
   char entry[64];        /* kernel symbol (extern "C") */
   fg_grid_kind grid;
-  int br;                /* rows per block along x (FG_GRID_Q_TILES, FG_GRID_KV_TILES) */
+  int br;                /* rows per block along x (FG_GRID_Q_TILES, FG_GRID_KV_TILES), rows
+                            per tile (FG_GRID_PERSISTENT) */
   int threads;           /* threads per block */
   int smem_bytes;        /* dynamic shared memory per block */
   /* A kv_tiles main step only (the backward's): when the query rows one KV head's dK/dV sum over,
@@ -125,8 +129,8 @@ int fg_param_block_parse(const char *s);
 const char *fg_tmap_tensor_name(fg_tmap_tensor t);
 fg_tmap_tensor fg_tmap_tensor_parse(const char *s);
 
-/* The grid kind's name in manifests and plans ("q_tiles", "heads", "rows", "kv_tiles"), and
- * back (0 when unknown). */
+/* The grid kind's name in manifests and plans ("q_tiles", "heads", "rows", "kv_tiles",
+ * "persistent"), and back (0 when unknown). */
 const char *fg_grid_kind_name(fg_grid_kind g);
 fg_grid_kind fg_grid_kind_parse(const char *s);
 

@@ -22,7 +22,9 @@ const char *fg_pass_name(fg_pass p);
  * consuming them, one warpgroup per 64 query rows; the block has 128 threads more than 32 * warps.
  * kv_tma is kv_wgmma with a producer warpgroup (sm_90a only: bwd_tma.cu): TMA loads of K, V, Q and
  * dO, LSE/D by a producer warp, dQ added by bulk reductions from shared memory; the variant's warps
- * (8) are the consumers, the block has 128 threads more. */
+ * (8) are the consumers, the block has 128 threads more. q_tma_p is q_tma on a persistent grid
+ * (one block per SM looping over the tiles, the next tile's loads under this one's epilogue; grid
+ * kind "persistent"). */
 typedef enum fg_loop_order {
   FG_LOOP_Q_OUTER = 0,
   FG_LOOP_KV_OUTER = 1,
@@ -31,6 +33,7 @@ typedef enum fg_loop_order {
   FG_LOOP_KV_WGMMA = 4,
   FG_LOOP_Q_TMA = 5,
   FG_LOOP_KV_TMA = 6,
+  FG_LOOP_Q_TMA_P = 7,
   FG_LOOP_COUNT
 } fg_loop_order;
 typedef enum fg_arch {
@@ -69,8 +72,8 @@ int fg_variant_check(const fg_variant *v, char *err, size_t errlen);
 
 const char *fg_arch_name(fg_arch a);  /* "sm_80", ... "sm_90a" */
 /* The loop order's token in variant names ("qouter", "kvouter", "qwgmma", "qwgmmaov", "kvwgmma",
- * "qtma", "kvtma") and its name in the templates ("q_outer", "kv_outer", "q_wgmma", "q_wgmma_ov",
- * "kv_wgmma", "q_tma", "kv_tma"); "?" when out of range. */
+ * "qtma", "kvtma", "qtmap") and its name in the templates ("q_outer", "kv_outer", "q_wgmma",
+ * "q_wgmma_ov", "kv_wgmma", "q_tma", "kv_tma", "q_tma_p"); "?" when out of range. */
 const char *fg_loop_token(fg_loop_order l);
 const char *fg_loop_name(fg_loop_order l);
 int fg_arch_parse(const char *s, fg_arch *out); /* accepts "sm_90a" and "sm90a"; 0 on success */

@@ -29,14 +29,15 @@ void fg_kernel_meta_single(fg_kernel_meta *m, const char *entry, fg_grid_kind gr
   m->regs = m->spill_store_bytes = m->spill_load_bytes = m->stack_bytes = -1;
 }
 
-static const char *const grid_names[] = {NULL, "q_tiles", "heads", "rows", "kv_tiles"};
+static const char *const grid_names[] = {NULL, "q_tiles", "heads", "rows", "kv_tiles",
+                                         "persistent"};
 
 const char *fg_grid_kind_name(fg_grid_kind g) {
-  return g >= FG_GRID_Q_TILES && g <= FG_GRID_KV_TILES ? grid_names[g] : "?";
+  return g >= FG_GRID_Q_TILES && g <= FG_GRID_PERSISTENT ? grid_names[g] : "?";
 }
 
 fg_grid_kind fg_grid_kind_parse(const char *s) {
-  for (int g = FG_GRID_Q_TILES; s && g <= FG_GRID_KV_TILES; g++)
+  for (int g = FG_GRID_Q_TILES; s && g <= FG_GRID_PERSISTENT; g++)
     if (strcmp(s, grid_names[g]) == 0) return (fg_grid_kind)g;
   return (fg_grid_kind)0;
 }
@@ -71,9 +72,11 @@ const char *fg_kernel_meta_invalid(const fg_kernel_meta *m) {
     const fg_plan_step *s = &m->steps[i];
     if (!s->entry[0] || !memchr(s->entry, 0, sizeof s->entry))
       return "a step of its plan has no entry point (or one too long)";
-    if (s->grid < FG_GRID_Q_TILES || s->grid > FG_GRID_KV_TILES)
+    if (s->grid < FG_GRID_Q_TILES || s->grid > FG_GRID_PERSISTENT)
       return "a step of its plan has an unknown grid kind";
-    if ((s->grid == FG_GRID_Q_TILES || s->grid == FG_GRID_KV_TILES) && s->br <= 0)
+    if ((s->grid == FG_GRID_Q_TILES || s->grid == FG_GRID_KV_TILES ||
+         s->grid == FG_GRID_PERSISTENT) &&
+        s->br <= 0)
       return "a step of its plan has no rows per block (br)";
     if (s->threads <= 0 || s->smem_bytes < 0)
       return "a step of its plan has malformed threads or shared memory";

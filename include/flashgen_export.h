@@ -52,6 +52,10 @@ extern "C" {
 /* (ceil(seqlen_k / br), batch * heads_kv), one block per K/V block: the backward pass's main
  * kernel (a bwd_ variant), br holding the variant's Bc. */
 #define FG_EXPORT_GRID_KV_TILES 4
+/* (min(ceil(seqlen_q / br) * batch * heads_q, SMs)): one block per SM, each looping over tiles of
+ * br query rows (the forward's persistent loop order qtmap). A runtime from before it refuses a
+ * table holding such a kernel, naming the grid kind. */
+#define FG_EXPORT_GRID_PERSISTENT 5
 
 /* One kernel of a kernel's plan: a module holds every entry of its plan, run in order on the
  * caller's stream with the same parameter block (the backward: `<entry>_pre` D = rowsum(dO * O)

@@ -240,7 +240,8 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
     }
     for (int i = 0; i < m->n_steps && st == FG_OK; i++) {
       uint64_t g[3];
-      fg_plan_grid(&m->steps[i], nb, a->heads_q, a->heads_kv, a->seqlen_q, a->seqlen_k, g);
+      fg_plan_grid(&m->steps[i], ctx->limits.sm_count, nb, a->heads_q, a->heads_kv, a->seqlen_q,
+                   a->seqlen_k, g);
       st = fg_launch_one(ctx, k, i, g, block, s);
     }
   }

@@ -323,7 +323,7 @@ FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char
     fg_params_from_args(&a, &p);
     uint64_t grid[3];
     const fg_plan_step *sp = fg_kernel_main(&meta);
-    fg_launch_grid(sp, &p, grid);
+    fg_launch_grid(sp, ctx->limits.sm_count, &p, grid);
     fg_text_add(&t,
                 "launch: grid (%" PRIu64 ", %" PRIu64 ", %" PRIu64
                 ") x %d threads, %d B dynamic "
@@ -396,7 +396,8 @@ FG_API fg_status fg_explain_backward(fg_context *ctx, const fg_attention_backwar
   for (int i = 0; i < meta.n_steps; i++) {
     const fg_plan_step *sp = &meta.steps[i];
     uint64_t g[3];
-    fg_plan_grid(sp, nb, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k, g);
+    fg_plan_grid(sp, ctx->limits.sm_count, nb, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k,
+                 g);
     fg_text_add(&t, "  %d. %s: grid %s (%" PRIu64 ", %" PRIu64, i + 1, sp->entry,
                 fg_grid_kind_name(sp->grid), g[0], g[1]);
     if (g[2] > 1) fg_text_add(&t, ", %" PRIu64, g[2]);

@@ -174,6 +174,11 @@ typedef struct fg_launch_elems {
 #define FG_ELEMS_FORWARD ((fg_launch_elems){2, 2, 4})
 #define FG_ELEMS_REFERENCE ((fg_launch_elems){2, 8, 8})
 
+/* The grid of a plan's step for a problem (before splitting along y; z > 1 only for a kv_tiles
+ * main step that splits long query ranges, fg_plan_step_splits) on a device of sm_count SMs
+ * (a persistent grid's blocks; 0: one block per tile). */
+void fg_plan_grid(const fg_plan_step *s, int sm_count, int64_t batch, int64_t heads_q,
+                  int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k, uint64_t grid[3]);
 /* The hang watchdog of the command-line tools (watchdog.c): fg_watchdog_arm starts it with a
  * limit of FLASHGEN_HANG_TIMEOUT seconds (default_s when unset; 0: off), after which a single
  * wait for the GPU ends the process with FG_WATCHDOG_EXIT and a message naming the last kernel
@@ -184,12 +189,8 @@ int fg_watchdog_arm(const char *tool, double default_s);
 void fg_watchdog_launched(const char *entry); /* entry must outlive the waits after it */
 void fg_watchdog_wait_begin(void);
 void fg_watchdog_wait_end(void);
-/* The grid of a plan's step for a problem (before splitting along y; z > 1 only for a kv_tiles
- * main step that splits long query ranges, fg_plan_step_splits). */
-void fg_plan_grid(const fg_plan_step *s, int64_t batch, int64_t heads_q, int64_t heads_kv,
-                  int64_t seqlen_q, int64_t seqlen_k, uint64_t grid[3]);
 /* fg_plan_grid for a forward parameter block. */
-void fg_launch_grid(const fg_plan_step *s, const fg_fwd_params *p, uint64_t grid[3]);
+void fg_launch_grid(const fg_plan_step *s, int sm_count, const fg_fwd_params *p, uint64_t grid[3]);
 
 /* Launches k on stream s with p (which it copies). Splits the launch along the batch when
  * batch * heads_q exceeds the device's grid.y limit (adjusting the base addresses of every

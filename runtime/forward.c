@@ -10,8 +10,8 @@
 
 #define FG_GRID_X_LIMIT 2147483647ull
 
-void fg_plan_grid(const fg_plan_step *s, int64_t batch, int64_t heads_q, int64_t heads_kv,
-                  int64_t seqlen_q, int64_t seqlen_k, uint64_t grid[3]) {
+void fg_plan_grid(const fg_plan_step *s, int sm_count, int64_t batch, int64_t heads_q,
+                  int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k, uint64_t grid[3]) {
   const uint64_t bh = (uint64_t)batch * (uint64_t)heads_q, br = s->br > 0 ? (uint64_t)s->br : 0;
   grid[0] = grid[1] = grid[2] = 1;
   switch (s->grid) {
@@ -29,11 +29,19 @@ void fg_plan_grid(const fg_plan_step *s, int64_t batch, int64_t heads_q, int64_t
       grid[1] = (uint64_t)batch * (uint64_t)heads_kv;
       grid[2] = fg_plan_step_splits(s, heads_q, heads_kv, seqlen_q); /* long query ranges */
       break;
+    case FG_GRID_PERSISTENT: {
+      /* bh is at most the grid's y limit per launch (the batch is split as for q_tiles) and the
+       * query tiles below 2^31, so the product fits. */
+      const uint64_t tiles = (br ? ((uint64_t)seqlen_q + br - 1) / br : 0) * bh;
+      grid[0] = sm_count > 0 && tiles > (uint64_t)sm_count ? (uint64_t)sm_count : tiles;
+      break;
+    }
   }
 }
 
-void fg_launch_grid(const fg_plan_step *s, const fg_fwd_params *p, uint64_t grid[3]) {
-  fg_plan_grid(s, p->batch, p->heads_q, p->heads_kv, p->seqlen_q, p->seqlen_k, grid);
+void fg_launch_grid(const fg_plan_step *s, int sm_count, const fg_fwd_params *p,
+                    uint64_t grid[3]) {
+  fg_plan_grid(s, sm_count, p->batch, p->heads_q, p->heads_kv, p->seqlen_q, p->seqlen_k, grid);
 }
 
 /* ---- tensor maps (plans with params fwd_tma) ---- */
@@ -106,7 +114,7 @@ static fg_status fg_launch_current(fg_context *ctx, const fg_loaded_kernel *k,
   const int64_t chunk = (int64_t)(bh_limit / (uint64_t)p->heads_q); /* batches per launch */
   {
     uint64_t g[3];
-    fg_launch_grid(sp, p, g);
+    fg_launch_grid(sp, ctx->limits.sm_count, p, g);
     if (g[0] > FG_GRID_X_LIMIT)
       return fg_fail(ctx, FG_ERROR_UNSUPPORTED,
                      "seqlen_q = %lld needs %" PRIu64 " blocks along x for kernel %s; the grid "
@@ -152,7 +160,7 @@ static fg_status fg_launch_current(fg_context *ctx, const fg_loaded_kernel *k,
     fg_fwd_params c;
     fg_launch_chunk(p, b0, chunk, el, ws, ws_per_batch, &c);
     uint64_t g[3];
-    fg_launch_grid(sp, &c, g);
+    fg_launch_grid(sp, ctx->limits.sm_count, &c, g);
     void *params[] = {&c};
     if (tma) {
       /* Each launch's own maps: its batches' base addresses, batch dimension = its batches. */

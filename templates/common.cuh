@@ -177,15 +177,15 @@ struct fwd_block {
   int n_blocks;
   int nk32, qdiag32;  // seqlen_k; q0 + seqlen_k - seqlen_q (key j is seen by row i iff j <= i + it)
 };
-template <int BR, bool CAUSAL> FG_DEV fwd_block fwd_block_of(const fg_fwd_params &p) {
+// The block of query tile q_tile of (batch, head) pair bh.
+template <int BR, bool CAUSAL> FG_DEV fwd_block fwd_block_at(const fg_fwd_params &p, i64 q_tile, u32 bh) {
   fwd_block f;
-  // 32-bit division: blockIdx.y and heads_q are below the grid's y limit (runtime/forward.c).
-  f.bh = blockIdx.y;
+  f.bh = bh;
+  // 32-bit division: bh (blockIdx.y, or a persistent block's tile) and heads_q are below the
+  // grid's y limit per launch (runtime/forward.c).
   f.b = f.bh / (u32)p.heads_q;
   f.h = f.bh % (u32)p.heads_q;
   f.hk = f.h / (u32)p.hq_per_hkv;
-  // Causal: the last Q blocks see the most keys; launch them first so the short ones fill the tail.
-  const i64 q_tile = CAUSAL ? (i64)(gridDim.x - 1 - blockIdx.x) : (i64)blockIdx.x;
   f.q0 = q_tile * BR;
   f.diag = p.seqlen_k - p.seqlen_q;
   f.gQ = (const u16 *)p.q + f.b * p.q_sb + f.h * p.q_sh + f.q0 * p.q_sn;
@@ -193,6 +193,32 @@ template <int BR, bool CAUSAL> FG_DEV fwd_block fwd_block_of(const fg_fwd_params
   f.gV = (const u16 *)p.v + f.b * p.v_sb + f.hk * p.v_sh;
   f.n_blocks = f.nk32 = f.qdiag32 = 0;
   return f;
+}
+template <int BR, bool CAUSAL> FG_DEV fwd_block fwd_block_of(const fg_fwd_params &p) {
+  // Causal: the last Q blocks see the most keys; launch them first so the short ones fill the tail.
+  const i64 q_tile = CAUSAL ? (i64)(gridDim.x - 1 - blockIdx.x) : (i64)blockIdx.x;
+  return fwd_block_at<BR, CAUSAL>(p, q_tile, blockIdx.y);
+}
+// A "persistent" grid (gridDim.x blocks, each looping over tiles): the k-th tile of this block,
+// false past the last. The tiles are ranked longest first when causal (every head's last query
+// block, then the ones before) and head-major otherwise (the tiles that run together share K and
+// V in L2); block x takes ranks k * gridDim.x + x on even k and k * gridDim.x + gridDim.x - 1 - x
+// on odd k (a snake: what a block gets long in one round it gets short in the next, so the
+// blocks' totals stay even without an atomic tile counter).
+template <int BR, bool CAUSAL>
+FG_DEV bool fwd_persistent_tile(const fg_fwd_params &p, i64 k, i64 &q_tile, u32 &bh) {
+  const i64 tiles_q = (p.seqlen_q + BR - 1) / BR, pairs = p.batch * p.heads_q;
+  const i64 grid = gridDim.x, x = blockIdx.x;
+  const i64 r = k * grid + ((k & 1) ? grid - 1 - x : x);
+  if (r >= tiles_q * pairs) return false;
+  if constexpr (CAUSAL) {
+    q_tile = tiles_q - 1 - r / pairs;
+    bh = (u32)(r % pairs);
+  } else {
+    q_tile = r % tiles_q;
+    bh = (u32)(r / tiles_q);
+  }
+  return true;
 }
 template <int BR, int BC, bool CAUSAL> FG_DEV void fwd_block_span(fwd_block &f, const fg_fwd_params &p) {
   const i64 Nk = p.seqlen_k;

@@ -110,27 +110,40 @@ local function tma_dp(v) return (v.d + 63) // 64 * 64 end
 local function tma_consumer_regs(v)
   return tma_dp(v) // 2 + v.bc // 2 + v.bc // 4 + 32 + (v.causal and v.bc // 2 or 0)
 end
+-- q_tma_p is q_tma on a persistent grid (one block per SM looping over the tiles, fwd_tma.cu):
+-- its producer loads the next tile's Q while this tile's O, staged in its own Q buffer, is
+-- stored, so it takes two Q buffers where they fit in the 227 KB a Hopper block may have (one
+-- else: the next Q then waits for the store).
+local SM90_SMEM = 232448
+local function tma_smem(v, q_bufs)
+  return (q_bufs * v.br + 2 * v.stages * v.bc) * tma_dp(v) * 2 + 1024 + 256
+end
+local function tma_q_bufs(v)
+  if v.loop ~= "q_tma_p" then return 1 end
+  return tma_smem(v, 2) <= SM90_SMEM and 2 or 1
+end
 local function tma_resources(v)
   local consumers = v.warps // 4
   local regs = tma_consumer_regs(v)
   if consumers > 1 then regs = 65536 // (128 * (consumers + 1)) // 8 * 8 end
-  return { threads = 32 * v.warps + 128,
-           smem = (v.br + 2 * v.stages * v.bc) * tma_dp(v) * 2 + 1024 + 256, regs = regs }
+  return { threads = 32 * v.warps + 128, smem = tma_smem(v, tma_q_bufs(v)), regs = regs }
 end
+local function tma_loop(v) return v.loop == "q_tma" or v.loop == "q_tma_p" end
 local function tma_check(v)
   if v.arch ~= "sm_90a" then
-    return "q_tma needs sm_90a: TMA and wgmma are instructions of Hopper (compute capability 9.0)"
+    return v.loop .. " needs sm_90a: TMA and wgmma are instructions of Hopper (compute " ..
+           "capability 9.0)"
   end
   if (v.warps ~= 4 and v.warps ~= 8 and v.warps ~= 12) or v.br ~= 16 * v.warps then
-    return "q_tma has one to three consumer warpgroups of 64 query rows: warps 4, 8 or 12, " ..
-           "Br = 16 * warps"
+    return v.loop .. " has one to three consumer warpgroups of 64 query rows: warps 4, 8 or " ..
+           "12, Br = 16 * warps"
   end
   if v.bc > 256 or v.stages < 2 then
-    return "q_tma takes Bc <= 256 (a TMA box has at most 256 rows) and 2 to 4 K/V stages"
+    return v.loop .. " takes Bc <= 256 (a TMA box has at most 256 rows) and 2 to 4 K/V stages"
   end
   local cap = TMA_CONSUMER_REGS[v.warps // 4]
   if tma_consumer_regs(v) > cap then
-    return "q_tma with " .. v.warps // 4 .. " consumer warpgroup(s) needs about " ..
+    return v.loop .. " with " .. v.warps // 4 .. " consumer warpgroup(s) needs about " ..
            tma_consumer_regs(v) .. " registers per consumer thread, more than the " .. cap ..
            " they get: take a smaller Bc"
   end
@@ -149,7 +162,7 @@ function M.q_in_regs(v) return q_in_regs(v, base_layout(v)) end
 
 function M.resources(v)
   if wgmma_loop(v) then return wgmma_resources(v) end
-  if v.loop == "q_tma" then return tma_resources(v) end
+  if tma_loop(v) then return tma_resources(v) end
   local L = base_layout(v)
   local smem
   if v.loop == "q_outer" then
@@ -170,7 +183,7 @@ function M.check(v)
     return v.loop .. " is a loop order of the backward pass"
   end
   if wgmma_loop(v) then return wgmma_check(v) end
-  if v.loop == "q_tma" then return tma_check(v) end
+  if tma_loop(v) then return tma_check(v) end
   local L = M.layout(v)
   if v.loop == "q_outer" and L.mt >= 2 and v.bc > 64 and v.d > 32 then
     return "q_outer with " .. 16 * L.mt .. " rows per warp takes Bc <= 64 above d = 32: the S tile " ..
@@ -207,11 +220,15 @@ function M.launch(v)
     return one_step("fwd_q_outer.cu", M.entry(v), "q_tiles", v.br, r.threads, r.smem)
   elseif wgmma_loop(v) then
     return one_step("fwd_wgmma.cu", M.entry(v), "q_tiles", v.br, r.threads, r.smem)
-  elseif v.loop == "q_tma" then
+  elseif tma_loop(v) then
     -- The runtime encodes the tensor maps (fg_fwd_tma_params.tmap, in this order) from the call:
     -- [batch, heads, rows, d] of the tensor, boxes of 64 columns x `rows` rows, 128-byte swizzle,
-    -- rows past the end read as zeros.
-    local t = one_step("fwd_tma.cu", M.entry(v), "q_tiles", v.br, r.threads, r.smem)
+    -- rows past the end read as zeros. q_tma_p's grid is "persistent": one block per SM (at most
+    -- one per tile), each taking tiles of br query rows in common.cuh's fwd_persistent_tile order.
+    local persist = v.loop == "q_tma_p"
+    local t = one_step("fwd_tma.cu", M.entry(v), persist and "persistent" or "q_tiles", v.br,
+                       r.threads, r.smem)
+    t.constants = { persist = persist, q_bufs = tma_q_bufs(v) }
     t.params = "fwd_tma"
     t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "k", rows = v.bc },
                 { tensor = "v", rows = v.bc }, { tensor = "o", rows = 64 } }

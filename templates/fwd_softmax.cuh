@@ -4,23 +4,24 @@
 // the row max and sum of rows g and g + 8 of each warp), s (S of one block), pf (P in fp32), pa
 // (P as wgmma A fragments), sl2, nk32, qdiag32, wrow, g, t, and for the epilogue p, b, h, bh, q0,
 // Nq; and the constants D, BC, BR, NT_S, NT_O, CAUSAL, BF16, RESCALE_LOG2.
-//   {% fwd_state("DC") %}  a consumer warpgroup's state: o (64 x DC, DC the columns of O it
-//                         holds: D, or DP padded to 64-column blocks), m, l, sl2, wrow, q_base,
-//                         s, pf, pa (uses warp, wg, sbase, p)
+//   {% fwd_state("DC"[, "QBUF"]) %}  a consumer warpgroup's state: o (64 x DC, DC the columns
+//                         of O it holds: D, or DP padded to 64-column blocks), m, l, sl2, wrow,
+//                         q_base (this warpgroup's rows of the Q tile at QBUF, default sbase), s,
+//                         pf, pa (uses warp, wg, sbase, p)
 //   {% fwd_issue_qk("kst") %}  S = Q K^T issued to the tensor cores, K's stage at kst
 //   {% fwd_issue_pv("vst", "DC") %}  O += P V issued, V's stage at vst
 //   {% fwd_wait_pv("DC") %}  the lambda wait_pv: O += P V done (a second call waits for nothing)
 //   {% fwd_softmax() %}   the lambdas softmax_of(x, wait_pv) and softmax(jb, wait_pv)
 //   {% fwd_epilogue() %}  O normalised and stored from the accumulators, and the log-sum-exp
 //                         (fwd_wgmma.cu; fwd_tma.cu stores O through shared memory and the TMA)
-{% function fwd_state(dc) %}
+{% function fwd_state(dc, qbuf) %}
   float o[{{ dc }} / 2];  // this thread's share of the warpgroup's 64 x {{ dc }} output (wgmma's layout)
 #pragma unroll
   for (int i = 0; i < {{ dc }} / 2; ++i) o[i] = 0.f;
   float m[2] = {FG_NEG_INF, FG_NEG_INF}, l[2] = {0.f, 0.f};  // rows g and g + 8 of the warp
   const float sl2 = (float)p.scale_log2;
   const int wrow = warp * 16;  // this warp's first row in the block
-  const u32 q_base = sbase + (u32)(wg * 64 * 128);
+  const u32 q_base = {{ qbuf or "sbase" }} + (u32)(wg * 64 * 128);
   // S of one block (wgmma's accumulators), and its P in fp32 before packing. No other instruction
   // may write wgmma accumulators while any wgmma is in flight (ptxas would serialize the wgmma
   // pipeline, warning C7515), and O += P V runs during the softmax: P goes to pf.

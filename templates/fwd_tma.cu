@@ -11,7 +11,10 @@
 // gives its registers to them (setmaxnreg). Rows past the end of Q, K or V arrive as zeros. Online
 // softmax in exp2 with the scale folded in and a lazy running max; causal blocks above the
 // diagonal skipped. O goes out through shared memory with a TMA store (tensor map 3), the
-// log-sum-exp directly. Do not edit.
+// log-sum-exp directly. Persistent (loop q_tma_p, grid "persistent": one block per SM): each block
+// loops over tiles in common.cuh's fwd_persistent_tile order, the producer running on into the
+// next tile's Q (in the other of {{ q_bufs }} Q buffers) and K/V blocks while the consumers finish
+// this one, so a tile's pipeline fill and epilogue overlap its neighbours' work. Do not edit.
 {% include("common.cuh") %}
 {% include("wgmma.cuh") %}
 {% include("tma.cuh") %}
@@ -31,23 +34,34 @@ constexpr int THREADS = 128 * (CONSUMERS + 1);        // + the producer warpgrou
 constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 240 : 160;
 constexpr float RESCALE_LOG2 = 8.f;  // lazy-max threshold: P <= 2^8 (fits f16 and bf16)
 constexpr bool CAUSAL = {{ causal }};
+// Persistent: a block per SM looping over tiles (q_tma_p); else a block per tile (q_tma). Q
+// buffers: 2 where they fit (fwd.lua), so the next tile's Q loads while this one's O, staged in
+// its own Q buffer, is stored.
+constexpr bool PERSIST = {{ persist }};
+constexpr int QBUFS = {{ q_bufs }};
 constexpr bool BF16 = {{ dtype == "bf16" }};
 constexpr int CB = DP / 64;           // 64-column blocks of a tile (one TMA box each)
 constexpr int KSTEPS = DP / 16;       // k-steps of S = Q K^T
 constexpr int NT_S = BC / 8, NT_O = DP / 8;
 static_assert(D % 8 == 0 && D <= DP && DP % 64 == 0 && BR == 64 * CONSUMERS && CONSUMERS >= 1 && CONSUMERS <= 3 &&
-              BC % 16 == 0 && BC <= 256 && STAGES >= 2 && STAGES <= 4, "tile shape (fwd.lua)");
-// Shared memory, from a 1024-byte aligned base: Q (BR rows), STAGES K blocks, STAGES V blocks
-// (BC rows each), then the mbarriers. A tile of R rows is CB column blocks of R rows x 128 bytes.
+              BC % 16 == 0 && BC <= 256 && STAGES >= 2 && STAGES <= 4 &&
+              (QBUFS == 1 || (PERSIST && QBUFS == 2)), "tile shape (fwd.lua)");
+// Shared memory, from a 1024-byte aligned base: QBUFS Q tiles (BR rows), STAGES K blocks, STAGES
+// V blocks (BC rows each), then the mbarriers. A tile of R rows is CB column blocks of R rows x
+// 128 bytes.
 constexpr u32 Q_BYTES = BR * DP * 2, STAGE_BYTES = BC * DP * 2;  // whole boxes, zeros included
-constexpr u32 K_OFF = Q_BYTES, V_OFF = K_OFF + STAGES * STAGE_BYTES;
+constexpr u32 K_OFF = QBUFS * Q_BYTES, V_OFF = K_OFF + STAGES * STAGE_BYTES;
 constexpr u32 BAR_OFF = V_OFF + STAGES * STAGE_BYTES;
-// mbarriers, 8 bytes each: Q full, then per stage K full, V full, K empty, V empty.
-constexpr u32 BAR_Q = 0;
-FG_DEV u32 bar_kfull(int s) { return 8u * (1 + s); }
-FG_DEV u32 bar_vfull(int s) { return 8u * (1 + STAGES + s); }
-FG_DEV u32 bar_kempty(int s) { return 8u * (1 + 2 * STAGES + s); }
-FG_DEV u32 bar_vempty(int s) { return 8u * (1 + 3 * STAGES + s); }
+// mbarriers, 8 bytes each: per Q buffer full, and (persistent only) empty once its O is stored;
+// then per stage K full, V full, K empty, V empty.
+constexpr int NQBAR = PERSIST ? 2 * QBUFS : 1;
+FG_DEV u32 bar_qfull(int i) { return 8u * i; }
+FG_DEV u32 bar_qempty(int i) { return 8u * (QBUFS + i); }
+FG_DEV u32 bar_kfull(int s) { return 8u * (NQBAR + s); }
+FG_DEV u32 bar_vfull(int s) { return 8u * (NQBAR + STAGES + s); }
+FG_DEV u32 bar_kempty(int s) { return 8u * (NQBAR + 2 * STAGES + s); }
+FG_DEV u32 bar_vempty(int s) { return 8u * (NQBAR + 3 * STAGES + s); }
+static_assert(8 * (NQBAR + 4 * STAGES) <= 256, "mbarriers past their 256 bytes (fwd.lua)");
 constexpr u32 CONSUMER_WARPS = 4 * CONSUMERS;  // arrivals on an "empty" barrier (lane 0 of each)
 
 // d (64 x BC, f32) = Q K^T over one k-step: A (64 x 16) and B (BC x 16) from shared memory, both
@@ -64,14 +78,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const u32 sbase = (smem_addr(smem_raw) + 1023u) & ~1023u;  // 1024 B more are allocated (fwd.lua)
   const u32 bars = sbase + BAR_OFF;
   const int tid = threadIdx.x;
-  fwd_block fb = fwd_block_of<BR, CAUSAL>(p);
-  fwd_block_span<BR, BC, CAUSAL>(fb, p);
-  const u32 bh = fb.bh, b = fb.b, h = fb.h;
-  const i64 q0 = fb.q0, Nq = p.seqlen_q;
-  const int n_blocks = fb.n_blocks, nk32 = fb.nk32, qdiag32 = fb.qdiag32;
+  const i64 Nq = p.seqlen_q;
+  // The block's k-th tile into fb; false past its last (a block per tile: k = 0 only).
+  auto next_tile = [&](i64 k, fwd_block &fb) -> bool {
+    if constexpr (PERSIST) {
+      i64 q_tile;
+      u32 bh;
+      if (!fwd_persistent_tile<BR, CAUSAL>(p, k, q_tile, bh)) return false;
+      fb = fwd_block_at<BR, CAUSAL>(p, q_tile, bh);
+    } else {
+      if (k > 0) return false;
+      fb = fwd_block_of<BR, CAUSAL>(p);
+    }
+    fwd_block_span<BR, BC, CAUSAL>(fb, p);
+    return true;
+  };
 
   if (tid == 0) {
-    mbar_init(bars + BAR_Q, 1);
+#pragma unroll
+    for (int i = 0; i < QBUFS; ++i) {
+      mbar_init(bars + bar_qfull(i), 1);
+      if constexpr (PERSIST) mbar_init(bars + bar_qempty(i), CONSUMERS);  // thread 0 of each consumer warpgroup
+    }
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bars + bar_kfull(s), 1);
@@ -88,116 +116,149 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     if constexpr (CONSUMERS > 1) regs_dec<24>();
     if (tid == 0) {
       const void *tq = &P.tmap[0], *tk = &P.tmap[1], *tv = &P.tmap[2];
-      mbar_expect_tx(bars + BAR_Q, Q_BYTES);
-#pragma unroll
-      for (int c = 0; c < CB; ++c)
-        tma_load_4d(sbase + (u32)c * BR * 128, tq, 64 * c, (int)q0, (int)h, (int)b, bars + BAR_Q);
-      for (int j = 0; j < n_blocks; ++j) {
-        const int s = j % STAGES;
-        const u32 use = (u32)(j / STAGES);  // this is stage s's use number `use`
-        if (use > 0) mbar_wait(bars + bar_kempty(s), (use - 1) & 1);
-        mbar_expect_tx(bars + bar_kfull(s), STAGE_BYTES);
+      u32 kv = 0;  // K/V blocks loaded before, over the block's tiles: block kv takes stage kv % STAGES
+      fwd_block fb;
+      for (i64 k = 0; next_tile(k, fb); ++k) {
+        const int qs = (int)(k % QBUFS);
+        const u32 quse = (u32)(k / QBUFS);  // this is Q buffer qs's use number quse
+        if (quse > 0) mbar_wait(bars + bar_qempty(qs), (quse - 1) & 1);
+        mbar_expect_tx(bars + bar_qfull(qs), Q_BYTES);
 #pragma unroll
         for (int c = 0; c < CB; ++c)
-          tma_load_4d(sbase + K_OFF + (u32)s * STAGE_BYTES + (u32)c * BC * 128, tk, 64 * c, j * BC,
-                      (int)fb.hk, (int)b, bars + bar_kfull(s));
-        if (use > 0) mbar_wait(bars + bar_vempty(s), (use - 1) & 1);
-        mbar_expect_tx(bars + bar_vfull(s), STAGE_BYTES);
+          tma_load_4d(sbase + (u32)qs * Q_BYTES + (u32)c * BR * 128, tq, 64 * c, (int)fb.q0, (int)fb.h,
+                      (int)fb.b, bars + bar_qfull(qs));
+        for (int j = 0; j < fb.n_blocks; ++j, ++kv) {
+          const int s = (int)(kv % STAGES);
+          const u32 use = kv / STAGES;  // this is stage s's use number `use`
+          if (use > 0) mbar_wait(bars + bar_kempty(s), (use - 1) & 1);
+          mbar_expect_tx(bars + bar_kfull(s), STAGE_BYTES);
 #pragma unroll
-        for (int c = 0; c < CB; ++c)
-          tma_load_4d(sbase + V_OFF + (u32)s * STAGE_BYTES + (u32)c * BC * 128, tv, 64 * c, j * BC,
-                      (int)fb.hk, (int)b, bars + bar_vfull(s));
+          for (int c = 0; c < CB; ++c)
+            tma_load_4d(sbase + K_OFF + (u32)s * STAGE_BYTES + (u32)c * BC * 128, tk, 64 * c, j * BC,
+                        (int)fb.hk, (int)fb.b, bars + bar_kfull(s));
+          if (use > 0) mbar_wait(bars + bar_vempty(s), (use - 1) & 1);
+          mbar_expect_tx(bars + bar_vfull(s), STAGE_BYTES);
+#pragma unroll
+          for (int c = 0; c < CB; ++c)
+            tma_load_4d(sbase + V_OFF + (u32)s * STAGE_BYTES + (u32)c * BC * 128, tv, 64 * c, j * BC,
+                        (int)fb.hk, (int)fb.b, bars + bar_vfull(s));
+        }
       }
     }
     return;
   }
 
-  // A consumer warpgroup: query rows 64 wg ... 64 wg + 63 of the block.
+  // A consumer warpgroup: query rows 64 wg ... 64 wg + 63 of each tile.
   if constexpr (CONSUMERS > 1) regs_inc<CONSUMER_REGS>();
   const int ctid = tid - 128, warp = ctid / 32, lane = ctid % 32;
   const int g = lane / 4, t = lane % 4;
   const int wg = warp / 4;
-{% fwd_state("DP") %}
+  u32 kv0 = 0;  // K/V blocks of the block's earlier tiles: this tile's block jb is kv0 + jb
+  fwd_block fb;
+  for (i64 k = 0; next_tile(k, fb); ++k) {
+    const int qs = (int)(k % QBUFS);
+    const u32 bh = fb.bh, b = fb.b, h = fb.h;
+    const i64 q0 = fb.q0;
+    const int n_blocks = fb.n_blocks, nk32 = fb.nk32, qdiag32 = fb.qdiag32;
+{% fwd_state("DP", "sbase + (u32)qs * Q_BYTES") %}
 
-  // S_jb = Q K_jb^T, issued (not waited for) once K_jb has landed: k-step ks reads 16 columns,
-  // 32 bytes into the 128-byte rows of column block ks / 4.
-  auto issue_s = [&](int jb) {
-    const int st = jb % STAGES;
-    mbar_wait(bars + bar_kfull(st), (u32)(jb / STAGES) & 1);
-    const u32 kst = sbase + K_OFF + (u32)st * STAGE_BYTES;
+    // S_jb = Q K_jb^T, issued (not waited for) once K_jb has landed: k-step ks reads 16 columns,
+    // 32 bytes into the 128-byte rows of column block ks / 4.
+    auto issue_s = [&](int jb) {
+      const u32 kb = kv0 + (u32)jb;
+      const int st = (int)(kb % STAGES);
+      mbar_wait(bars + bar_kfull(st), (kb / STAGES) & 1);
+      const u32 kst = sbase + K_OFF + (u32)st * STAGE_BYTES;
 {% fwd_issue_qk("kst") %}
-  };
-  // K_jb's buffer is free once S_jb is done (a wait covering it has returned in this warp).
-  auto release_k = [&](int jb) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bars + bar_kempty(jb % STAGES));
-  };
-  auto release_v = [&](int jb) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bars + bar_vempty(jb % STAGES));
-  };
+    };
+    // K_jb's buffer is free once S_jb is done (a wait covering it has returned in this warp).
+    auto release_k = [&](int jb) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bars + bar_kempty((int)((kv0 + (u32)jb) % STAGES)));
+    };
+    auto release_v = [&](int jb) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bars + bar_vempty((int)((kv0 + (u32)jb) % STAGES)));
+    };
 {% fwd_softmax() %}
-  // O += P_j V_j once V_j has landed: V is D-major for this product, 8-key groups 1024 bytes apart
-  // (SBO), 64-column blocks BC x 128 bytes apart (LBO); k-step kk starts 2 groups further.
-  auto issue_pv = [&](int jb) {
-    const int st = jb % STAGES;
-    mbar_wait(bars + bar_vfull(st), (u32)(jb / STAGES) & 1);
-    const u32 vst = sbase + V_OFF + (u32)st * STAGE_BYTES;
+    // O += P_j V_j once V_j has landed: V is D-major for this product, 8-key groups 1024 bytes apart
+    // (SBO), 64-column blocks BC x 128 bytes apart (LBO); k-step kk starts 2 groups further.
+    auto issue_pv = [&](int jb) {
+      const u32 kb = kv0 + (u32)jb;
+      const int st = (int)(kb % STAGES);
+      mbar_wait(bars + bar_vfull(st), (kb / STAGES) & 1);
+      const u32 vst = sbase + V_OFF + (u32)st * STAGE_BYTES;
 {% fwd_issue_pv("vst", "DP") %}
-  };
+    };
 {% fwd_wait_pv("DP") %}
 
-  // S_0 and its softmax before the loop; then each block j issues S_{j+1} and O += P_j V_j to the
-  // tensor cores and does the softmax of S_{j+1} while O += P_j V_j runs. P_j's registers are
-  // overwritten only after that product is done.
-  mbar_wait(bars + BAR_Q, 0);
-  if (n_blocks > 0) {
-    issue_s(0);
-    wg_wait<0>();
-    fence_regs<BC / 2>(s);
-    release_k(0);
-    softmax(0, [] {});
-  }
-  for (int j = 0; j < n_blocks; ++j) {
-    const bool next = j + 1 < n_blocks;
-    if (next) issue_s(j + 1);
-    issue_pv(j);
-    if (next) {
-      wg_wait<1>();  // S_{j+1}; O += P_j V_j may still run
+    // S_0 and its softmax before the loop; then each block j issues S_{j+1} and O += P_j V_j to the
+    // tensor cores and does the softmax of S_{j+1} while O += P_j V_j runs. P_j's registers are
+    // overwritten only after that product is done.
+    mbar_wait(bars + bar_qfull(qs), (u32)(k / QBUFS) & 1);
+    if (n_blocks > 0) {
+      issue_s(0);
+      wg_wait<0>();
       fence_regs<BC / 2>(s);
-      release_k(j + 1);
-      softmax(j + 1, wait_pv);  // returns with O += P_j V_j done
-    } else {
-      wait_pv();
+      release_k(0);
+      softmax(0, [] {});
     }
-    release_v(j);
-  }
+    if constexpr (QBUFS > 1) {
+      // The previous tile's O has been stored from the other Q buffer by now (its store was issued
+      // a block ago): once the store has read it, the producer may load the tile after this one there.
+      if (k > 0 && ctid % 128 == 0) {
+        bulk_wait_read0();
+        mbar_arrive(bars + bar_qempty(1 - qs));
+      }
+    }
+    for (int j = 0; j < n_blocks; ++j) {
+      const bool next = j + 1 < n_blocks;
+      if (next) issue_s(j + 1);
+      issue_pv(j);
+      if (next) {
+        wg_wait<1>();  // S_{j+1}; O += P_j V_j may still run
+        fence_regs<BC / 2>(s);
+        release_k(j + 1);
+        softmax(j + 1, wait_pv);  // returns with O += P_j V_j done
+      } else {
+        wait_pv();
+      }
+      release_v(j);
+    }
 
-  // Epilogue: O normalised into this warpgroup's 64 rows of the Q tile (their S products are done,
-  // so Q is no longer read there), in the 128-byte-swizzled layout of the loads, then stored by one
-  // thread with a tensor-map store per 64-column block (the TMA clips rows past Nq); the
-  // log-sum-exp directly. o[4 nt + 2 hh + e] is row wrow + g + 8 hh, column 8 nt + 2 t + e.
-  const int e_rows = (int)(Nq - q0 < BR ? Nq - q0 : BR);  // rows of this block that exist
-  float *lse = (float *)p.lse;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const float lsum = quad_sum(l[hh]);
-    const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-    const int r = wrow + g + hh * 8, rw = r - wg * 64;  // in the block; in the warpgroup's rows
-#pragma unroll
-    for (int nt = 0; nt < NT_O; ++nt)
-      st_shared_b32(q_base + (u32)((nt / 8) * BR * 128 + rw * 128 + (((nt % 8) ^ (rw % 8)) * 16) + 4 * t),
-                    pack2<BF16>(o[4 * nt + 2 * hh] * inv, o[4 * nt + 2 * hh + 1] * inv));
-    if (lse != nullptr && t == 0 && r < e_rows)
-      lse[bh * p.seqlen_q + q0 + r] = lsum > 0.f ? m[hh] * (float)p.scale + logf(lsum) : FG_NEG_INF;
+    // Epilogue: O normalised into this warpgroup's 64 rows of the Q tile (their S products are done,
+    // so Q is no longer read there), in the 128-byte-swizzled layout of the loads, then stored by one
+    // thread with a tensor-map store per 64-column block (the TMA clips rows past Nq); the
+    // log-sum-exp directly. o[4 nt + 2 hh + e] is row wrow + g + 8 hh, column 8 nt + 2 t + e.
+    const int e_rows = (int)(Nq - q0 < BR ? Nq - q0 : BR);  // rows of this block that exist
+    float *lse = (float *)p.lse;
+  #pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float lsum = quad_sum(l[hh]);
+      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+      const int r = wrow + g + hh * 8, rw = r - wg * 64;  // in the block; in the warpgroup's rows
+  #pragma unroll
+      for (int nt = 0; nt < NT_O; ++nt)
+        st_shared_b32(q_base + (u32)((nt / 8) * BR * 128 + rw * 128 + (((nt % 8) ^ (rw % 8)) * 16) + 4 * t),
+                      pack2<BF16>(o[4 * nt + 2 * hh] * inv, o[4 * nt + 2 * hh + 1] * inv));
+      if (lse != nullptr && t == 0 && r < e_rows)
+        lse[bh * p.seqlen_q + q0 + r] = lsum > 0.f ? m[hh] * (float)p.scale + logf(lsum) : FG_NEG_INF;
+    }
+    fence_async_smem();  // the generic stores, visible to the TMA
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // this warpgroup's rows written
+    if (ctid % 128 == 0) {
+  #pragma unroll
+      for (int c = 0; c < CB; ++c)
+        tma_store_4d(&P.tmap[3], q_base + (u32)c * BR * 128, 64 * c, (int)q0 + wg * 64, (int)h, (int)b);
+      bulk_commit();
+      if constexpr (QBUFS == 1) {
+        bulk_wait_read0();  // shared memory must outlive the store's reads
+        if constexpr (PERSIST) mbar_arrive(bars + bar_qempty(0));  // the next tile's Q may come
+      }
+    }
+    kv0 += (u32)n_blocks;
   }
-  fence_async_smem();  // the generic stores, visible to the TMA
-  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // this warpgroup's rows written
-  if (ctid % 128 == 0) {
-#pragma unroll
-    for (int c = 0; c < CB; ++c)
-      tma_store_4d(&P.tmap[3], q_base + (u32)c * BR * 128, 64 * c, (int)q0 + wg * 64, (int)h, (int)b);
-    bulk_commit();
-    bulk_wait_read0();  // shared memory must outlive the store's reads
+  if constexpr (QBUFS > 1) {
+    if (ctid % 128 == 0) bulk_wait_read0();  // the last tile's store has read shared memory
   }
 }

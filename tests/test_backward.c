@@ -973,10 +973,10 @@ Test(backward_launch, splits_of_the_query_range) {
   cr_assert_eq(fg_plan_step_splits(s, 64, 1, INT64_MAX), 65535u);    /* saturates */
   cr_assert_eq(fg_plan_step_splits(&m.steps[0], 1, 1, 1 << 30), 1u); /* _pre never splits */
   uint64_t g[3];
-  fg_plan_grid(s, 3, 16, 2, 100000, 1000, g);
+  fg_plan_grid(s, 132, 3, 16, 2, 100000, 1000, g);
   cr_assert(g[0] == 8 && g[1] == 6 && g[2] == 13, "grid %llu %llu %llu", (unsigned long long)g[0],
             (unsigned long long)g[1], (unsigned long long)g[2]);
-  fg_plan_grid(&m.steps[2], 3, 16, 2, 100000, 1000, g);
+  fg_plan_grid(&m.steps[2], 132, 3, 16, 2, 100000, 1000, g);
   cr_assert(g[0] == 1563 && g[1] == 48 && g[2] == 1);
 }
 

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli_runner.h"
 #include "fg_autotune.h"
 #include "fg_gen.h"
 
@@ -368,6 +369,37 @@ Test(compile, hopper_candidates_d64_d192_d256_h100, .timeout = 1800) {
   compile_all_on(v, m, "forward Hopper candidates d=64/192/256 sm_90a", &fg_limits_h100);
 }
 Test(compile, candidates_d128_bf16_a100_sm80, .timeout = 1800) { candidate_set(FG_ARCH_SM80, &fg_limits_a100); }
+
+/* The persistent TMA kernels (q_tma_p) that `flashgen check` forces (cases tma_persistent/...,
+ * read from `flashgen check --list`): each compiles for sm_90a without spilling, so a check on
+ * the GPU runs the kernel it names. */
+Test(compile, tma_persistent_check_variants, .timeout = 1800) {
+  cr_assert_eq(fg_test_run_cli(NULL, NULL, "check --list --filter tma_persistent/"), 0, "%s",
+               fg_test_err);
+  fg_variant v[64];
+  int n = 0;
+  for (const char *line = fg_test_out; line && *line;) {
+    const char *end = strchr(line, '\n');
+    const char *name = strstr(line, "/fwd_");
+    const char *tail = name ? strstr(name, "_sm90a_") : NULL;
+    if (name && tail && (!end || tail < end)) {
+      char buf[FG_VARIANT_NAME_MAX], err[256];
+      const size_t len = (size_t)(tail - name - 1) + strlen("_sm90a");
+      cr_assert_lt(len, sizeof buf);
+      memcpy(buf, name + 1, len);
+      buf[len] = 0;
+      fg_variant x;
+      cr_assert_eq(fg_variant_parse(buf, &x, err, sizeof err), 0, "%s: %s", buf, err);
+      cr_assert_eq(x.loop, FG_LOOP_Q_TMA_P, "%s", buf);
+      int seen = 0;
+      for (int i = 0; i < n && !seen; i++) seen = memcmp(&v[i], &x, sizeof x) == 0;
+      if (!seen && n < 64) v[n++] = x;
+    }
+    line = end ? end + 1 : NULL;
+  }
+  cr_assert_geq(n, 10, "q_tma_p variants among the check's cases: %d\n%s", n, fg_test_out);
+  compile_all_on(v, n, "persistent TMA kernels of flashgen check, sm_90a", &fg_limits_h100);
+}
 
 /* ---- the backward ---- */
 

@@ -633,7 +633,7 @@ Test(nvrtc, compile_error_names_the_template_line) {
   /* in the kernel body, after a {% %} block (fwd_q_outer.cu) */
   expect_nvrtc_error_at("fwd_q_outer.cu", "// Mask keys past the end and, when causal", V64);
   /* in an included file */
-  expect_nvrtc_error_at("common.cuh", "// 32-bit division: blockIdx.y and heads_q", V64);
+  expect_nvrtc_error_at("common.cuh", "// 32-bit division: bh (blockIdx.y, or a persistent", V64);
 }
 
 Test(variant, arch_for_compute_capability) {

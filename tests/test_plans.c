@@ -1,8 +1,8 @@
 /* test_plans.c: what the manifests' launch(v) returns for a variant, rendered (templates/fwd.lua,
  * bwd.lua): the backward's three kernels in one module and their workspaces, the Hopper
- * backward's tiled dQ accumulator, and every backward template's split of long query ranges.
- * (test_generator.c: names, the fit rule, the renderer and its sandbox; test_tma.c /
- * test_tma_bwd.c: the plans' tensor maps.) */
+ * backward's tiled dQ accumulator, the persistent TMA forward's grid and Q buffers, and every
+ * backward template's split of long query ranges. (test_generator.c: names, the fit rule, the
+ * renderer and its sandbox; test_tma.c / test_tma_bwd.c: the plans' tensor maps.) */
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -133,6 +133,52 @@ Test(render, tma_backward_tiles_the_dq_accumulator) {
     cr_assert_eq(meta.steps[2].smem_bytes, 64 * (c[i].d + 8) * 2, "%s", c[i].name);
     free(src);
   }
+  fg_generator_destroy(g);
+}
+
+/* q_tma_p is fwd_tma.cu on the persistent grid: the same template with PERSIST on, two Q buffers
+ * where they fit (the next tile's Q loads while this one's O leaves from its own), one where not
+ * (d = 256, Bc 80: 225 KB with one); q_tma renders PERSIST off with one Q buffer. */
+Test(render, tma_persistent_is_the_tma_template_on_a_persistent_grid) {
+  fg_generator *g = fgt_generator();
+  static const struct {
+    const char *name;
+    int persist, qbufs, d, br, bc;
+  } c[] = {{"fwd_d128_br128_bc128_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 2, 128, 128, 128},
+           {"fwd_d64_br192_bc64_f16_causal_qtmap_w12_s2_sm90a", 1, 2, 64, 192, 64},
+           {"fwd_d256_br128_bc80_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 1, 256, 128, 80},
+           {"fwd_d128_br128_bc128_bf16_noncausal_qtma_w8_s2_sm90a", 0, 1, 128, 128, 128}};
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    fg_variant v = fgt_variant(c[i].name);
+    char *src = NULL, err[4096];
+    fg_kernel_meta meta;
+    cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(fg_kernel_main(&meta)->grid,
+                 c[i].persist ? FG_GRID_PERSISTENT : FG_GRID_Q_TILES, "%s", c[i].name);
+    cr_assert_eq(fg_kernel_main(&meta)->br, c[i].br, "%s", c[i].name);
+    cr_assert_eq(meta.params, FG_PARAMS_FWD_TMA, "%s", c[i].name);
+    cr_assert_eq(fg_kernel_main(&meta)->smem_bytes,
+                 (c[i].qbufs * c[i].br + 4 * c[i].bc) * c[i].d * 2 + 1024 + 256, "%s", c[i].name);
+    char want[64];
+    snprintf(want, sizeof want, "PERSIST = %s;", c[i].persist ? "true" : "false");
+    cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
+    snprintf(want, sizeof want, "QBUFS = %d;", c[i].qbufs);
+    cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
+    free(src);
+  }
+  /* The plan names the grid kind and reads back (tests/test_tma.c launches it on the fake). */
+  fg_variant v = fgt_variant(c[0].name);
+  char *src = NULL, err[4096];
+  fg_kernel_meta meta;
+  cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
+  free(src);
+  char text[512];
+  fg_kernel_plan_format(&meta, text, sizeof text);
+  cr_assert_not_null(strstr(text, " persistent 128 "), "%s", text);
+  fg_kernel_meta back;
+  memset(&back, 0, sizeof back);
+  cr_assert_null(fg_kernel_plan_parse(text, &back), "%s", text);
+  cr_assert_eq(fg_kernel_main(&back)->grid, FG_GRID_PERSISTENT);
   fg_generator_destroy(g);
 }
 

@@ -202,6 +202,26 @@ Test(export_cli, flashgen_export_writes_the_maps_and_the_table_registers_them, .
   fgt_rm_rf(dir);
 }
 
+/* The persistent kernel (q_tma_p) exports with its grid kind, which the runtime reads back. */
+Test(export_cli, a_persistent_kernel_exports_its_grid_kind, .timeout = 300) {
+  char err[1024];
+  if (fg_nvrtc_load(err, sizeof err) != 0) cr_skip_test("no NVRTC: %s", err);
+  if (!getenv("FLASHGEN_TEST_SOURCE_DIR"))
+    cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
+  char dir[64];
+  template_dir(dir, NULL, NULL);
+  char *text = fgt_export_one(dir, "fwd_d64_br128_bc64_bf16_noncausal_qtmap_w8_s2_sm90a", "tp");
+  cr_assert(strstr(text, "FG_EXPORT_GRID_PERSISTENT"), "no persistent grid: %.2000s", text);
+  free(text);
+  const fg_export *t = fgt_export_load(dir, "tp");
+  cr_assert_eq(t->n_kernels, 1);
+  cr_assert_eq(t->kernels[0].grid, FG_EXPORT_GRID_PERSISTENT);
+  cr_assert_eq(t->kernels[0].steps[0].grid, FG_EXPORT_GRID_PERSISTENT);
+  cr_assert_eq(t->kernels[0].params, FG_EXPORT_PARAMS_FWD_TMA);
+  cr_assert_eq(fg_register_export(t, err, sizeof err), FG_OK, "%s", err);
+  fgt_rm_rf(dir);
+}
+
 /* ---- the cache ------------------------------------------------------------------------------ */
 
 static char cache_dir[64];
@@ -352,23 +372,27 @@ static fg_context *ctx;
  * exported choice of TMA_NAME for short bf16 problems at d = 64. */
 static const char *const REF_NAME = "fwd_d64_br128_bc64_bf16_noncausal_qwgmma_w8_s2_sm90a";
 static const char *const F16_NAME = "fwd_d128_br64_bc128_f16_causal_qtma_w4_s2_sm90a";
-static fg_export_step steps3[3][1];
-static char entries[3][64];
+/* TMA_NAME on the persistent grid (q_tma_p: one block per SM, each looping over tiles). */
+static const char *const PERSIST_NAME = "fwd_d64_br128_bc64_bf16_noncausal_qtmap_w8_s2_sm90a";
+static fg_export_step steps3[4][1];
+static char entries[4][64];
 static const fg_export_tmap f16_maps[3] = {
     {FG_EXPORT_TENSOR_Q, 64}, {FG_EXPORT_TENSOR_K, 128}, {FG_EXPORT_TENSOR_V, 128}};
-static fg_export_kernel kernels[3];
+static fg_export_kernel kernels[4];
 static const fg_export_choice choices[1] = {
     {"fwd_d64_bf16_noncausal_nk512", "fwd_d64_br128_bc64_bf16_noncausal_qtma_w8_s2_sm90a", "test"}};
 static fg_export table;
 
 static void register_kernels(void) {
-  const char *names[3] = {TMA_NAME, REF_NAME, F16_NAME};
-  const int br[3] = {128, 128, 64}, threads[3] = {384, 256, 256};
-  for (int i = 0; i < 3; i++) {
+  const char *names[4] = {TMA_NAME, REF_NAME, F16_NAME, PERSIST_NAME};
+  const int br[4] = {128, 128, 64, 128}, threads[4] = {384, 256, 256, 384};
+  for (int i = 0; i < 4; i++) {
     kernels[i] = tma_export_kernel();
     kernels[i].variant = names[i];
     snprintf(entries[i], sizeof entries[i], "fg_%s", names[i]);
-    steps3[i][0] = (fg_export_step){entries[i], FG_EXPORT_GRID_Q_TILES, br[i], threads[i], 99000 + i, 0};
+    const int grid = i == 3 ? FG_EXPORT_GRID_PERSISTENT : FG_EXPORT_GRID_Q_TILES;
+    kernels[i].grid = grid;
+    steps3[i][0] = (fg_export_step){entries[i], grid, br[i], threads[i], 99000 + i, 0};
     kernels[i].steps = steps3[i];
     kernels[i].entry = entries[i];
     kernels[i].br = br[i];
@@ -379,7 +403,7 @@ static void register_kernels(void) {
   kernels[1].n_tmaps = 0;
   kernels[2].tmaps = f16_maps;
   table = export_of(kernels, sizeof kernels[0]);
-  table.n_kernels = 3;
+  table.n_kernels = 4;
   table.choices = choices;
   table.n_choices = 1;
   char err[1024] = "";
@@ -524,6 +548,32 @@ Test(launch, f16_causal_maps_take_float16_and_the_plans_rows, .init = fake_setup
   expect_map(1, 6, pr.mem[1], ULL(128, 70, 2, 1), ULL(256, 70 * 256, 2 * 70 * 256), 128);
   expect_map(2, 6, pr.mem[2], ULL(128, 70, 2, 1), ULL(256, 70 * 256, 2 * 70 * 256), 128);
   free_problem(&pr);
+}
+
+/* The persistent grid: one block per SM (the fake has 132) when there are more tiles, one per
+ * tile when fewer; the output as through the pointers either way (the fake computes the whole
+ * problem at a launch: the tiles' order is the kernel's, checked on the GPU by flashgen check's
+ * tma_persistent cases). */
+Test(launch, persistent_grid_is_one_block_per_sm_at_most, .init = fake_setup,
+     .fini = fake_teardown) {
+  static const struct {
+    int64_t B, Hq, Hkv, Nq;
+    unsigned grid;
+  } runs[] = {{2, 40, 8, 300, 132} /* 3 x 80 = 240 tiles */, {1, 4, 2, 200, 8} /* 2 x 4 */};
+  for (int i = 0; i < 2; i++) {
+    problem pr = make_problem(FG_DTYPE_BF16, runs[i].B, runs[i].Hq, runs[i].Hkv, runs[i].Nq, 50,
+                              64, NULL);
+    const int before = fake.tma_launch_count();
+    expect_same_output_as_pointers(&pr, PERSIST_NAME);
+    cr_assert_eq(fake.tma_launch_count(), before + 1);
+    const fake_tma_launch *l = fake.tma_launch_get(before);
+    cr_assert_str_eq(l->entry, "fg_fwd_d64_br128_bc64_bf16_noncausal_qtmap_w8_s2_sm90a");
+    cr_assert(l->grid[0] == runs[i].grid && l->grid[1] == 1 && l->grid[2] == 1,
+              "grid %u x %u x %u, expected %u x 1 x 1", l->grid[0], l->grid[1], l->grid[2],
+              runs[i].grid);
+    cr_assert(l->params.p.batch == runs[i].B && l->params.p.heads_q == runs[i].Hq);
+    free_problem(&pr);
+  }
 }
 
 Test(launch, bnhd_strides_and_dims_of_size_one, .init = fake_setup, .fini = fake_teardown) {
