@@ -200,6 +200,29 @@ static void add_tma_cases(fg_check_list *l, fg_arch arch) {
   }
 }
 
+/* Causal TMA kernels whose blocks are too large for a masked copy of S (fwd.lua,
+ * tma_mask_in_place): the blocks on the diagonal and the last, partial one are masked in place
+ * after the previous block's product. Square, bottom-right (Nq < Nk), rows without keys (Nq > Nk),
+ * partial blocks both ways, a single key. */
+static void add_tma_in_place_cases(fg_check_list *l, fg_arch arch) {
+  if (arch != FG_ARCH_SM90A) return;
+  static const struct { int d, warps, bc; } shapes[] = {
+      {64, 12, 128}, {128, 8, 128}, {128, 12, 64}, {96, 8, 128}, {256, 8, 80}};
+  static const int64_t runs[][2] = {{300, 300}, {160, 224}, {400, 150}, {129, 1000}, {1, 1}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+      const int d = shapes[i].d;
+      const fg_dtype dt = alt((int64_t)(i + r));
+      const fg_variant v = tma(d, dt, 1, arch, shapes[i].warps, shapes[i].bc, 2);
+      char vn[FG_VARIANT_NAME_MAX];
+      fg_variant_name(&v, vn, sizeof vn);
+      force(add(l, FG_CHECK_RUN, dt, 1, d, 2, 4, 2, runs[r][0], runs[r][1],
+                (d == 64 || d == 128) && r < 2, "tma_mask_in_place/%s_nq%" PRId64 "_nk%" PRId64,
+                vn, runs[r][0], runs[r][1]),
+            v);
+    }
+}
+
 /* The persistent TMA kernel (loop q_tma_p, sm_90a only: one block per SM looping over tiles, the
  * next tile's Q in a second buffer where it fits): head dims on and off the 64-column blocks,
  * both dtypes, causal or not, at one tile per block (fewer tiles than SMs), a few per block (GQA,
@@ -253,6 +276,7 @@ void fg_check_build_cases(fg_check_list *l, const fg_variant *defs, int ndefs, i
 
   if (ndefs > 0) add_wgmma_cases(l, defs[0].arch);
   if (ndefs > 0) add_tma_cases(l, defs[0].arch);
+  if (ndefs > 0) add_tma_in_place_cases(l, defs[0].arch);
   if (ndefs > 0) add_tma_persistent_cases(l, defs[0].arch);
 
   /* 2. Sequence lengths: every (Nq, Nk) pair, causal on and off, through the dispatcher; the

@@ -96,19 +96,31 @@ local function wgmma_loop(v) return v.loop == "q_wgmma" or v.loop == "q_wgmma_ov
 -- 64K registers leave them: 240 each of two (launch share 168), 160 each of three (launch share
 -- 128); one consumer runs at the launch share (up to 255). A consumer holds O (d/2), S (bc/2, the
 -- softmax's exp written apart from it in registers ptxas shares with S), P packed (bc/4), about 32
--- more, and when causal the masked copy of S (bc/2). Fitted to ptxas (NVRTC 13.0): no spills at
--- d = 128 up to Bc 192 non-causal and 112 causal (128 causal: 32-64 B), d = 256 Bc 80 non-causal
--- and 64 causal (80 causal: 220 B), d = 64 Bc 192 non-causal with two consumers; with three, Bc 128
--- non-causal and 64 causal at d = 64 (96 causal: 128 B), 64 non-causal at d = 128 (causal: 32 B).
+-- more, and when causal the masked copy of S (bc/2) unless it masks in place (below). Fitted to
+-- ptxas (NVRTC 13.0), with the copy: no spills at d = 128 up to Bc 192 non-causal and 112 causal
+-- (128 causal: 32-64 B), d = 256 Bc 80 non-causal and 64 causal (80 causal: 220 B), d = 64 Bc 192
+-- non-causal with two consumers; with three, Bc 128 non-causal and 64 causal at d = 64 (96 causal:
+-- 128 B), 64 non-causal at d = 128 (causal: 32 B).
 -- The tuner drops a spilling kernel after compiling it (the forward's spill limit is 0), and
 -- tests/test_compile.c compiles every candidate. Shared memory: Q, 2 * stages K/V blocks, 1 KB for
 -- the alignment, 256 B of mbarriers.
-local TMA_CONSUMER_REGS = { 255, 240, 160 }
 -- Head dims that are not a multiple of 64 run on tiles rounded up to one (the TMA fills the
 -- columns past d with zeros): d = 96 computes as 128, d = 72 as 128, d = 40 as 64.
 local function tma_dp(v) return (v.d + 63) // 64 * 64 end
+-- A causal kernel masks the blocks on the diagonal in a copy of S while the previous block's
+-- O += P V runs (bc / 2 registers more); where that copy does not fit the consumers' registers it
+-- waits for the product and masks S in place (fwd_softmax.cuh, in_place: no spills at d = 64 Bc
+-- 128 with three consumers, d = 128 Bc 128-144 and d = 256 Bc 80 with two, where the copy spilled
+-- 56-784 B), giving up the overlap on those blocks only.
+local function tma_regs_without_copy(v) return tma_dp(v) // 2 + v.bc // 2 + v.bc // 4 + 32 end
+local TMA_CONSUMER_REGS = { 255, 240, 160 }
+local function tma_mask_in_place(v)
+  local cap = TMA_CONSUMER_REGS[v.warps // 4] or 0
+  return v.causal and tma_regs_without_copy(v) + v.bc // 2 > cap
+end
 local function tma_consumer_regs(v)
-  return tma_dp(v) // 2 + v.bc // 2 + v.bc // 4 + 32 + (v.causal and v.bc // 2 or 0)
+  local copy = (v.causal and not tma_mask_in_place(v)) and v.bc // 2 or 0
+  return tma_regs_without_copy(v) + copy
 end
 -- q_tma_p is q_tma on a persistent grid (one block per SM looping over the tiles, fwd_tma.cu):
 -- its producer loads the next tile's Q while this tile's O, staged in its own Q buffer, is
@@ -228,7 +240,7 @@ function M.launch(v)
     local persist = v.loop == "q_tma_p"
     local t = one_step("fwd_tma.cu", M.entry(v), persist and "persistent" or "q_tiles", v.br,
                        r.threads, r.smem)
-    t.constants = { persist = persist, q_bufs = tma_q_bufs(v) }
+    t.constants = { persist = persist, q_bufs = tma_q_bufs(v), mask_in_place = tma_mask_in_place(v) }
     t.params = "fwd_tma"
     t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "k", rows = v.bc },
                 { tensor = "v", rows = v.bc }, { tensor = "o", rows = 64 } }

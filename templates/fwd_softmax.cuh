@@ -11,7 +11,9 @@
 //   {% fwd_issue_qk("kst") %}  S = Q K^T issued to the tensor cores, K's stage at kst
 //   {% fwd_issue_pv("vst", "DC") %}  O += P V issued, V's stage at vst
 //   {% fwd_wait_pv("DC") %}  the lambda wait_pv: O += P V done (a second call waits for nothing)
-//   {% fwd_softmax() %}   the lambdas softmax_of(x, wait_pv) and softmax(jb, wait_pv)
+//   {% fwd_softmax(in_place) %}  the lambdas softmax_of(x, wait_pv) and softmax(jb, wait_pv);
+//                         in_place: a block that needs a mask waits for O += P V first and
+//                         masks S where it is (else a masked copy in pf, under that product)
 //   {% fwd_epilogue() %}  O normalised and stored from the accumulators, and the log-sum-exp
 //                         (fwd_wgmma.cu; fwd_tma.cu stores O through shared memory and the TMA)
 {% function fwd_state(dc, qbuf) %}
@@ -49,7 +51,7 @@
     fence_regs<{{ dc }} / 2>(o);
   };
 {% end %}
-{% function fwd_softmax() %}
+{% function fwd_softmax(in_place) %}
   // Softmax of x (S_jb, or its masked copy in pf) into pf: the lazy running max and the row sums;
   // then P packed into pa once wait_pv says O += P V of the previous block is done. O is
   // rescaled when a row's max grows (wait_pv first: O may be in the tensor cores' hands).
@@ -97,12 +99,18 @@
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) pa[nt / 2][(nt % 2) * 2 + hh] = pack2<BF16>(pf[4 * nt + 2 * hh], pf[4 * nt + 2 * hh + 1]);
   };
-  // Softmax of S_jb: keys past the end and, when causal, above the diagonal masked (in a copy,
-  // only in blocks that need it). s[4 nt + 2 hh + e] is row wrow + g + 8 hh, key 8 nt + 2 t + e.
+  // Softmax of S_jb: keys past the end and, when causal, above the diagonal masked (only in blocks
+  // that need it). s[4 nt + 2 hh + e] is row wrow + g + 8 hh, key 8 nt + 2 t + e.
   auto softmax = [&](int jb, auto wait_pv) {
     const int kv_left = nk32 - jb * BC, diag_off0 = qdiag32 - jb * BC;
     const bool need_mask = kv_left < BC || (CAUSAL && diag_off0 < BC - 1);
     if (need_mask) {
+{% if in_place then %}
+      // In place, once O += P V of the previous block is done (no wgmma may be in flight while
+      // its accumulators are written): the masked copy's BC / 2 registers saved for larger
+      // blocks, the overlap given up on the blocks that need a mask.
+      wait_pv();
+{% end %}
       const int kv_last = (kv_left < BC ? kv_left : BC) - 1 - 2 * t;
       const int diag_off = diag_off0 - 2 * t;
 #pragma unroll
@@ -114,11 +122,20 @@
         }
 #pragma unroll
         for (int nt = 0; nt < NT_S; ++nt) {
+{% if in_place then %}
+          if (nt * 8 > lim) s[4 * nt + 2 * hh] = FG_NEG_INF;
+          if (nt * 8 + 1 > lim) s[4 * nt + 2 * hh + 1] = FG_NEG_INF;
+{% else %}
           pf[4 * nt + 2 * hh] = nt * 8 > lim ? FG_NEG_INF : s[4 * nt + 2 * hh];
           pf[4 * nt + 2 * hh + 1] = nt * 8 + 1 > lim ? FG_NEG_INF : s[4 * nt + 2 * hh + 1];
+{% end %}
         }
       }
+{% if in_place then %}
+      softmax_of(s, [] {});
+{% else %}
       softmax_of(pf, wait_pv);
+{% end %}
     } else {
       softmax_of(s, wait_pv);
     }

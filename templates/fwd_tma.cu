@@ -180,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       __syncwarp();
       if (lane == 0) mbar_arrive(bars + bar_vempty((int)((kv0 + (u32)jb) % STAGES)));
     };
-{% fwd_softmax() %}
+{% fwd_softmax(mask_in_place) %}
     // O += P_j V_j once V_j has landed: V is D-major for this product, 8-key groups 1024 bytes apart
     // (SBO), 64-column blocks BC x 128 bytes apart (LBO); k-step kk starts 2 groups further.
     auto issue_pv = [&](int jb) {

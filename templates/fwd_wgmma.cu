@@ -75,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     const u32 kst = sbase + K_OFF + (u32)(jb % 2) * STAGE_BYTES;
 {% fwd_issue_qk("kst") %}
   };
-{% fwd_softmax() %}
+{% fwd_softmax(false) %}
   // O += P_j V_j: V is D-major for this product, 8-key groups 1024 bytes apart (SBO), 64-column
   // blocks BC x 128 bytes apart (LBO); k-step kk starts 2 groups further.
   auto issue_pv = [&](int jb) {
