@@ -41,7 +41,9 @@ constexpr bool PERSIST = {{ persist }};
 constexpr int QBUFS = {{ q_bufs }};
 constexpr bool BF16 = {{ dtype == "bf16" }};
 constexpr int CB = DP / 64;           // 64-column blocks of a tile (one TMA box each)
-constexpr int KSTEPS = DP / 16;       // k-steps of S = Q K^T
+// k-steps of S = Q K^T: those of the columns below D only (the columns past D are the TMA's
+// zeros in both Q and K, which add nothing to S): d = 96 takes 6 of the tile's 8, d = 72 5.
+constexpr int KSTEPS = (D + 15) / 16;
 constexpr int NT_S = BC / 8, NT_O = DP / 8;
 static_assert(D % 8 == 0 && D <= DP && DP % 64 == 0 && BR == 64 * CONSUMERS && CONSUMERS >= 1 && CONSUMERS <= 3 &&
               BC % 16 == 0 && BC <= 256 && STAGES >= 2 && STAGES <= 4 &&
