@@ -248,16 +248,21 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
    * mask: a producer warpgroup and two consumer warpgroups of 64 rows (three at d = 64), the
    * largest spill-free key block (H100, bf16, N = 4k / 16k against q_wgmma: d = 128 1.5x / 1.7x,
    * d = 256 4x, d = 64 1.2x / 1.4x; bench/NOTES.md). d = 64 causal keeps the wgmma kernel in order
-   * with K/V blocks of 128 (the TMA one is 0.73-0.94x of it up to N = 4k). A head dimension off the
-   * 64-column blocks runs the TMA kernel on tiles rounded up to the next one (dp: d = 96 as 128,
-   * the columns past d zeros) with that one's blocks; below 64 with a causal mask the portable one. */
+   * with K/V blocks of 128 (the TMA one is 0.75-0.82x of it up to N = 1k, 1.1-1.3x from 4k: the
+   * tuner takes it there). d = 128 causal takes K/V blocks of 128, its diagonal blocks masked in
+   * place (1.01-1.09x Bc 112, N = 512-16k). Without a mask at d = 64 and 128, the persistent grid
+   * (q_tma_p: 1.25x / 1.13x / 1.07x / 1.05x / 1.01x q_tma at d = 128, N = 512 / 1k / 2k / 4k / 16k;
+   * 1.23x-1.02x at d = 64); with one, one block per tile (persistent was 0.69-0.96x up to 4k).
+   * A head dimension off the 64-column blocks runs the TMA kernel on tiles rounded up to the next
+   * one (dp: d = 96 as 128, the columns past d zeros) with that one's blocks; below 64 with a
+   * causal mask the portable one. */
   const int dp = (d + 63) / 64 * 64;
   if (dp == 128 || dp == 192 || dp == 256 || (dp == 64 && !causal)) {
-    v.loop = FG_LOOP_Q_TMA;
+    v.loop = !causal && (d == 64 || d == 128) ? FG_LOOP_Q_TMA_P : FG_LOOP_Q_TMA;
     v.warps = dp == 64 ? 12 : 8;
     v.br = 16 * v.warps;
     v.bc = dp == 64    ? 128
-           : dp == 128 ? (causal ? 112 : 128)
+           : dp == 128 ? 128
            : dp == 192 ? (causal ? 64 : 96)
                        : (causal ? 64 : 80);
     v.stages = 2;
