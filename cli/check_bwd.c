@@ -261,6 +261,43 @@ int fg_check_bwd_call(const fg_check_bwd_env *env, const fg_attention_backward_a
   return -1;
 }
 
+/* "i" when err is infinite (the gate's first non-finite index), else "-"; into buf[24]. */
+static const char *idx_or_none(double err, int64_t i, char *buf) {
+  if (isinf(err)) snprintf(buf, 24, "%" PRId64, i);
+  else snprintf(buf, 24, "-");
+  return buf;
+}
+
+/* Describes into out whether the forward's O (nq_el elements, through its strides) and LSE
+ * (nrows floats) hold NaN or infinities (LSE = -inf is a row without keys, not counted). */
+static void forward_outputs_finite(fg_context *ctx, const dtensor *o, CUdeviceptr lse,
+                                   int64_t nq_el, int64_t nrows, fg_dtype dt, char *out,
+                                   size_t outlen) {
+  uint16_t *ho = malloc((size_t)(nq_el + 1) * 2);
+  float *hl = malloc((size_t)(nrows + 1) * 4);
+  if (!ho || !hl || tensor_download(ctx, o, ho) != FG_OK ||
+      (nrows > 0 && fg_dev_download(ctx, hl, lse, (size_t)nrows * 4) != FG_OK)) {
+    snprintf(out, outlen, "the forward's O and LSE could not be read back");
+  } else {
+    int64_t bad_o = 0, bad_l = 0, first_o = -1, first_l = -1;
+    for (int64_t i = 0; i < nq_el; i++)
+      if (!isfinite(fg_half_to_f32(ho[i], dt)) && bad_o++ == 0) first_o = i;
+    for (int64_t i = 0; i < nrows; i++)
+      if ((isnan(hl[i]) || hl[i] == INFINITY) && bad_l++ == 0) first_l = i;
+    char so[96], sl[96];
+    if (bad_o)
+      snprintf(so, sizeof so, "%" PRId64 " of %" PRId64 " not finite, first O[%" PRId64 "]", bad_o,
+               nq_el, first_o);
+    else snprintf(so, sizeof so, "all %" PRId64 " finite", nq_el);
+    if (bad_l) snprintf(sl, sizeof sl, "%" PRId64 " of %" PRId64 " NaN or +inf, first row %" PRId64,
+                        bad_l, nrows, first_l);
+    else snprintf(sl, sizeof sl, "all %" PRId64 " finite or -inf", nrows);
+    snprintf(out, outlen, "the forward's O: %s; its LSE: %s", so, sl);
+  }
+  free(ho);
+  free(hl);
+}
+
 static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check_bwd_result *r) {
   fg_context *ctx = env->ctx;
   r->pass = 1;
@@ -402,7 +439,21 @@ static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check
   fg_gate_backward(c->dt, gq, gk, gv, ex, nv, nq_el, nk_el, &gr);
   memcpy(r->err, gr.err, sizeof r->err);
   memcpy(r->tol, gr.tol, sizeof r->tol);
-  if (!gr.pass) fg_check_bwd_fail(r, "%s", gr.reason);
+  if (!gr.pass) {
+    if (isinf(gr.err[0]) || isinf(gr.err[1]) || isinf(gr.err[2])) {
+      /* Non-finite gradients: say where the first of each is and whether the forward's O and
+       * LSE (the backward's inputs besides Q, K, V, dO) were finite, so one failure tells the
+       * forward from the backward. */
+      char inputs[256], i0[24], i1[24], i2[24];
+      forward_outputs_finite(ctx, &o, lse, nq_el, nrows, c->dt, inputs, sizeof inputs);
+      fg_check_bwd_fail(r, "%s; first non-finite dQ/dK/dV index %s/%s/%s; %s", gr.reason,
+                        idx_or_none(gr.err[0], gr.worst[0], i0),
+                        idx_or_none(gr.err[1], gr.worst[1], i1),
+                        idx_or_none(gr.err[2], gr.worst[2], i2), inputs);
+    } else {
+      fg_check_bwd_fail(r, "%s", gr.reason);
+    }
+  }
 done:
   for (int i = 0; i < 8; i++) fg_dev_free(ctx, all[i]->p);
   fg_dev_free(ctx, lse);

@@ -1184,6 +1184,25 @@ Test(tune_fake_gpu, a_hung_kernel_stops_check_with_its_name, .init = make_cache_
   cr_assert(strstr(fg_test_err, "FLASHGEN_HANG_TIMEOUT='soon' is not a number"), "%s", fg_test_err);
 }
 
+/* A backward case whose gradients are not finite (the fake driver records the backward's launches
+ * but leaves its outputs poisoned) names the first non-finite index of each and says whether the
+ * forward's O and LSE, the backward's other inputs, were finite: here they were (the forward ran),
+ * so the failure is the backward's. */
+Test(tune_fake_gpu, a_nonfinite_backward_case_tells_the_forward_from_the_backward,
+     .init = make_cache_dir, .fini = remove_cache_dir, .timeout = 300) {
+  build_fake_driver();
+  char env[512];
+  snprintf(env, sizeof env,
+           "FLASHGEN_CUDA_LIBRARY='%s' FLASHGEN_CACHE_DIR='%s/c' FAKE_CUDA_BACKWARD_RECORD_ONLY=1",
+           fake_lib, cache_dir);
+  const int rc = fg_test_run_cli(NULL, env, "check -j 2 --filter bwd/seqlen/d64_nq1_nk17_noncausal");
+  cr_assert_eq(rc, 1, "exit %d\nstdout:\n%s\nstderr:\n%s", rc, fg_test_out, fg_test_err);
+  cr_assert(strstr(fg_test_out, "FAIL") && strstr(fg_test_out, "dQ[0] = nan is not finite") &&
+                strstr(fg_test_out, "first non-finite dQ/dK/dV index 0/0/0") &&
+                strstr(fg_test_out, "the forward's O: all 128 finite; its LSE: all 2 finite"),
+            "%s", fg_test_out);
+}
+
 Test(tune_fake_gpu, tunes_records_and_skips_what_is_recorded, .init = make_cache_dir,
      .fini = remove_cache_dir, .timeout = 600) {
   build_fake_driver();
