@@ -454,14 +454,15 @@ fg_status fg_dev_upload(fg_context *ctx, CUdeviceptr dst, const void *src, size_
   FG_DRIVER(ctx, "cuMemcpyHtoD", fg_cu.cuMemcpyHtoD(dst, src, bytes));
 }
 
-/* FG_DRIVER for a call that waits for the GPU, marked for the hang watchdog (watchdog.c): the
- * comma operator begins the mark before the call, fg_waited ends it after. */
+/* A driver call that waits for the GPU, marked for the hang watchdog (watchdog.c): the comma
+ * operator begins the mark before the call, fg_waited ends it after. FG_DRIVER_WAIT is FG_DRIVER
+ * of such a call. */
 static CUresult fg_waited(CUresult r) {
   fg_watchdog_wait_end();
   return r;
 }
-#define FG_DRIVER_WAIT(ctx, name, call) \
-  FG_DRIVER(ctx, name, (fg_watchdog_wait_begin(), fg_waited(call)))
+#define FG_WAITED(call) (fg_watchdog_wait_begin(), fg_waited(call))
+#define FG_DRIVER_WAIT(ctx, name, call) FG_DRIVER(ctx, name, FG_WAITED(call))
 
 fg_status fg_dev_download(fg_context *ctx, void *dst, CUdeviceptr src, size_t bytes) {
   if (bytes == 0) return FG_OK;
@@ -529,7 +530,7 @@ fg_status fg_event_elapsed_ms(fg_context *ctx, CUevent start, CUevent end, float
   *ms = NAN;
   fg_status st = fg_ctx_push(ctx);
   if (st != FG_OK) return st;
-  CUresult r = (fg_watchdog_wait_begin(), fg_waited(fg_cu.cuEventSynchronize(end)));
+  CUresult r = FG_WAITED(fg_cu.cuEventSynchronize(end));
   if (r == FG_CUDA_SUCCESS) r = fg_cu.cuEventElapsedTime(ms, start, end);
   fg_ctx_pop(ctx);
   return r == FG_CUDA_SUCCESS ? FG_OK : fg_fail_cuda(ctx, "cuEventElapsedTime", r);

@@ -126,7 +126,7 @@ end
 -- its producer loads the next tile's Q while this tile's O, staged in its own Q buffer, is
 -- stored, so it takes two Q buffers where they fit in the 227 KB a Hopper block may have (one
 -- else: the next Q then waits for the store).
-local SM90_SMEM = 232448
+local SM90_SMEM = 232448  -- shared memory one block may opt into on sm_90 (227 KB; as bwd.lua)
 local function tma_smem(v, q_bufs)
   return (q_bufs * v.br + 2 * v.stages * v.bc) * tma_dp(v) * 2 + 1024 + 256
 end
