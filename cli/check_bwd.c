@@ -268,6 +268,20 @@ static const char *idx_or_none(double err, int64_t i, char *buf) {
   return buf;
 }
 
+/* "n/m (p poison)": of the n elements of g, how many are not finite and how many still hold the
+ * poison bit pattern the gradient was filled with before the call (all of them: never written);
+ * into buf[64]. */
+static const char *nonfinite_count(const uint16_t *g, int64_t n, uint16_t poison, fg_dtype dt,
+                                   char *buf) {
+  int64_t bad = 0, left = 0;
+  for (int64_t i = 0; i < n; i++) {
+    bad += !isfinite(fg_half_to_f32(g[i], dt));
+    left += g[i] == poison;
+  }
+  snprintf(buf, 64, "%" PRId64 " of %" PRId64 " (%" PRId64 " poison)", bad, n, left);
+  return buf;
+}
+
 /* Describes into out whether the forward's O (nq_el elements, through its strides) and LSE
  * (nrows floats) hold NaN or infinities (LSE = -inf is a row without keys, not counted). */
 static void forward_outputs_finite(fg_context *ctx, const dtensor *o, CUdeviceptr lse,
@@ -444,12 +458,17 @@ static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check
       /* Non-finite gradients: say where the first of each is and whether the forward's O and
        * LSE (the backward's inputs besides Q, K, V, dO) were finite, so one failure tells the
        * forward from the backward. */
-      char inputs[256], i0[24], i1[24], i2[24];
+      char inputs[256], i0[24], i1[24], i2[24], n0[64], n1[64], n2[64];
       forward_outputs_finite(ctx, &o, lse, nq_el, nrows, c->dt, inputs, sizeof inputs);
-      fg_check_bwd_fail(r, "%s; first non-finite dQ/dK/dV index %s/%s/%s; %s", gr.reason,
-                        idx_or_none(gr.err[0], gr.worst[0], i0),
+      fg_check_bwd_fail(r,
+                        "%s; first non-finite dQ/dK/dV index %s/%s/%s; non-finite dQ %s, dK %s, "
+                        "dV %s; %s",
+                        gr.reason, idx_or_none(gr.err[0], gr.worst[0], i0),
                         idx_or_none(gr.err[1], gr.worst[1], i1),
-                        idx_or_none(gr.err[2], gr.worst[2], i2), inputs);
+                        idx_or_none(gr.err[2], gr.worst[2], i2),
+                        nonfinite_count(gq, nq_el, nan16, c->dt, n0),
+                        nonfinite_count(gk, nk_el, nan16, c->dt, n1),
+                        nonfinite_count(gv, nk_el, nan16, c->dt, n2), inputs);
     } else {
       fg_check_bwd_fail(r, "%s", gr.reason);
     }
@@ -499,7 +518,7 @@ int fg_check_backward(const fg_check_options *o, int *passed, int *failed) {
   char *sel = calloc((size_t)l.n + 1, 1);
   int nsel = 0;
   for (int i = 0; sel && i < l.n; i++) {
-    sel[i] = (!o->quick || l.c[i].quick) && (!o->filter || strstr(l.c[i].name, o->filter));
+    sel[i] = fg_check_selected(l.c[i].name, l.c[i].quick, o->filter, o->quick);
     nsel += sel[i];
   }
   if (o->list || !nsel) {

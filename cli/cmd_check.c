@@ -142,12 +142,27 @@ static void check_usage(FILE *f) {
           "after FLASHGEN_HANG_TIMEOUT seconds (default 300; 0: never), naming the last kernel\n"
           "launched (a kernel that hangs: the process cannot go on).\n\n"
           "  --quick         a subset that runs in under a minute\n"
-          "  --filter S      only the cases whose name contains S\n"
+          "  --filter S      only the cases whose name contains S (S1,S2,...: any of them, run in\n"
+          "                  the full run's order)\n"
           "  --list          print the case names and exit\n"
           "  --device N      CUDA device (default 0)\n"
           "  --seed N        base seed of the random inputs (default 1)\n"
           "  -j N            threads that compile kernels (default: the number of cores)\n"
           "  --verbose       print the variant and messages of every case\n");
+}
+
+int fg_check_selected(const char *name, int is_quick, const char *filter, int quick) {
+  if (quick && !is_quick) return 0;
+  if (!filter) return 1;
+  for (const char *f = filter;;) {
+    const char *comma = strchr(f, ',');
+    const size_t n = comma ? (size_t)(comma - f) : strlen(f);
+    /* a substring of n bytes, searched without copying (names are short) */
+    for (const char *s = name; n && *s; s++)
+      if (!strncmp(s, f, n)) return 1;
+    if (!comma) return n == 0 && f == filter; /* "" selects all, as strstr did */
+    f = comma + 1;
+  }
 }
 
 int fg_cmd_check(int argc, char **argv) {
@@ -215,7 +230,7 @@ int fg_cmd_check(int argc, char **argv) {
   char *sel = calloc((size_t)l.n + 1, 1);
   int nsel = 0;
   for (int i = 0; sel && i < l.n; i++) {
-    sel[i] = (!quick || l.c[i].quick) && (!filter || strstr(l.c[i].name, filter));
+    sel[i] = fg_check_selected(l.c[i].name, l.c[i].quick, filter, quick);
     nsel += sel[i];
   }
   fg_check_options co;

@@ -12,10 +12,14 @@
 typedef struct fg_check_options {
   fg_context *ctx;       /* NULL with list: only list the cases */
   CUstream stream;
-  const char *filter;    /* substring of the case names, or NULL */
+  const char *filter;    /* substrings of the case names, comma-separated (any), or NULL */
   int quick, list, verbose, jobs;
   uint64_t seed;
 } fg_check_options;
+
+/* Whether case `name` is selected by filter (NULL: all; else comma-separated substrings, of
+ * which the name contains at least one) and, with quick, is a quick case (is_quick). */
+int fg_check_selected(const char *name, int is_quick, const char *filter, int quick);
 
 /* Runs (or with o->list prints) the backward cases that o selects, printing one line per case
  * and adding to *passed / *failed. Returns the number of cases selected. */

@@ -251,3 +251,22 @@ Test(cli_inputs, check_lists_the_forced_backward_variants) {
   for (const char *p = fg_test_out; (p = strstr(p, "bwd/hopper/bwd_")) != NULL; p++) n++;
   cr_assert_eq(n, 6 * 2 * 3, "six Hopper variants, two masks, three cases each:\n%s", fg_test_out);
 }
+
+/* `check --filter A,B` runs the cases whose names contain A or B, in the full run's order (so a
+ * failure that needs the cases before it can be repeated with just those): the bwd/big and
+ * bwd/bad cases, then the forced Hopper ones, as the full list has them. */
+Test(cli_inputs, check_filter_takes_alternatives_in_the_full_order) {
+  int rc = fg_test_run_cli(NULL, NULL, "check --list --filter bwd/hopper/,bwd/big/,bwd/bad/d_o_null");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
+  const char *big = strstr(fg_test_out, "bwd/big/"), *bad = strstr(fg_test_out, "bwd/bad/d_o_null\n"),
+             *hop = strstr(fg_test_out, "bwd/hopper/");
+  cr_assert(big && bad && hop && big < bad && bad < hop, "%s", fg_test_out);
+  int n = 0;
+  for (const char *p = fg_test_out; (p = strchr(p, '\n')) != NULL; p++) n++;
+  cr_assert_eq(n, 2 + 1 + 6 * 2 * 3, "two big, one bad, 36 Hopper cases:\n%s", fg_test_out);
+  cr_assert_null(strstr(fg_test_out, "bwd/bad/lse_null"), "%s", fg_test_out);
+  /* An empty alternative selects nothing by itself. */
+  rc = fg_test_run_cli(NULL, NULL, "check --list --filter bwd/bad/d_o_null,");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
+  cr_assert_str_eq(fg_test_out, "bwd/bad/d_o_null\n");
+}
