@@ -200,21 +200,48 @@ template <int BR, bool CAUSAL> FG_DEV fwd_block fwd_block_of(const fg_fwd_params
   return fwd_block_at<BR, CAUSAL>(p, q_tile, blockIdx.y);
 }
 // A "persistent" grid (gridDim.x blocks, each looping over tiles): the k-th tile of this block,
-// false past the last. The tiles are ranked longest first when causal (every head's last query
-// block, then the ones before) and head-major otherwise (the tiles that run together share K and
-// V in L2); block x takes ranks k * gridDim.x + x on even k and k * gridDim.x + gridDim.x - 1 - x
-// on odd k (a snake: what a block gets long in one round it gets short in the next, so the
-// blocks' totals stay even without an atomic tile counter).
+// false past the last. Both orders are head-major, so the tiles that run together belong to few
+// heads and share K and V in L2 (an order that ran every head's last query block first, then the
+// ones before, read K and V twice from memory: 33% L2 hits against 53%, d = 128 causal N = 512,
+// bench/NOTES.md session 11).
+// - Without a mask every tile costs the same: block x takes ranks k * grid + x on even k and
+//   k * grid + grid - 1 - x on odd k (a snake).
+// - With one, a tile costs its query block's keys (q + 1 key blocks at Nq = Nk, Br = Bc): the tiles
+//   go in units of two that cost about the same, one head's query blocks j and tiles_q - 1 - j; with
+//   tiles_q odd the middle blocks of two neighbouring heads make a unit, between the two heads'
+//   other units (a last head without a neighbour has its middle block alone, the last tile). In
+//   round r (tiles k = 2r, 2r + 1) block x takes unit r * grid + (x + r) % grid of that unit-major
+//   sequence: the rotation keeps a block from taking the same kind of unit every round where the
+//   units' costs repeat with a period dividing the grid (tiles_q odd). The blocks' totals stay
+//   within about one unit of each other without an atomic tile counter (a zeroed word per call).
+//   (x + r) % grid is taken in 32 bits: a block takes fewer than 2^32 tiles.
+// tests/test_tile_order.c checks this order (every tile once, the balance, the heads of a round)
+// on a C transcription of it: change both together. The code's shape is ptxas's: the producer
+// runs it in 24 registers, and equivalent forms (a shared C function, a macro) spilled 88-124 B.
 template <int BR, bool CAUSAL>
 FG_DEV bool fwd_persistent_tile(const fg_fwd_params &p, i64 k, i64 &q_tile, u32 &bh) {
   const i64 tiles_q = (p.seqlen_q + BR - 1) / BR, pairs = p.batch * p.heads_q;
   const i64 grid = gridDim.x, x = blockIdx.x;
-  const i64 r = k * grid + ((k & 1) ? grid - 1 - x : x);
-  if (r >= tiles_q * pairs) return false;
   if constexpr (CAUSAL) {
-    q_tile = tiles_q - 1 - r / pairs;
-    bh = (u32)(r % pairs);
+    const i64 r = k >> 1, half = k & 1, m = (tiles_q - 1) / 2;
+    const i64 g = 2 * (r * grid + (i64)(((u32)x + (u32)r) % (u32)grid)) + half;
+    if (g >= tiles_q * pairs) return false;
+    const i64 h2 = g / (2 * tiles_q), v = g - h2 * 2 * tiles_q;
+    i64 head, q;
+    if (tiles_q % 2 == 0) {
+      const i64 second = v >= tiles_q, j = (v - second * tiles_q) >> 1;
+      head = 2 * h2 + second;
+      q = half ? tiles_q - 1 - j : j;
+    } else {
+      const i64 u = v >> 1, j = u < m ? u : u - m - 1;
+      head = 2 * h2 + (u == m ? half : u > m);
+      q = u == m ? m : half ? tiles_q - 1 - j : j;
+    }
+    q_tile = q;
+    bh = (u32)head;
   } else {
+    const i64 r = k * grid + ((k & 1) ? grid - 1 - x : x);
+    if (r >= tiles_q * pairs) return false;
     q_tile = r % tiles_q;
     bh = (u32)(r / tiles_q);
   }

@@ -1,0 +1,139 @@
+/* The persistent forward grid's tile order (templates/common.cuh, fwd_persistent_tile): every tile
+ * taken exactly once, by blocks that stay even, the tiles of a round from few heads (so they share
+ * K and V in L2). The kernel's code is transcribed below (its shape is ptxas's, see common.cuh):
+ * change both together. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+
+/* fwd_persistent_tile of templates/common.cuh, in C: the k-th tile of block x of a grid of `grid`
+ * blocks, 1 with *q_tile and *bh set, 0 past the block's last. */
+static int fg_tile_of(long long k, long long x, long long grid, long long tiles_q, long long pairs,
+                      int causal, long long *q_tile, long long *bh) {
+  if (causal) {
+    const long long r = k >> 1, half = k & 1, m = (tiles_q - 1) / 2;
+    const long long g =
+        2 * (r * grid + (long long)(((unsigned)x + (unsigned)r) % (unsigned)grid)) + half;
+    if (g >= tiles_q * pairs) return 0;
+    const long long h2 = g / (2 * tiles_q), v = g - h2 * 2 * tiles_q;
+    long long head, q;
+    if (tiles_q % 2 == 0) {
+      const long long second = v >= tiles_q, j = (v - second * tiles_q) >> 1;
+      head = 2 * h2 + second;
+      q = half ? tiles_q - 1 - j : j;
+    } else {
+      const long long u = v >> 1, j = u < m ? u : u - m - 1;
+      head = 2 * h2 + (u == m ? half : u > m);
+      q = u == m ? m : half ? tiles_q - 1 - j : j;
+    }
+    *q_tile = q;
+    *bh = head;
+  } else {
+    const long long r = k * grid + ((k & 1) ? grid - 1 - x : x);
+    if (r >= tiles_q * pairs) return 0;
+    *q_tile = r % tiles_q;
+    *bh = r / tiles_q;
+  }
+  return 1;
+}
+
+/* Key blocks a causal tile of query block q sees when Nq = Nk = n (br query rows, bc keys per
+ * block): its cost, in key blocks. */
+static long long causal_cost(long long q, long long n, long long br, long long bc) {
+  long long last = q * br + br - 1, nkb = (n + bc - 1) / bc;
+  return last / bc + 1 < nkb ? last / bc + 1 : nkb;
+}
+
+/* Walks every block's tiles; checks each tile is taken once and returns the largest and smallest
+ * block total (causal: key blocks at Nq = Nk = tiles_q * br with bc = br / r; else tiles). */
+static void walk(long long tiles_q, long long pairs, long long grid, int causal, long long br,
+                 long long bc, long long *max_total, long long *min_total) {
+  const long long n = tiles_q * pairs;
+  unsigned char *seen = calloc((size_t)n, 1);
+  cr_assert_not_null(seen);
+  *max_total = 0;
+  *min_total = -1;
+  for (long long x = 0; x < grid; x++) {
+    long long total = 0, k = 0, q, bh;
+    for (; fg_tile_of(k, x, grid, tiles_q, pairs, causal, &q, &bh); k++) {
+      cr_assert(q >= 0 && q < tiles_q && bh >= 0 && bh < pairs,
+                "tiles_q %lld pairs %lld grid %lld causal %d: block %lld tile %lld is (%lld, %lld)",
+                tiles_q, pairs, grid, causal, x, k, q, bh);
+      cr_assert_eq(seen[bh * tiles_q + q], 0,
+                   "tiles_q %lld pairs %lld grid %lld causal %d: tile (%lld, %lld) taken twice",
+                   tiles_q, pairs, grid, causal, q, bh);
+      seen[bh * tiles_q + q] = 1;
+      total += causal ? causal_cost(q, tiles_q * br, br, bc) : 1;
+    }
+    /* Past its last tile a block has none later either (the kernel's loop stops at the first). */
+    for (long long j = k; j < k + 4; j++)
+      cr_assert_eq(fg_tile_of(j, x, grid, tiles_q, pairs, causal, &q, &bh), 0);
+    if (total > *max_total) *max_total = total;
+    if (*min_total < 0 || total < *min_total) *min_total = total;
+  }
+  for (long long i = 0; i < n; i++)
+    cr_assert_eq(seen[i], 1, "tiles_q %lld pairs %lld grid %lld causal %d: tile %lld not taken",
+                 tiles_q, pairs, grid, causal, i);
+  free(seen);
+}
+
+/* The grid the runtime launches: min(tiles, SMs). */
+static long long grid_of(long long tiles, long long sms) { return tiles < sms ? tiles : sms; }
+
+Test(tile_order, every_tile_once_at_every_shape) {
+  static const long long tq[] = {1, 2, 3, 4, 5, 7, 8, 16, 33, 128};
+  static const long long pr[] = {1, 2, 3, 16, 31, 512};
+  static const long long sms[] = {1, 7, 132};
+  for (int c = 0; c < 2; c++)
+    for (size_t i = 0; i < sizeof tq / sizeof tq[0]; i++)
+      for (size_t j = 0; j < sizeof pr / sizeof pr[0]; j++)
+        for (size_t s = 0; s < sizeof sms / sizeof sms[0]; s++) {
+          long long mx, mn;
+          walk(tq[i], pr[j], grid_of(tq[i] * pr[j], sms[s]), c, 128, 128, &mx, &mn);
+        }
+}
+
+/* Causal, Nq = Nk, the bench grid's shapes on 132 SMs: the pairs keep the blocks' totals within one
+ * pair (tiles_q + 1 key blocks at Br = Bc) plus one tile, where a block per pair would be exact. */
+Test(tile_order, causal_pairs_keep_the_blocks_even) {
+  static const struct {
+    long long n, heads, br, bc;
+  } g[] = {{512, 16, 128, 128},  {1024, 16, 128, 128}, {4096, 16, 128, 128},
+           {16384, 16, 128, 128}, {512, 32, 192, 128}, {2048, 32, 192, 128},
+           {16384, 32, 192, 128}, {1000, 7, 128, 128}};
+  for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
+    const long long tiles_q = (g[i].n + g[i].br - 1) / g[i].br, pairs = 16384 / g[i].n * g[i].heads;
+    const long long grid = grid_of(tiles_q * pairs, 132);
+    long long mx, mn;
+    walk(tiles_q, pairs, grid, 1, g[i].br, g[i].bc, &mx, &mn);
+    const long long pair_cost = causal_cost(0, tiles_q * g[i].br, g[i].br, g[i].bc) +
+                                causal_cost(tiles_q - 1, tiles_q * g[i].br, g[i].br, g[i].bc);
+    const long long tile_max = causal_cost(tiles_q - 1, tiles_q * g[i].br, g[i].br, g[i].bc);
+    cr_assert(mx - mn <= pair_cost + tile_max,
+              "N %lld Br %lld: block totals %lld..%lld key blocks, more apart than one pair (%lld) "
+              "and one tile (%lld)",
+              g[i].n, g[i].br, mn, mx, pair_cost, tile_max);
+  }
+}
+
+/* The tiles of one round (the k-th tile of every block, which run at about the same time) come
+ * from few heads: at most ceil(2 grid / tiles_q) + 1 with a mask (a round is 2 grid consecutive
+ * positions of the head-major sequence, over two k), ceil(grid / tiles_q) + 1 without. */
+Test(tile_order, a_round_spans_few_heads) {
+  static const long long tq[] = {3, 4, 8, 128};
+  for (int c = 0; c < 2; c++)
+    for (size_t i = 0; i < sizeof tq / sizeof tq[0]; i++) {
+      const long long pairs = 512, grid = 132, tiles_q = tq[i];
+      for (long long k = 0; k < 8; k += 1 + c) {
+        long long lo = -1, hi = -1, q, bh;
+        for (long long x = 0; x < grid; x++)
+          for (long long kk = k; kk <= k + c; kk++)
+            if (fg_tile_of(kk, x, grid, tiles_q, pairs, c, &q, &bh)) {
+              if (lo < 0 || bh < lo) lo = bh;
+              if (bh > hi) hi = bh;
+            }
+        const long long bound = ((1 + c) * grid + tiles_q - 1) / tiles_q + 1;
+        cr_assert(hi - lo + 1 <= bound, "causal %d tiles_q %lld round %lld: heads %lld..%lld (> %lld)",
+                  c, tiles_q, k, lo, hi, bound);
+      }
+    }
+}
