@@ -77,10 +77,11 @@ static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg
   /* q_tma (fwd_tma.cu; its rule prunes it on every arch but sm_90a): two or three consumer
    * warpgroups (Br 128 / 192), key blocks of 64 or 128, 2 stages; a candidate that spills is
    * dropped after compiling (the forward's spill limit is 0). Without a mask, the same shapes on
-   * the persistent grid too (q_tma_p: 1.01-1.25x q_tma on an H100, most at short sequences); with
-   * one it is not tried (0.69-0.96x q_tma up to N = 4k, 1.03x at 16k: bench/NOTES.md, session 11). */
+   * the persistent grid too (q_tma_p: 1.01-1.25x q_tma on an H100, most at short sequences; with a
+   * causal mask, its tiles paired short with long within a head, 1.09-1.19x up to N = 4k at d =
+   * 128 and 0.94-0.98x at 16k: bench/NOTES.md, session 12). */
   static const int tma_shapes[][2] = {{8, 64}, {8, 128}, {12, 64}, {12, 128}};
-  for (int persist = 0; persist <= !causal; persist++)
+  for (int persist = 0; persist <= 1; persist++)
     for (size_t i = 0; i < sizeof tma_shapes / sizeof tma_shapes[0]; i++) {
       const int w = tma_shapes[i][0];
       fg_variant v = {FG_PASS_FWD, d, 16 * w, tma_shapes[i][1], dtype, causal,
