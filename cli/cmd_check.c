@@ -137,7 +137,8 @@ static void check_usage(FILE *f) {
           "split of the main kernel), strides, seqlen_k = 0, batch * heads past the grid, more\n"
           "than 2^31 elements (bwd/big: about 25 GB of device memory; on a smaller GPU it fails\n"
           "saying so), deterministic mode (the same bits twice), bad input, against an fp64\n"
-          "reference computed on the host. Prints one line per case and `N passed, N failed`\n"
+          "reference computed on the host. Inputs are random, outputs and the plans' scratch\n"
+          "workspaces start as NaN. Prints one line per case and `N passed, N failed`\n"
           "last; exits 1 on any failure, and 3 when the GPU has not finished a single wait\n"
           "after FLASHGEN_HANG_TIMEOUT seconds (default 300; 0: never), naming the last kernel\n"
           "launched (a kernel that hangs: the process cannot go on).\n\n"
@@ -261,6 +262,10 @@ int fg_cmd_check(int argc, char **argv) {
   env.seed = seed;
   env.verbose = verbose;
   env.device = device;
+  /* Every workspace a plan allocates starts as NaN (and its semaphores as 0xffffffff): a kernel
+   * that reads scratch memory it never wrote fails here at once, not only when the memory pool
+   * hands back a block an earlier call left such values in. */
+  fg_context_poison_workspaces(ctx, 1);
   if (fg_stream_create(ctx, &env.stream) != FG_OK) {
     fprintf(stderr, "flashgen check: creating a stream: %s\n", fg_context_last_error(ctx));
     printf("0 passed, 1 failed\n");

@@ -66,6 +66,7 @@ struct fg_context {
   pthread_mutex_t lock;      /* guards the lazily created members below */
   CUmemoryPool ws_pool;      /* the workspaces' pool (workspace.c); NULL: none (yet) */
   int ws_pool_tried;
+  int poison_workspaces;     /* fill every workspace with 0xFF bytes (NaN) first: flashgen check */
   const fg_loader *loader;   /* fg_builtin_loader(): NULL in flashgen_runtime */
   void *jit;                 /* the loader's per-context state (jit/loader.c), created lazily */
 };
@@ -389,6 +390,10 @@ typedef struct fg_workspace {
  * last error names `what` and the size. The caller has made ctx current. */
 fg_status fg_workspace_alloc(fg_context *ctx, size_t bytes, CUstream s, const char *what,
                              fg_workspace *w);
+/* With ctx->poison_workspaces (fg_context_poison_workspaces), the new workspace is filled with
+ * 0xFF bytes (fp32 NaN) on s first, so that a plan reading scratch memory it never wrote fails
+ * at once instead of depending on what the memory held before (the pool's reused blocks). */
+void fg_context_poison_workspaces(fg_context *ctx, int on);
 /* Frees it after the work queued on s (synchronising s when there are no pools). */
 void fg_workspace_free(fg_context *ctx, fg_workspace *w, CUstream s);
 /* Destroys the context's pool (context destruction; ctx current). */

@@ -225,6 +225,11 @@ API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
   memset((void *)(uintptr_t)d, v, n);
   return 0;
 }
+API CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, void *st) {
+  (void)st;
+  for (size_t i = 0; i < n; i++) ((unsigned int *)(uintptr_t)d)[i] = v;
+  return 0;
+}
 API CUresult cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) {
   unsigned short *p = (unsigned short *)(uintptr_t)d;
   for (size_t i = 0; i < n; i++) p[i] = v;
