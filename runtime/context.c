@@ -449,11 +449,6 @@ void fg_dev_free(fg_context *ctx, CUdeviceptr p) {
   fg_ctx_pop(ctx);
 }
 
-fg_status fg_dev_upload(fg_context *ctx, CUdeviceptr dst, const void *src, size_t bytes) {
-  if (bytes == 0) return FG_OK;
-  FG_DRIVER(ctx, "cuMemcpyHtoD", fg_cu.cuMemcpyHtoD(dst, src, bytes));
-}
-
 /* A driver call that waits for the GPU, marked for the hang watchdog (watchdog.c): the comma
  * operator begins the mark before the call, fg_waited ends it after. FG_DRIVER_WAIT is FG_DRIVER
  * of such a call. */
@@ -464,6 +459,21 @@ static CUresult fg_waited(CUresult r) {
 #define FG_WAITED(call) (fg_watchdog_wait_begin(), fg_waited(call))
 #define FG_DRIVER_WAIT(ctx, name, call) FG_DRIVER(ctx, name, FG_WAITED(call))
 
+/* The upload and the fills run on the legacy default stream, which work queued on a
+ * non-blocking stream (flashgen check's, the tuner's: fg_stream_create) does not wait for, and
+ * return before the GPU is done (a fill always; an upload from pageable memory once its bytes
+ * are staged). So each waits for that stream before returning: a kernel launched after it reads
+ * what was written (flashgen check, the tuner and fg_ab upload inputs and poison outputs this
+ * way, then run kernels on their own stream). */
+static CUresult fg_legacy_done(CUresult r) {
+  return r == FG_CUDA_SUCCESS ? FG_WAITED(fg_cu.cuStreamSynchronize(FG_CU_STREAM_LEGACY)) : r;
+}
+
+fg_status fg_dev_upload(fg_context *ctx, CUdeviceptr dst, const void *src, size_t bytes) {
+  if (bytes == 0) return FG_OK;
+  FG_DRIVER(ctx, "cuMemcpyHtoD", fg_legacy_done(fg_cu.cuMemcpyHtoD(dst, src, bytes)));
+}
+
 fg_status fg_dev_download(fg_context *ctx, void *dst, CUdeviceptr src, size_t bytes) {
   if (bytes == 0) return FG_OK;
   FG_DRIVER_WAIT(ctx, "cuMemcpyDtoH", fg_cu.cuMemcpyDtoH(dst, src, bytes));
@@ -471,12 +481,12 @@ fg_status fg_dev_download(fg_context *ctx, void *dst, CUdeviceptr src, size_t by
 
 fg_status fg_dev_fill16(fg_context *ctx, CUdeviceptr dst, unsigned short value, size_t count) {
   if (count == 0) return FG_OK;
-  FG_DRIVER(ctx, "cuMemsetD16", fg_cu.cuMemsetD16(dst, value, count));
+  FG_DRIVER(ctx, "cuMemsetD16", fg_legacy_done(fg_cu.cuMemsetD16(dst, value, count)));
 }
 
 fg_status fg_dev_fill32(fg_context *ctx, CUdeviceptr dst, unsigned int value, size_t count) {
   if (count == 0) return FG_OK;
-  FG_DRIVER(ctx, "cuMemsetD32", fg_cu.cuMemsetD32(dst, value, count));
+  FG_DRIVER(ctx, "cuMemsetD32", fg_legacy_done(fg_cu.cuMemsetD32(dst, value, count)));
 }
 
 fg_status fg_dev_synchronize(fg_context *ctx) {

@@ -93,6 +93,8 @@ enum { FG_CU_JIT_ERROR_LOG_BUFFER = 5, FG_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6
 enum { FG_CU_EVENT_DEFAULT = 0, FG_CU_EVENT_DISABLE_TIMING = 2 };
 /* Stream flags. */
 enum { FG_CU_STREAM_DEFAULT = 0, FG_CU_STREAM_NON_BLOCKING = 1 };
+/* cuda.h's CU_STREAM_LEGACY: the legacy default stream, whatever the thread's default is. */
+#define FG_CU_STREAM_LEGACY ((CUstream)0x1)
 
 /* Tensor maps (cuTensorMapEncodeTiled; cuda.h 13.0: CUtensorMapDataType, CUtensorMapInterleave,
  * CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill, all int-sized enums). The

@@ -98,6 +98,9 @@ fg_status fg_ctx_push(fg_context *ctx);
 void fg_ctx_pop(fg_context *ctx);
 fg_status fg_dev_alloc(fg_context *ctx, CUdeviceptr *p, size_t bytes);
 void fg_dev_free(fg_context *ctx, CUdeviceptr p); /* 0 is a no-op */
+/* Upload and fills are complete on return (they wait for the legacy default stream, which a
+ * kernel on a non-blocking stream would not wait for); a download reads what the GPU has
+ * finished: synchronise the stream of the kernels that wrote it first. */
 fg_status fg_dev_upload(fg_context *ctx, CUdeviceptr dst, const void *src, size_t bytes);
 fg_status fg_dev_download(fg_context *ctx, void *dst, CUdeviceptr src, size_t bytes);
 fg_status fg_dev_fill16(fg_context *ctx, CUdeviceptr dst, unsigned short value, size_t count);
