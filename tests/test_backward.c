@@ -441,6 +441,7 @@ static int (*fake_launch_count)(void);
 static const fake_launch *(*fake_launch_get)(int);
 static void (*fake_mem_counts)(int *, int *, size_t *);
 static void (*fake_async_counts)(int *, int *, void **);
+static int (*fake_memset_async_last)(unsigned long long *, size_t *, unsigned *, void **, int *);
 static int (*fake_module_loads)(void);
 static fg_context *ctx;
 
@@ -493,6 +494,7 @@ static void fake_setup(void) {
   *(void **)&fake_launch_get = fgt_fake_sym(fake_handle, "fake_launch_get");
   *(void **)&fake_mem_counts = fgt_fake_sym(fake_handle, "fake_mem_counts");
   *(void **)&fake_async_counts = fgt_fake_sym(fake_handle, "fake_async_counts");
+  *(void **)&fake_memset_async_last = fgt_fake_sym(fake_handle, "fake_memset_async_last");
   *(void **)&fake_module_loads = fgt_fake_sym(fake_handle, "fake_module_loads");
   /* The tensors here are made-up addresses: record the launches, compute nothing. */
   setenv("FAKE_CUDA_BACKWARD_RECORD_ONLY", "1", 1);
@@ -644,6 +646,34 @@ Test(backward_launch, workspace_from_the_stream_pool, .init = pools_setup,
   cr_assert_eq(allocs, 1);
   cr_assert_eq(frees, 1, "the workspace is freed on the stream after the kernels");
   cr_assert_eq(st, (void *)stream, "allocated and freed on the call's stream");
+}
+
+/* flashgen check's poisoning (fg_context_poison_workspaces): the whole workspace is filled with
+ * 0xffffffff (fp32 NaN) on the call's stream before the plan's first kernel; without it, nothing
+ * is filled (a call pays for no memset). */
+Test(backward_launch, a_poisoned_workspace_is_filled_before_the_plan, .init = pools_setup,
+     .fini = fake_teardown) {
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_BF16, 1, 2, 4, 2, 100, 130, 64);
+  CUstream stream = (CUstream)(uintptr_t)0x5000;
+  unsigned long long ptr;
+  size_t words;
+  unsigned value;
+  void *st;
+  int before;
+  cr_assert_eq(fg_attention_backward(ctx, &a, stream), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_memset_async_last(&ptr, &words, &value, &st, &before), 0,
+               "not poisoned unless asked");
+  fake_reset();
+  fg_context_poison_workspaces(ctx, 1);
+  cr_assert_eq(fg_attention_backward(ctx, &a, stream), FG_OK, "%s", fg_context_last_error(ctx));
+  fg_context_poison_workspaces(ctx, 0);
+  cr_assert_eq(fake_launch_count(), 3);
+  cr_assert_eq(fake_memset_async_last(&ptr, &words, &value, &st, &before), 1);
+  cr_assert_eq(ptr, launch(0)->params.workspace, "the workspace's first byte (dQ's accumulator)");
+  cr_assert_eq(words * 4, ws_bytes(2, 4, 100, 64), "all of it");
+  cr_assert_eq(value, 0xffffffffu);
+  cr_assert_eq(st, (void *)stream, "on the call's stream");
+  cr_assert_eq(before, 0, "before the plan's first kernel");
 }
 
 Test(backward_launch, caller_workspace, .init = fake_setup, .fini = fake_teardown) {

@@ -151,6 +151,13 @@ API CUresult cuPointerGetAttribute(void *data, int a, CUdeviceptr p) {
 #define FAKE_LAUNCH_MAX 64
 static fake_launch fake_launches[FAKE_LAUNCH_MAX];
 static int fake_n_launches; /* may exceed FAKE_LAUNCH_MAX: only the first are kept */
+/* The last cuMemsetD32Async: where, how many words, the value, the stream, and how many
+ * backward launches came before it (fake_memset_async_last; fake_reset clears the count). */
+static int fake_n_memsets, fake_memset_launches_before;
+static CUdeviceptr fake_memset_ptr;
+static size_t fake_memset_count;
+static unsigned fake_memset_value;
+static void *fake_memset_stream;
 static int fake_n_allocs, fake_n_frees, fake_n_async_allocs, fake_n_async_frees;
 static size_t fake_last_alloc_bytes;
 static void *fake_last_async_stream;
@@ -161,6 +168,7 @@ API void fake_reset(void) {
   fake_n_tmaps = fake_n_tma_launches = fake_n_bwd_tma_launches = 0;
   fake_last_alloc_bytes = 0;
   fake_last_async_stream = NULL;
+  fake_n_memsets = 0;
 }
 API int fake_launch_count(void) { return fake_n_launches; }
 API const fake_launch *fake_launch_get(int i) {
@@ -226,9 +234,17 @@ API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
   return 0;
 }
 API CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, void *st) {
-  (void)st;
   for (size_t i = 0; i < n; i++) ((unsigned int *)(uintptr_t)d)[i] = v;
+  fake_n_memsets++;
+  fake_memset_launches_before = fake_n_launches;
+  fake_memset_ptr = d, fake_memset_count = n, fake_memset_value = v, fake_memset_stream = st;
   return 0;
+}
+API int fake_memset_async_last(unsigned long long *ptr, size_t *count, unsigned *value,
+                               void **stream, int *launches_before) {
+  *ptr = fake_memset_ptr, *count = fake_memset_count, *value = fake_memset_value;
+  *stream = fake_memset_stream, *launches_before = fake_memset_launches_before;
+  return fake_n_memsets;
 }
 API CUresult cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) {
   unsigned short *p = (unsigned short *)(uintptr_t)d;
