@@ -442,6 +442,7 @@ static const fake_launch *(*fake_launch_get)(int);
 static void (*fake_mem_counts)(int *, int *, size_t *);
 static void (*fake_async_counts)(int *, int *, void **);
 static int (*fake_memset_async_last)(unsigned long long *, size_t *, unsigned *, void **, int *);
+static int (*fake_stream_syncs)(void **);
 static int (*fake_module_loads)(void);
 static fg_context *ctx;
 
@@ -495,6 +496,7 @@ static void fake_setup(void) {
   *(void **)&fake_mem_counts = fgt_fake_sym(fake_handle, "fake_mem_counts");
   *(void **)&fake_async_counts = fgt_fake_sym(fake_handle, "fake_async_counts");
   *(void **)&fake_memset_async_last = fgt_fake_sym(fake_handle, "fake_memset_async_last");
+  *(void **)&fake_stream_syncs = fgt_fake_sym(fake_handle, "fake_stream_syncs");
   *(void **)&fake_module_loads = fgt_fake_sym(fake_handle, "fake_module_loads");
   /* The tensors here are made-up addresses: record the launches, compute nothing. */
   setenv("FAKE_CUDA_BACKWARD_RECORD_ONLY", "1", 1);
@@ -674,6 +676,27 @@ Test(backward_launch, a_poisoned_workspace_is_filled_before_the_plan, .init = po
   cr_assert_eq(value, 0xffffffffu);
   cr_assert_eq(st, (void *)stream, "on the call's stream");
   cr_assert_eq(before, 0, "before the plan's first kernel");
+}
+
+/* The device helpers that flashgen check, the tuner and fg_ab fill inputs and outputs with run on
+ * the legacy default stream, which their kernels' non-blocking stream does not wait for: each
+ * waits for that stream (CU_STREAM_LEGACY) before returning. */
+Test(backward_launch, uploads_and_fills_wait_for_the_legacy_stream, .init = fake_setup,
+     .fini = fake_teardown) {
+  CUdeviceptr d = 0;
+  cr_assert_eq(fg_dev_alloc(ctx, &d, 64), FG_OK);
+  const unsigned char host[64] = {1};
+  void *last = NULL;
+  for (int i = 0; i < 3; i++) {
+    const int n = fake_stream_syncs(&last);
+    fg_status st = i == 0   ? fg_dev_upload(ctx, d, host, sizeof host)
+                   : i == 1 ? fg_dev_fill16(ctx, d, 0x7fc0, 32)
+                            : fg_dev_fill32(ctx, d, 0xffffffffu, 16);
+    cr_assert_eq(st, FG_OK, "%s", fg_context_last_error(ctx));
+    cr_assert_eq(fake_stream_syncs(&last), n + 1, "helper %d waits once", i);
+    cr_assert_eq(last, (void *)FG_CU_STREAM_LEGACY, "helper %d waits for the legacy stream", i);
+  }
+  fg_dev_free(ctx, d);
 }
 
 Test(backward_launch, caller_workspace, .init = fake_setup, .fini = fake_teardown) {

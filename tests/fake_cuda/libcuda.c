@@ -258,10 +258,17 @@ API CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) {
 }
 API CUresult cuStreamCreate(void **s, unsigned f) { (void)f; *s = malloc(1); return 0; }
 API CUresult cuStreamDestroy_v2(void *s) { free(s); return 0; }
+/* The streams synchronised, in order (the last 8; fake_stream_syncs). */
+static void *fake_syncs[8];
+static int fake_n_syncs;
 API CUresult cuStreamSynchronize(void *s) {
-  (void)s;
+  fake_syncs[fake_n_syncs++ % 8] = s;
   fake_maybe_hang();
   return 0;
+}
+API int fake_stream_syncs(void **last) {
+  *last = fake_n_syncs ? fake_syncs[(fake_n_syncs - 1) % 8] : NULL;
+  return fake_n_syncs;
 }
 API CUresult cuEventCreate(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(double)); return 0; }
 API CUresult cuEventRecord(void *e, void *s) { (void)s; *(double *)e = now_ms(); return 0; }
