@@ -282,6 +282,39 @@ static const char *nonfinite_count(const uint16_t *g, int64_t n, uint16_t poison
   return buf;
 }
 
+/* After a non-finite result: the same backward call again on the same inputs (Q, K, V, dO and the
+ * forward's O and LSE as they are now), its gradients poisoned anew and the device synchronised
+ * first, described into out: a failure the call repeats, or one that depends on what ran before
+ * it (work still in flight, the state an earlier call left). */
+static void rerun_after_sync(const fg_check_bwd_env *env, const fg_attention_backward_args *a,
+                             const fg_variant *v, const dtensor *outs[3], const int64_t n[3],
+                             uint16_t poison, fg_dtype dt, char *out, size_t outlen) {
+  fg_context *ctx = env->ctx;
+  uint16_t *buf = malloc((size_t)(n[0] > n[1] ? n[0] : n[1]) * 2 + 2);
+  int64_t bad[3] = {0, 0, 0};
+  fg_status st = buf ? FG_OK : FG_ERROR_OUT_OF_MEMORY;
+  for (int i = 0; i < 3 && st == FG_OK; i++)
+    st = fg_dev_fill16(ctx, outs[i]->p, poison, (size_t)(outs[i]->ext > 0 ? outs[i]->ext : 1));
+  if (st == FG_OK) st = fg_dev_synchronize(ctx);
+  if (st == FG_OK) st = fg_attention_backward_variant(ctx, a, env->stream, v);
+  if (st == FG_OK) st = fg_stream_synchronize(ctx, env->stream);
+  for (int i = 0; i < 3 && st == FG_OK; i++) {
+    st = tensor_download(ctx, outs[i], buf);
+    for (int64_t j = 0; st == FG_OK && j < n[i]; j++) bad[i] += !isfinite(fg_half_to_f32(buf[j], dt));
+  }
+  if (st != FG_OK)
+    snprintf(out, outlen, "the same call again after a device synchronisation failed: %s",
+             fg_context_last_error(ctx));
+  else if (!bad[0] && !bad[1] && !bad[2])
+    snprintf(out, outlen, "the same call again after a device synchronisation: all finite");
+  else
+    snprintf(out, outlen,
+             "the same call again after a device synchronisation: non-finite dQ %" PRId64
+             ", dK %" PRId64 ", dV %" PRId64,
+             bad[0], bad[1], bad[2]);
+  free(buf);
+}
+
 /* Describes into out whether the forward's O (nq_el elements, through its strides) and LSE
  * (nrows floats) hold NaN or infinities (LSE = -inf is a row without keys, not counted). */
 static void forward_outputs_finite(fg_context *ctx, const dtensor *o, CUdeviceptr lse,
@@ -455,20 +488,24 @@ static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check
   memcpy(r->tol, gr.tol, sizeof r->tol);
   if (!gr.pass) {
     if (isinf(gr.err[0]) || isinf(gr.err[1]) || isinf(gr.err[2])) {
-      /* Non-finite gradients: say where the first of each is and whether the forward's O and
-       * LSE (the backward's inputs besides Q, K, V, dO) were finite, so one failure tells the
-       * forward from the backward. */
-      char inputs[256], i0[24], i1[24], i2[24], n0[64], n1[64], n2[64];
+      /* Non-finite gradients: say where the first of each is, whether the forward's O and LSE
+       * (the backward's inputs besides Q, K, V, dO) were finite, so one failure tells the
+       * forward from the backward, and whether the same call fails again after a device
+       * synchronisation (a failure that depends on what ran before, or one of the call). */
+      char inputs[256], again[192], i0[24], i1[24], i2[24], n0[64], n1[64], n2[64];
       forward_outputs_finite(ctx, &o, lse, nq_el, nrows, c->dt, inputs, sizeof inputs);
+      const dtensor *outs[3] = {&dq, &dk, &dv};
+      const int64_t ns[3] = {nq_el, nk_el, nk_el};
+      rerun_after_sync(env, &a, &v, outs, ns, nan16, c->dt, again, sizeof again);
       fg_check_bwd_fail(r,
                         "%s; first non-finite dQ/dK/dV index %s/%s/%s; non-finite dQ %s, dK %s, "
-                        "dV %s; %s",
+                        "dV %s; %s; %s",
                         gr.reason, idx_or_none(gr.err[0], gr.worst[0], i0),
                         idx_or_none(gr.err[1], gr.worst[1], i1),
                         idx_or_none(gr.err[2], gr.worst[2], i2),
                         nonfinite_count(gq, nq_el, nan16, c->dt, n0),
                         nonfinite_count(gk, nk_el, nan16, c->dt, n1),
-                        nonfinite_count(gv, nk_el, nan16, c->dt, n2), inputs);
+                        nonfinite_count(gv, nk_el, nan16, c->dt, n2), inputs, again);
     } else {
       fg_check_bwd_fail(r, "%s", gr.reason);
     }

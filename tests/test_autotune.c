@@ -1187,8 +1187,9 @@ Test(tune_fake_gpu, a_hung_kernel_stops_check_with_its_name, .init = make_cache_
 /* A backward case whose gradients are not finite (the fake driver records the backward's launches
  * but leaves its outputs poisoned) names the first non-finite index of each and says whether the
  * forward's O and LSE, the backward's other inputs, were finite: here they were (the forward ran),
- * so the failure is the backward's; and how many elements still hold the poison (all: the
- * gradients were never written). */
+ * so the failure is the backward's; how many elements still hold the poison (all: the gradients
+ * were never written); and that the same call, run again after a device synchronisation, fails
+ * the same way (the fake backward writes nothing either time). */
 Test(tune_fake_gpu, a_nonfinite_backward_case_tells_the_forward_from_the_backward,
      .init = make_cache_dir, .fini = remove_cache_dir, .timeout = 300) {
   build_fake_driver();
@@ -1201,7 +1202,9 @@ Test(tune_fake_gpu, a_nonfinite_backward_case_tells_the_forward_from_the_backwar
   cr_assert(strstr(fg_test_out, "FAIL") && strstr(fg_test_out, "dQ[0] = nan is not finite") &&
                 strstr(fg_test_out, "first non-finite dQ/dK/dV index 0/0/0") &&
                 strstr(fg_test_out, "non-finite dQ 128 of 128 (128 poison), dK 2176 of 2176 (2176 poison)") &&
-                strstr(fg_test_out, "the forward's O: all 128 finite; its LSE: all 2 finite"),
+                strstr(fg_test_out, "the forward's O: all 128 finite; its LSE: all 2 finite") &&
+                strstr(fg_test_out, "the same call again after a device synchronisation: "
+                                    "non-finite dQ 128, dK 2176, dV 2176"),
             "%s", fg_test_out);
 }
 
