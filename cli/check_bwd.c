@@ -282,36 +282,40 @@ static const char *nonfinite_count(const uint16_t *g, int64_t n, uint16_t poison
   return buf;
 }
 
-/* After a non-finite result: the same backward call again on the same inputs (Q, K, V, dO and the
- * forward's O and LSE as they are now), its gradients poisoned anew and the device synchronised
- * first, described into out: a failure the call repeats, or one that depends on what ran before
- * it (work still in flight, the state an earlier call left). */
-static void rerun_after_sync(const fg_check_bwd_env *env, const fg_attention_backward_args *a,
-                             const fg_variant *v, const dtensor *outs[3], const int64_t n[3],
-                             uint16_t poison, fg_dtype dt, char *out, size_t outlen) {
-  fg_context *ctx = env->ctx;
-  uint16_t *buf = malloc((size_t)(n[0] > n[1] ? n[0] : n[1]) * 2 + 2);
-  int64_t bad[3] = {0, 0, 0};
-  fg_status st = buf ? FG_OK : FG_ERROR_OUT_OF_MEMORY;
+/* The backward call a (variant v) again on env's stream, waited for, with its gradients outs
+ * (dQ, dK, dV) poisoned anew first; with sync_first after a device synchronisation too. */
+static fg_status call_again(const fg_check_bwd_env *env, const fg_attention_backward_args *a,
+                            const fg_variant *v, const dtensor *const outs[3], uint16_t poison,
+                            int sync_first) {
+  fg_status st = FG_OK;
   for (int i = 0; i < 3 && st == FG_OK; i++)
-    st = fg_dev_fill16(ctx, outs[i]->p, poison, (size_t)(outs[i]->ext > 0 ? outs[i]->ext : 1));
-  if (st == FG_OK) st = fg_dev_synchronize(ctx);
-  if (st == FG_OK) st = fg_attention_backward_variant(ctx, a, env->stream, v);
-  if (st == FG_OK) st = fg_stream_synchronize(ctx, env->stream);
-  for (int i = 0; i < 3 && st == FG_OK; i++) {
-    st = tensor_download(ctx, outs[i], buf);
-    for (int64_t j = 0; st == FG_OK && j < n[i]; j++) bad[i] += !isfinite(fg_half_to_f32(buf[j], dt));
-  }
+    st = fg_dev_fill16(env->ctx, outs[i]->p, poison, (size_t)(outs[i]->ext > 0 ? outs[i]->ext : 1));
+  if (st == FG_OK && sync_first) st = fg_dev_synchronize(env->ctx);
+  if (st == FG_OK) st = fg_attention_backward_variant(env->ctx, a, env->stream, v);
+  if (st == FG_OK) st = fg_stream_synchronize(env->ctx, env->stream);
+  return st;
+}
+
+/* After a non-finite result: the same backward call again on the same inputs (Q, K, V, dO and the
+ * forward's O and LSE as they are now) after a device synchronisation, described into out[384]:
+ * a failure the call repeats, or one that depends on what ran before it (work still in flight,
+ * the state an earlier call left). */
+static void rerun_after_sync(const fg_check_bwd_env *env, const fg_attention_backward_args *a,
+                             const fg_variant *v, const dtensor *const outs[3], const int64_t n[3],
+                             uint16_t poison, fg_dtype dt, char *out) {
+  uint16_t *buf = malloc((size_t)(n[0] > n[1] ? n[0] : n[1]) * 2 + 2);
+  char c[3][64];
+  fg_status st = buf ? call_again(env, a, v, outs, poison, 1) : FG_ERROR_OUT_OF_MEMORY;
+  for (int i = 0; i < 3 && st == FG_OK; i++)
+    if ((st = tensor_download(env->ctx, outs[i], buf)) == FG_OK)
+      nonfinite_count(buf, n[i], poison, dt, c[i]);
   if (st != FG_OK)
-    snprintf(out, outlen, "the same call again after a device synchronisation failed: %s",
-             fg_context_last_error(ctx));
-  else if (!bad[0] && !bad[1] && !bad[2])
-    snprintf(out, outlen, "the same call again after a device synchronisation: all finite");
+    snprintf(out, 384, "the same call again after a device synchronisation failed: %s",
+             fg_context_last_error(env->ctx));
   else
-    snprintf(out, outlen,
-             "the same call again after a device synchronisation: non-finite dQ %" PRId64
-             ", dK %" PRId64 ", dV %" PRId64,
-             bad[0], bad[1], bad[2]);
+    snprintf(out, 384,
+             "the same call again after a device synchronisation: non-finite dQ %s, dK %s, dV %s",
+             c[0], c[1], c[2]);
   free(buf);
 }
 
@@ -455,14 +459,10 @@ static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check
   if (c->kind == B_DET) {
     /* Again, on poisoned gradients: the same bits. */
     uint16_t *again = malloc((size_t)(nq_el > nk_el ? nq_el : nk_el) * 2 + 2);
-    const dtensor *outs[3] = {&dq, &dk, &dv};
+    const dtensor *const outs[3] = {&dq, &dk, &dv};
     const uint16_t *first[3] = {gq, gk, gv};
     const char *names[3] = {"dQ", "dK", "dV"};
-    st = again ? FG_OK : FG_ERROR_OUT_OF_MEMORY;
-    for (int i = 0; i < 3 && st == FG_OK; i++)
-      st = fg_dev_fill16(ctx, outs[i]->p, nan16, (size_t)(outs[i]->ext > 0 ? outs[i]->ext : 1));
-    if (st == FG_OK) st = fg_attention_backward_variant(ctx, &a, env->stream, &v);
-    if (st == FG_OK) st = fg_stream_synchronize(ctx, env->stream);
+    st = again ? call_again(env, &a, &v, outs, nan16, 0) : FG_ERROR_OUT_OF_MEMORY;
     for (int i = 0; i < 3 && st == FG_OK; i++) {
       st = tensor_download(ctx, outs[i], again);
       const int64_t n = i ? nk_el : nq_el;
@@ -492,11 +492,11 @@ static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check
        * (the backward's inputs besides Q, K, V, dO) were finite, so one failure tells the
        * forward from the backward, and whether the same call fails again after a device
        * synchronisation (a failure that depends on what ran before, or one of the call). */
-      char inputs[256], again[192], i0[24], i1[24], i2[24], n0[64], n1[64], n2[64];
+      char inputs[256], again[384], i0[24], i1[24], i2[24], n0[64], n1[64], n2[64];
       forward_outputs_finite(ctx, &o, lse, nq_el, nrows, c->dt, inputs, sizeof inputs);
-      const dtensor *outs[3] = {&dq, &dk, &dv};
+      const dtensor *const outs[3] = {&dq, &dk, &dv};
       const int64_t ns[3] = {nq_el, nk_el, nk_el};
-      rerun_after_sync(env, &a, &v, outs, ns, nan16, c->dt, again, sizeof again);
+      rerun_after_sync(env, &a, &v, outs, ns, nan16, c->dt, again);
       fg_check_bwd_fail(r,
                         "%s; first non-finite dQ/dK/dV index %s/%s/%s; non-finite dQ %s, dK %s, "
                         "dV %s; %s; %s",

@@ -64,7 +64,7 @@ static const fg_cuda_sym fg_cuda_syms[] = {
     FG_SYM(cuMemsetD8, 1, "cuMemsetD8_v2"),
     FG_SYM(cuMemsetD16, 1, "cuMemsetD16_v2"),
     FG_SYM(cuMemsetD32, 1, "cuMemsetD32_v2"),
-    FG_SYM(cuMemsetD32Async, 0, "cuMemsetD32Async"),
+    FG_SYM(cuMemsetD32Async, 1, "cuMemsetD32Async"),
     FG_SYM(cuStreamCreate, 1, "cuStreamCreate"),
     FG_SYM(cuStreamDestroy, 1, "cuStreamDestroy_v2"),
     FG_SYM(cuStreamSynchronize, 1, "cuStreamSynchronize"),

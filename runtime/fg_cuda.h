@@ -165,8 +165,7 @@ typedef struct fg_cuda_api {
   CUresult (*cuMemsetD8)(CUdeviceptr dst, unsigned char value, size_t count);
   CUresult (*cuMemsetD16)(CUdeviceptr dst, unsigned short value, size_t count);
   CUresult (*cuMemsetD32)(CUdeviceptr dst, unsigned int value, size_t count);
-  CUresult (*cuMemsetD32Async)(CUdeviceptr dst, unsigned int value, size_t count,
-                               CUstream s); /* optional */
+  CUresult (*cuMemsetD32Async)(CUdeviceptr dst, unsigned int value, size_t count, CUstream s);
   CUresult (*cuStreamCreate)(CUstream *s, unsigned int flags);
   CUresult (*cuStreamDestroy)(CUstream s);
   CUresult (*cuStreamSynchronize)(CUstream s);

@@ -65,16 +65,11 @@ fg_status fg_workspace_alloc(fg_context *ctx, size_t bytes, CUstream s, const ch
     return fg_fail(ctx, fg_cuda_status(r), "allocating the %.1f MiB workspace of %s: %s",
                    (double)bytes / (1024.0 * 1024.0), what, d);
   }
-  if (ctx->poison_workspaces) {
-    /* Ordered on s before the plan (cuMemsetD32 would run on the legacy stream: after a stream
-     * synchronisation, where the allocation is stream-ordered). Workspaces are whole floats. */
-    call = fg_cu.cuMemsetD32Async ? "cuMemsetD32Async" : "cuMemsetD32";
-    if (!fg_cu.cuMemsetD32Async) fg_cu.cuStreamSynchronize(s);
-    r = fg_cu.cuMemsetD32Async ? fg_cu.cuMemsetD32Async(w->ptr, 0xffffffffu, bytes / 4, s)
-                               : fg_cu.cuMemsetD32(w->ptr, 0xffffffffu, bytes / 4);
+  if (ctx->poison_workspaces) { /* on s, before the plan; workspaces are whole floats */
+    r = fg_cu.cuMemsetD32Async(w->ptr, 0xffffffffu, bytes / 4, s);
     if (r != FG_CUDA_SUCCESS) {
       char d[512];
-      fg_cuda_describe(d, sizeof d, call, r);
+      fg_cuda_describe(d, sizeof d, "cuMemsetD32Async", r);
       fg_workspace_free(ctx, w, s);
       return fg_fail(ctx, fg_cuda_status(r), "poisoning the workspace of %s: %s", what, d);
     }

@@ -1204,7 +1204,8 @@ Test(tune_fake_gpu, a_nonfinite_backward_case_tells_the_forward_from_the_backwar
                 strstr(fg_test_out, "non-finite dQ 128 of 128 (128 poison), dK 2176 of 2176 (2176 poison)") &&
                 strstr(fg_test_out, "the forward's O: all 128 finite; its LSE: all 2 finite") &&
                 strstr(fg_test_out, "the same call again after a device synchronisation: "
-                                    "non-finite dQ 128, dK 2176, dV 2176"),
+                                    "non-finite dQ 128 of 128 (128 poison), dK 2176 of 2176 "
+                                    "(2176 poison), dV 2176 of 2176 (2176 poison)"),
             "%s", fg_test_out);
 }
 
