@@ -104,7 +104,7 @@ Test(sanitizer_probe, leaks_when_asked) {
 Test(sanitizer, a_leak_in_a_test_fails_the_program) {
   if (!FG_EXPECT_ASAN) cr_skip_test("not the Asan build type");
   char cmd[512], out[1 << 14];
-  /* The environment's ASAN_OPTIONS (scripts/test: detect_leaks=1 only) are kept; BXFI_MAP
+  /* The environment's ASAN_OPTIONS (scripts/test: detect_leaks=1, intercept_tls_get_addr=0) are kept; BXFI_MAP
    * would make the child believe it is a Criterion worker. */
   snprintf(cmd, sizeof cmd,
            "env -u BXFI_MAP FG_SANITIZER_PROBE=1 /proc/%ld/exe --jobs 1 --filter 'sanitizer_probe/*' 2>&1",
