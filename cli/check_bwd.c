@@ -319,6 +319,37 @@ static void rerun_after_sync(const fg_check_bwd_env *env, const fg_attention_bac
   free(buf);
 }
 
+/* Describes into out[192] whether the inputs Q, K, V and dO (ts[i], n[i] logical elements) read
+ * back from the device bit for bit as they were uploaded (hs[i]): a kernel that wrote where it
+ * should not, or an upload not done when the call read it, shows here. */
+static void inputs_as_uploaded(fg_context *ctx, const dtensor *const ts[4],
+                               const uint16_t *const hs[4], const int64_t n[4], char *out) {
+  static const char *names[4] = {"Q", "K", "V", "dO"};
+  uint16_t *buf = malloc((size_t)(n[0] > n[1] ? n[0] : n[1]) * 2 + 2);
+  int len = snprintf(out, 192, "Q, K, V, dO read back");
+  int same = 1;
+  for (int t = 0; t < 4 && len < 192; t++) {
+    if (!buf || tensor_download(ctx, ts[t], buf) != FG_OK) {
+      snprintf(out, 192, "Q, K, V, dO could not be read back");
+      free(buf);
+      return;
+    }
+    int64_t diff = 0, first = -1;
+    for (int64_t i = 0; i < n[t]; i++)
+      if (buf[i] != hs[t][i] && diff++ == 0) first = i;
+    if (diff) {
+      len += snprintf(out + len, (size_t)(192 - len),
+                      "%s %s: %" PRId64 " of %" PRId64 " elements differ from the upload (%s[%" PRId64
+                      "] = 0x%04x, uploaded 0x%04x)",
+                      same ? ":" : ";", names[t], diff, n[t], names[t], first, buf[first],
+                      hs[t][first]);
+      same = 0;
+    }
+  }
+  if (same) snprintf(out, 192, "Q, K, V, dO read back as uploaded");
+  free(buf);
+}
+
 /* Describes into out whether the forward's O (nq_el elements, through its strides) and LSE
  * (nrows floats) hold NaN or infinities (LSE = -inf is a row without keys, not counted). */
 static void forward_outputs_finite(fg_context *ctx, const dtensor *o, CUdeviceptr lse,
@@ -490,22 +521,27 @@ static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check
     if (isinf(gr.err[0]) || isinf(gr.err[1]) || isinf(gr.err[2])) {
       /* Non-finite gradients: say where the first of each is, whether the forward's O and LSE
        * (the backward's inputs besides Q, K, V, dO) were finite, so one failure tells the
-       * forward from the backward, and whether the same call fails again after a device
-       * synchronisation (a failure that depends on what ran before, or one of the call). */
-      char inputs[256], again[384], i0[24], i1[24], i2[24], n0[64], n1[64], n2[64];
+       * forward from the backward, whether Q, K, V and dO still hold what was uploaded, and
+       * whether the same call fails again after a device synchronisation (a failure that
+       * depends on what ran before, or one of the call). */
+      char inputs[256], intact[192], again[384], i0[24], i1[24], i2[24], n0[64], n1[64], n2[64];
       forward_outputs_finite(ctx, &o, lse, nq_el, nrows, c->dt, inputs, sizeof inputs);
+      const dtensor *const ins[4] = {&q, &k, &vv, &dout};
+      const uint16_t *const hins[4] = {hq, hk, hv, hdo};
+      const int64_t nins[4] = {nq_el, nk_el, nk_el, nq_el};
+      inputs_as_uploaded(ctx, ins, hins, nins, intact);
       const dtensor *const outs[3] = {&dq, &dk, &dv};
       const int64_t ns[3] = {nq_el, nk_el, nk_el};
       rerun_after_sync(env, &a, &v, outs, ns, nan16, c->dt, again);
       fg_check_bwd_fail(r,
                         "%s; first non-finite dQ/dK/dV index %s/%s/%s; non-finite dQ %s, dK %s, "
-                        "dV %s; %s; %s",
+                        "dV %s; %s; %s; %s",
                         gr.reason, idx_or_none(gr.err[0], gr.worst[0], i0),
                         idx_or_none(gr.err[1], gr.worst[1], i1),
                         idx_or_none(gr.err[2], gr.worst[2], i2),
                         nonfinite_count(gq, nq_el, nan16, c->dt, n0),
                         nonfinite_count(gk, nk_el, nan16, c->dt, n1),
-                        nonfinite_count(gv, nk_el, nan16, c->dt, n2), inputs, again);
+                        nonfinite_count(gv, nk_el, nan16, c->dt, n2), inputs, intact, again);
     } else {
       fg_check_bwd_fail(r, "%s", gr.reason);
     }

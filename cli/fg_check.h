@@ -42,7 +42,7 @@ typedef struct fg_check_bwd_result {
   int pass;
   double err[3], tol[3]; /* dQ, dK, dV: max |x - ref| and the gate's tolerance */
   char variant[FG_VARIANT_NAME_MAX];
-  char reason[1024];
+  char reason[2048];
 } fg_check_bwd_result;
 /* Marks r failed with the reason (printf-style); the first failure's reason wins. */
 void fg_check_bwd_fail(fg_check_bwd_result *r, const char *fmt, ...) FG_PRINTF(2, 3);

@@ -1202,10 +1202,29 @@ Test(tune_fake_gpu, a_nonfinite_backward_case_tells_the_forward_from_the_backwar
   cr_assert(strstr(fg_test_out, "FAIL") && strstr(fg_test_out, "dQ[0] = nan is not finite") &&
                 strstr(fg_test_out, "first non-finite dQ/dK/dV index 0/0/0") &&
                 strstr(fg_test_out, "non-finite dQ 128 of 128 (128 poison), dK 2176 of 2176 (2176 poison)") &&
-                strstr(fg_test_out, "the forward's O: all 128 finite; its LSE: all 2 finite") &&
+                strstr(fg_test_out, "the forward's O: all 128 finite; its LSE: all 2 finite or -inf; "
+                                    "Q, K, V, dO read back as uploaded") &&
                 strstr(fg_test_out, "the same call again after a device synchronisation: "
                                     "non-finite dQ 128 of 128 (128 poison), dK 2176 of 2176 "
                                     "(2176 poison), dV 2176 of 2176 (2176 poison)"),
+            "%s", fg_test_out);
+}
+
+/* A backward call that writes over one of its inputs (the fake driver's backward puts a NaN in
+ * dO's first element): the failure says which input no longer holds what was uploaded, where,
+ * and what it holds. */
+Test(tune_fake_gpu, a_nonfinite_backward_case_tells_a_clobbered_input,
+     .init = make_cache_dir, .fini = remove_cache_dir, .timeout = 300) {
+  build_fake_driver();
+  char env[512];
+  snprintf(env, sizeof env,
+           "FLASHGEN_CUDA_LIBRARY='%s' FLASHGEN_CACHE_DIR='%s/c' FAKE_CUDA_BACKWARD_RECORD_ONLY=1 "
+           "FAKE_CUDA_BACKWARD_CLOBBER_DO=1",
+           fake_lib, cache_dir);
+  const int rc = fg_test_run_cli(NULL, env, "check -j 2 --filter bwd/seqlen/d64_nq1_nk17_noncausal");
+  cr_assert_eq(rc, 1, "exit %d\nstdout:\n%s\nstderr:\n%s", rc, fg_test_out, fg_test_err);
+  cr_assert(strstr(fg_test_out, "Q, K, V, dO read back: dO: 1 of 128 elements differ from the "
+                                "upload (dO[0] = 0x7fc0, uploaded 0x"),
             "%s", fg_test_out);
 }
 

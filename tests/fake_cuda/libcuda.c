@@ -13,7 +13,8 @@
  * tests read the record through fake_launch_count, fake_launch_get, fake_mem_counts and
  * fake_async_counts (dlopen the same library) and clear it with fake_reset
  * (tests/test_backward.c). Then the plan is emulated by fake_backward.c, unless
- * FAKE_CUDA_BACKWARD_RECORD_ONLY is set (tests whose tensors are made-up addresses).
+ * FAKE_CUDA_BACKWARD_RECORD_ONLY is set (tests whose tensors are made-up addresses); with
+ * FAKE_CUDA_BACKWARD_CLOBBER_DO set each backward launch also writes a NaN over dO's first element.
  * Tensor maps: cuTensorMapEncodeTiled checks what the real driver's documentation requires (rank,
  * dims, strides, box, alignment), records its arguments (fake_tmap_count, fake_tmap_get) and
  * writes them into the map's 128 bytes (fake_tmap_encoded; it fails when FAKE_CUDA_TMAP_FAIL is
@@ -461,6 +462,10 @@ API CUresult cuLaunchKernel(void *fnp, unsigned gx, unsigned gy, unsigned gz, un
           (bp->seqlen_k > 0 && (!maps[2] || !maps[3])))
         return 1;
     }
+    /* A stray write: the first element of dO becomes a bf16 NaN (the check's read-back of the
+     * inputs after a non-finite result must see it). */
+    if (getenv("FAKE_CUDA_BACKWARD_CLOBBER_DO") && bp->d_o)
+      *(uint16_t *)(uintptr_t)bp->d_o = 0x7fc0;
     if (getenv("FAKE_CUDA_BACKWARD_RECORD_ONLY")) return 0;
     return fake_backward(f->name, bp, tp ? maps : NULL);
   }
