@@ -10,8 +10,8 @@
 #include "fg_params.h"
 #include "fake_cuda/fake_records.h"
 
-/* Compiles the fake driver, with the extra compiler arguments `defines` (e.g. "-DFAKE_CUDA_NO_
- * TENSOR_MAP", or ""), into dir/libcuda_fake.so (dir: an existing directory), writes that path
+/* Compiles the fake driver (-O1), with the extra compiler arguments `defines` after it (e.g.
+ * "-DFAKE_CUDA_NO_TENSOR_MAP", "-O2", or ""), into dir/libcuda_fake.so (dir: an existing directory), writes that path
  * into lib (lib_len bytes) and points FLASHGEN_CUDA_LIBRARY at it. Skips the calling test
  * (cr_skip_test) when FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest) or the compiler ($CC,
  * else cc) fails. */

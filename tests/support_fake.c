@@ -17,7 +17,7 @@ void fgt_fake_driver_build(const char *dir, const char *defines, char *lib, size
   snprintf(lib, lib_len, "%s/libcuda_fake.so", dir);
   char cmd[1024];
   snprintf(cmd, sizeof cmd,
-           "%s -std=c11 -D_POSIX_C_SOURCE=200809L %s -O1 -shared -fPIC -o '%s' "
+           "%s -std=c11 -D_POSIX_C_SOURCE=200809L -O1 %s -shared -fPIC -o '%s' "
            "'%s/tests/fake_cuda/libcuda.c' -lm",
            cc, defines, lib, src);
   if (system(cmd) != 0) cr_skip_test("cannot build the fake driver with '%s'", cc);
