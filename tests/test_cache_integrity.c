@@ -47,26 +47,7 @@ TestSuite(cache_integrity, .init = setup, .fini = teardown);
 /* A deterministic image of variant with entry point entry (NULL: "fg_" + variant, as the
  * templates name it). */
 static fg_kernel_image make_image(const char *variant, const char *entry, unsigned seed) {
-  fg_kernel_image img;
-  memset(&img, 0, sizeof img);
-  snprintf(img.variant, sizeof img.variant, "%s", variant);
-  img.arch = FG_ARCH_SM80;
-  size_t cubin_size = 3000 + seed * 17, ptx_size = 1000 + seed * 5;
-  img.cubin = malloc(cubin_size);
-  img.ptx = malloc(ptx_size + 1);
-  cr_assert(img.cubin && img.ptx);
-  unsigned x = seed * 2654435761u + 1;
-  for (size_t i = 0; i < cubin_size; i++) {
-    x = x * 1664525u + 1013904223u;
-    img.cubin[i] = (unsigned char)(x >> 24);
-  }
-  for (size_t i = 0; i < ptx_size; i++) {
-    x = x * 1664525u + 1013904223u;
-    img.ptx[i] = (char)('a' + (x >> 24) % 26);
-  }
-  img.ptx[ptx_size] = '\0';
-  img.cubin_size = cubin_size;
-  img.ptx_size = ptx_size;
+  fg_kernel_image img = fgt_image_bytes(variant, seed, 3000 + seed * 17, 1000 + seed * 5);
   char e[64];
   snprintf(e, sizeof e, entry ? "%s" : "fg_%s", entry ? entry : variant);
   fg_kernel_meta_single(&img.meta, e, FG_GRID_Q_TILES, 64, 128, 16384 + (int)seed);
