@@ -3,8 +3,11 @@
  * problem, and the time of the first call in this process (cubin from the cache or compiled).
  * With a forward variant name, that variant's calls (fg_attention_forward_variant: the registry
  * instead of the dispatcher), e.g. a qtma one, whose launches encode three tensor maps (timed
- * alone in the breakdown). Run on a machine with a GPU:
- *   build/fg_bench_host [calls] [breakdown] [VARIANT] */
+ * alone in the breakdown). With `backward`, the host time of fg_attention_backward instead (its
+ * plan's three launches, four tensor maps on sm_90a, the workspace from the context's pool or
+ * the caller's). Run on a machine with a GPU:
+ *   build/fg_bench_host [calls] [breakdown] [VARIANT]
+ *   build/fg_bench_host [calls] backward */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,9 +32,92 @@ static fg_status call(fg_context *ctx, const fg_attention_args *a, const fg_vari
                 : fg_attention_forward(ctx, a, NULL);
 }
 
+/* The median of `calls` host times of fg_attention_backward on a (synchronising every 256
+ * calls, so the launch queue never fills); -1 on an error (printed). */
+static double backward_median(fg_context *ctx, const fg_attention_backward_args *a, int calls,
+                              double *t) {
+  for (int i = 0; i < calls; i++) {
+    double s = now_us();
+    if (fg_attention_backward(ctx, a, NULL) != FG_OK) {
+      fprintf(stderr, "fg_bench_host: %s\n", fg_context_last_error(ctx));
+      return -1;
+    }
+    t[i] = now_us() - s;
+    if (i % 256 == 255) fg_dev_synchronize(ctx);
+  }
+  fg_dev_synchronize(ctx);
+  qsort(t, (size_t)calls, sizeof(double), cmp);
+  return t[calls / 2];
+}
+
+/* `fg_bench_host [calls] backward`: a small backward problem (B 1, H 2, N 128, d 64, f16), its
+ * kernels loaded by a first call; the median host time per call with the workspace from the
+ * context's pool and with the caller's. */
+static int backward_main(int calls) {
+  fg_context *ctx;
+  if (fg_context_create(&ctx, NULL) != FG_OK) {
+    fprintf(stderr, "fg_bench_host: %s\n", fg_last_create_error());
+    return 1;
+  }
+  const int64_t B = 1, H = 2, N = 128, d = 64;
+  const size_t n = (size_t)(B * H * N * d);
+  CUdeviceptr buf[8], lse = 0;
+  for (int i = 0; i < 8; i++)
+    if (fg_dev_alloc(ctx, &buf[i], n * 2) || fg_dev_fill16(ctx, buf[i], 0x3c00, n)) {
+      fprintf(stderr, "fg_bench_host: %s\n", fg_context_last_error(ctx));
+      return 1;
+    }
+  if (fg_dev_alloc(ctx, &lse, (size_t)(B * H * N) * 4)) {
+    fprintf(stderr, "fg_bench_host: %s\n", fg_context_last_error(ctx));
+    return 1;
+  }
+  fg_attention_args f = {0};
+  f.dtype = FG_DTYPE_F16;
+  f.batch = B; f.heads_q = H; f.heads_kv = H; f.seqlen_q = N; f.seqlen_k = N; f.head_dim = d;
+  f.q = (void *)buf[0]; f.k = (void *)buf[1]; f.v = (void *)buf[2]; f.o = (void *)buf[3];
+  f.lse = (float *)lse;
+  fg_attention_backward_args a = {0};
+  a.size = sizeof a;
+  a.dtype = f.dtype;
+  a.batch = B; a.heads_q = H; a.heads_kv = H; a.seqlen_q = N; a.seqlen_k = N; a.head_dim = d;
+  a.q = f.q; a.k = f.k; a.v = f.v; a.o = f.o; a.lse = f.lse;
+  a.d_o = (void *)buf[4]; a.dq = (void *)buf[5]; a.dk = (void *)buf[6]; a.dv = (void *)buf[7];
+  double t0 = now_us();
+  if (fg_attention_forward(ctx, &f, NULL) != FG_OK || fg_attention_backward(ctx, &a, NULL) != FG_OK ||
+      fg_dev_synchronize(ctx) != FG_OK) {
+    fprintf(stderr, "fg_bench_host: %s\n", fg_context_last_error(ctx));
+    return 1;
+  }
+  printf("first forward + backward (load or compile + launch, synchronised): %.2f ms\n",
+         (now_us() - t0) / 1e3);
+  double *t = malloc(sizeof(double) * (size_t)calls);
+  const double pool = backward_median(ctx, &a, calls, t);
+  size_t ws = 0;
+  CUdeviceptr wp = 0;
+  if (pool < 0 || fg_attention_backward_workspace_size(ctx, &a, &ws) != FG_OK ||
+      (ws && fg_dev_alloc(ctx, &wp, ws))) {
+    if (pool >= 0) fprintf(stderr, "fg_bench_host: %s\n", fg_context_last_error(ctx));
+    return 1;
+  }
+  a.workspace = (void *)wp;
+  a.workspace_size = ws;
+  const double own = backward_median(ctx, &a, calls, t);
+  if (own < 0) return 1;
+  printf("backward host time per call, kernels loaded: median %.2f us (workspace from the "
+         "context's pool), %.2f us (the caller's %zu B) over %d calls\n",
+         pool, own, ws, calls);
+  free(t);
+  fg_dev_free(ctx, wp);
+  for (int i = 0; i < 8; i++) fg_dev_free(ctx, buf[i]);
+  fg_dev_free(ctx, lse);
+  fg_context_destroy(ctx);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int calls = argc > 1 ? atoi(argv[1]) : 10000;
   if (calls < 10) calls = 10;
+  if (argc > 2 && strcmp(argv[2], "backward") == 0) return backward_main(calls);
   int breakdown = 0;
   fg_variant forced_v, *forced = NULL;
   for (int i = 2; i < argc; i++) {
@@ -43,7 +129,7 @@ int main(int argc, char **argv) {
       forced = &forced_v;
     } else {
       fprintf(stderr, "fg_bench_host: '%s' is neither 'breakdown' nor a forward variant (%s)\n"
-              "usage: fg_bench_host [calls] [breakdown] [fwd_... variant]\n", argv[i], err);
+              "usage: fg_bench_host [calls] [breakdown] [fwd_... variant] | [calls] backward\n", argv[i], err);
       return 2;
     }
   }
