@@ -443,7 +443,8 @@ static void run_case(fg_check_bwd_env *env, const fg_check_bwd_case *c, fg_check
   memcpy(a.dk_stride, dk.s, sizeof dk.s), memcpy(a.dv_stride, dv.s, sizeof dv.s);
   fg_attention_args f;
   fg_backward_forward_args(&a, &f);
-  if (fg_attention_forward(ctx, &f, env->stream) != FG_OK) {
+  if (fg_attention_forward(ctx, &f, env->stream) != FG_OK ||
+      (env->sync && fg_dev_synchronize(ctx) != FG_OK)) {
     fg_check_bwd_fail(r, "the forward call failed: %s", fg_context_last_error(ctx));
     goto done;
   }
@@ -602,7 +603,7 @@ int fg_check_backward(const fg_check_options *o, int *passed, int *failed) {
     return nsel;
   }
   preload(o->ctx, &l, sel, o->jobs);
-  fg_check_bwd_env env = {o->ctx, o->stream, o->seed, o->jobs > 0 ? o->jobs : 1};
+  fg_check_bwd_env env = {o->ctx, o->stream, o->seed, o->jobs > 0 ? o->jobs : 1, o->sync};
   for (int i = 0; i < l.n; i++) {
     if (!sel[i]) continue;
     const fg_check_bwd_case *c = &l.c[i];

@@ -155,7 +155,8 @@ void fg_check_bwd_big(const fg_check_bwd_env *env, const fg_check_bwd_case *c,
   a.dq = (void *)(uintptr_t)dq, a.dk = (void *)(uintptr_t)dk, a.dv = (void *)(uintptr_t)dv;
   fg_attention_args f;
   fg_backward_forward_args(&a, &f);
-  if ((st = fg_attention_forward(ctx, &f, env->stream)) != FG_OK) {
+  if ((st = fg_attention_forward(ctx, &f, env->stream)) != FG_OK ||
+      (env->sync && (st = fg_dev_synchronize(ctx)) != FG_OK)) {
     fg_check_bwd_fail(r, "the forward call that makes O and LSE failed: %s",
                       fg_context_last_error(ctx));
     goto done;

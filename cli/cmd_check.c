@@ -122,7 +122,7 @@ static void preload(fg_context *ctx, const fg_check_list *l, const char *sel, in
 static void check_usage(FILE *f) {
   fprintf(f,
           "usage: flashgen check [--quick] [--filter SUBSTRING] [--list] [--device N] [--seed N]\n"
-          "                      [-j N] [--verbose]\n\n"
+          "                      [-j N] [--sync] [--verbose]\n\n"
           "Checks the forward kernels on the GPU against an fp64 reference: every variant of\n"
           "the default set, sequence lengths, head dimensions, GQA/MQA, strided layouts, LSE,\n"
           "every loop order (q_outer, kv_outer, and on sm_90a the wgmma kernels, in order and\n"
@@ -149,6 +149,9 @@ static void check_usage(FILE *f) {
           "  --device N      CUDA device (default 0)\n"
           "  --seed N        base seed of the random inputs (default 1)\n"
           "  -j N            threads that compile kernels (default: the number of cores)\n"
+          "  --sync          in a backward case, wait for the GPU between the forward call that\n"
+          "                  makes O and LSE and the backward call (a failure that goes away with\n"
+          "                  it depends on the two calls' work overlapping)\n"
           "  --verbose       print the variant and messages of every case\n");
 }
 
@@ -167,7 +170,7 @@ int fg_check_selected(const char *name, int is_quick, const char *filter, int qu
 }
 
 int fg_cmd_check(int argc, char **argv) {
-  int quick = 0, list = 0, verbose = 0, device = 0;
+  int quick = 0, list = 0, verbose = 0, device = 0, sync = 0;
   long jobs = sysconf(_SC_NPROCESSORS_ONLN);
   uint64_t seed = 1;
   const char *filter = NULL;
@@ -180,6 +183,8 @@ int fg_cmd_check(int argc, char **argv) {
       quick = 1;
     } else if (!strcmp(opt, "--list")) {
       list = 1;
+    } else if (!strcmp(opt, "--sync")) {
+      sync = 1;
     } else if (!strcmp(opt, "--verbose") || !strcmp(opt, "-v")) {
       verbose = 1;
     } else if (val && !strcmp(opt, "--filter")) {
@@ -241,6 +246,7 @@ int fg_cmd_check(int argc, char **argv) {
   co.quick = quick;
   co.list = 1;
   co.verbose = verbose;
+  co.sync = sync;
   co.jobs = (int)jobs;
   co.seed = seed;
   int bwd_passed = 0, bwd_failed = 0;

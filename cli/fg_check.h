@@ -14,6 +14,7 @@ typedef struct fg_check_options {
   CUstream stream;
   const char *filter;    /* substrings of the case names, comma-separated (any), or NULL */
   int quick, list, verbose, jobs;
+  int sync; /* backward cases: wait for the GPU between the forward call and the backward */
   uint64_t seed;
 } fg_check_options;
 
@@ -52,6 +53,7 @@ typedef struct fg_check_bwd_env {
   CUstream stream;
   uint64_t seed;
   int threads;
+  int sync; /* fg_check_options.sync */
 } fg_check_bwd_env;
 /* Runs backward variant v on a and waits for it; 0, or -1 with the failure recorded in r. */
 int fg_check_bwd_call(const fg_check_bwd_env *env, const fg_attention_backward_args *a,

@@ -460,6 +460,43 @@ Test(tune_fake_gpu, a_nonfinite_backward_case_tells_a_clobbered_input,
             "%s", fg_test_out);
 }
 
+/* The lines of the fake driver's log (FAKE_CUDA_LOG) from the first forward launch on: whether a
+ * device synchronisation comes between it and the first backward launch after it. */
+static int synced_between_forward_and_backward(const char *log_path) {
+  FILE *f = fopen(log_path, "r");
+  cr_assert_not_null(f, "no log at %s", log_path);
+  char line[512];
+  int seen_fwd = 0, synced = 0, found = 0;
+  while (!found && fgets(line, sizeof line, f)) {
+    if (!strncmp(line, "launch fg_fwd_", 14)) seen_fwd = 1, synced = 0;
+    else if (seen_fwd && !strncmp(line, "ctx_sync", 8)) synced = 1;
+    else if (seen_fwd && !strncmp(line, "launch fg_bwd_", 14)) found = 1;
+  }
+  fclose(f);
+  cr_assert(found, "no forward launch followed by a backward one in %s", log_path);
+  return synced;
+}
+
+/* `check --sync`: in a backward case the GPU is waited for between the forward call that makes O
+ * and LSE and the backward call (the fake driver logs launches and device synchronisations);
+ * without it, nothing waits there; the case passes either way. */
+Test(tune_fake_gpu, check_sync_waits_between_the_forward_and_the_backward,
+     .init = make_cache_dir, .fini = remove_cache_dir, .timeout = 300) {
+  build_fake_driver();
+  for (int sync = 0; sync <= 1; sync++) {
+    char env[768], log_path[160], args[160];
+    snprintf(log_path, sizeof log_path, "%s/fake%d.log", cache_dir, sync);
+    snprintf(env, sizeof env, "FLASHGEN_CUDA_LIBRARY='%s' FLASHGEN_CACHE_DIR='%s/c' FAKE_CUDA_LOG='%s'",
+             fake_lib, cache_dir, log_path);
+    snprintf(args, sizeof args, "check -j 2%s --filter bwd/seqlen/d64_nq17_nk129_noncausal",
+             sync ? " --sync" : "");
+    const int rc = fg_test_run_cli(NULL, env, args);
+    cr_assert_eq(rc, 0, "%s: exit %d\nstdout:\n%s\nstderr:\n%s", args, rc, fg_test_out, fg_test_err);
+    cr_assert(strstr(fg_test_out, "1 passed, 0 failed"), "%s", fg_test_out);
+    cr_assert_eq(synced_between_forward_and_backward(log_path), sync, "%s", args);
+  }
+}
+
 Test(tune_fake_gpu, tunes_records_and_skips_what_is_recorded, .init = make_cache_dir,
      .fini = remove_cache_dir, .timeout = 600) {
   build_fake_driver();

@@ -29,6 +29,7 @@
  * refused unless its maps are this launch's q, do, k, v (by base address) with its batch count,
  * and emulated reading Q, dO, K and V through them (tests/test_tma_bwd.c). */
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,7 +99,19 @@ static void fake_maybe_hang(void) {
     nanosleep(&nap, NULL);
   }
 }
+/* With FAKE_CUDA_LOG set to a file's path, one line per kernel launch ("launch <entry>") and
+ * per cuCtxSynchronize ("ctx_sync") is appended to it, so a test of a whole command can see the
+ * order of its launches and device synchronisations. */
+static void fake_log(const char *what, const char *name) {
+  const char *path = getenv("FAKE_CUDA_LOG");
+  if (!path || !*path) return;
+  FILE *f = fopen(path, "a");
+  if (!f) return;
+  fprintf(f, "%s%s%s\n", what, name ? " " : "", name ? name : "");
+  fclose(f);
+}
 API CUresult cuCtxSynchronize(void) {
+  fake_log("ctx_sync", NULL);
   fake_maybe_hang();
   return 0;
 }
@@ -434,6 +447,7 @@ API CUresult cuLaunchKernel(void *fnp, unsigned gx, unsigned gy, unsigned gz, un
   (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)st; (void)extra;
   const fake_fn *f = fnp;
   fake_launched = 1;
+  fake_log("launch", f->name);
   if (strncmp(f->name, "fg_bwd_", 7) == 0) {
     /* A kvtma kernel takes fg_bwd_tma_params: its maps, then the usual block. */
     const fg_bwd_tma_params *tp = strstr(f->name, "_kvtma_") ? params[0] : NULL;
