@@ -252,14 +252,17 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
    * tuner takes it there). d = 128 causal takes K/V blocks of 128, its diagonal blocks masked in
    * place (1.01-1.09x Bc 112, N = 512-16k). Without a mask at d = 64 and 128, the persistent grid
    * (q_tma_p: 1.25x / 1.13x / 1.07x / 1.05x / 1.01x q_tma at d = 128, N = 512 / 1k / 2k / 4k / 16k;
-   * 1.23x-1.02x at d = 64), and at d = 128 causal too, its tiles paired short with long within a
-   * head (1.19x / 1.19x / 1.14x / 1.09x / 0.98x q_tma at those lengths; bench/NOTES.md, session 12).
+   * 1.23x-1.02x at d = 64); with a causal mask at d = 72-192 (padded to 128 or 192), its tiles
+   * paired short with long within a head (d = 128 1.19x / 1.19x / 1.14x / 1.09x / 0.98x q_tma at
+   * those lengths, d = 96 1.21x / 1.03x at 512 / 4k, d = 192 1.16x / 1.11x / 1.07x at 1k / 4k /
+   * 16k; d = 256 0.95x / 1.08x / 1.00x keeps q_tma; bench/NOTES.md, session 12).
    * A head dimension off the 64-column blocks runs the TMA kernel on tiles rounded up to the next
    * one (dp: d = 96 as 128, the columns past d zeros) with that one's blocks; below 64 with a
    * causal mask the portable one. */
   const int dp = (d + 63) / 64 * 64;
   if (dp == 128 || dp == 192 || dp == 256 || (dp == 64 && !causal)) {
-    v.loop = d == 128 || (d == 64 && !causal) ? FG_LOOP_Q_TMA_P : FG_LOOP_Q_TMA;
+    const int persist = causal ? dp == 128 || dp == 192 : d == 64 || d == 128;
+    v.loop = persist ? FG_LOOP_Q_TMA_P : FG_LOOP_Q_TMA;
     v.warps = dp == 64 ? 12 : 8;
     v.br = 16 * v.warps;
     v.bc = dp == 64    ? 128

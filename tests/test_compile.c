@@ -309,8 +309,8 @@ static void default_set(fg_arch arch) {
   int n = fg_default_variants(arch, 1, v, 512);
   /* sm_90a: the Hopper kernels and their q_outer twins: TMA at every head dim (padded tiles off
    * 64-column blocks) but d <= 64 causal, wgmma at d = 64 causal; d = 32..56 causal (4 head dims)
-   * keep the portable kernel; d = 64 and 128 without a mask, and d = 128 causal, on the persistent
-   * grid (q_tma_p). */
+   * keep the portable kernel; on the persistent grid (q_tma_p): d = 64 and 128 without a mask, and
+   * with one the head dims padded to 128 or 192 (d = 72..192, 16 of them). */
   const int twins = arch == FG_ARCH_SM90A ? 2 * (29 + 29 - 4) : 0;
   cr_assert_eq(n, 29 * 2 * 2 * 2 + twins,
                "29 head dims x 2 dtypes x 2 maskings x (built-in, kv_outer), plus %d", twins);
@@ -321,8 +321,9 @@ static void default_set(fg_arch arch) {
     persistent += v[i].loop == FG_LOOP_Q_TMA_P;
   }
   cr_assert_eq(wg, twins, "Hopper kernels in the %s default set", fg_arch_name(arch));
-  cr_assert_eq(persistent, arch == FG_ARCH_SM90A ? 3 * 2 : 0,
-               "persistent kernels in the %s default set: d = 64 and 128 non-causal, d = 128 causal, 2 dtypes",
+  cr_assert_eq(persistent, arch == FG_ARCH_SM90A ? (2 + 16) * 2 : 0,
+               "persistent kernels in the %s default set: d = 64 and 128 non-causal, d = 72..192 "
+               "causal, 2 dtypes",
                fg_arch_name(arch));
   char what[128];
   snprintf(what, sizeof what, "forward default set %s", fg_arch_name(arch));
