@@ -45,7 +45,7 @@ fg_variant fg_baseline_variant(fg_generator *g, const fg_problem *p, fg_arch arc
 }
 
 /* The forward grid: Br, Bc, warps, stages, every loop order. */
-static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
+static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, int64_t nk, fg_arch arch,
                           const fg_device_limits *lim, const fg_variant *seed, fg_variant *out,
                           int n, int cap, fg_prune_counts *pc) {
   static const int brs[] = {64, 128}, bcs[] = {16, 32, 64, 128}, warps[] = {4, 8};
@@ -93,9 +93,9 @@ static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg
         count_pruned(pc, why);
       }
     }
-  /* The built-in choice too (its Bc, e.g. 112 causal at d = 128, is off this grid). */
+  /* The built-in choice for this length too (where it is off this grid). */
   {
-    const fg_variant b = fg_builtin_variant(d, dtype, causal, arch);
+    const fg_variant b = fg_builtin_variant_for(d, dtype, causal, nk, arch);
     int dup = memcmp(&b, seed, sizeof b) == 0;
     for (int i = 0; i < n && !dup; i++) dup = memcmp(&b, &out[i], sizeof b) == 0;
     if (!dup && fg_variant_fits(g, &b, lim, why, sizeof why) == 1 && n < cap) out[n++] = b;
@@ -180,7 +180,7 @@ int fg_candidates(fg_generator *g, const fg_problem *p, fg_arch arch, const fg_d
   if (pass == FG_PASS_BWD)
     n = bwd_candidates(g, d, dtype, causal, arch, lim, &seed, out, n, cap, &pc);
   else
-    n = fwd_candidates(g, d, dtype, causal, arch, lim, &seed, out, n, cap, &pc);
+    n = fwd_candidates(g, d, dtype, causal, p->nk, arch, lim, &seed, out, n, cap, &pc);
   if (pruned) *pruned = pc;
   return n;
 }

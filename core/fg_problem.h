@@ -50,7 +50,18 @@ int fg_problem_parse(const char *key, fg_problem *out, char *err, size_t errlen)
 
 /* Whether v computes p's op for p's head dim, dtype and mask (any block sizes, any arch). */
 int fg_problem_served_by(const fg_problem *p, const fg_variant *v);
-/* The built-in rule's variant for p on arch: fg_builtin_variant for the forward,
- * fg_builtin_backward_variant for the backward. */
+/* The built-in rule's forward variant for a key-length bucket nk (fg_seqlen_bucket; 0: no
+ * length, fg_builtin_variant's): fg_builtin_variant, except on sm_90a with a causal mask, where
+ * d = 64 takes the TMA kernel from 2k (persistent up to 4k) and d = 128 the non-persistent one
+ * from 16k. */
+fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk, fg_arch arch);
+/* The most variants the built-in rule picks for one (d, dtype, mask) over all lengths. */
+#define FG_BUILTIN_MAX 4
+/* Those variants, each once, the length-free one (fg_builtin_variant) first, into out; their
+ * count. The default set (generator/build.c) holds them all. */
+int fg_builtin_variants(int d, fg_dtype dtype, int causal, fg_arch arch,
+                        fg_variant out[FG_BUILTIN_MAX]);
+/* The built-in rule's variant for p on arch: fg_builtin_variant_for p's key-length bucket for
+ * the forward, fg_builtin_backward_variant for the backward. */
 fg_variant fg_problem_builtin(const fg_problem *p, fg_arch arch);
 #endif

@@ -85,9 +85,11 @@ int fg_dtype_parse(const char *s, fg_dtype *out);
 /* The built-in rule's portable (mma.sync, q_outer) variant: block sizes by head dimension, chosen
  * to fit every supported arch's shared memory (99 KB per block and up). */
 fg_variant fg_portable_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
-/* The variant the built-in rule picks when nothing was tuned: the portable one, except on sm_90a,
- * where it is the TMA kernel (q_tma; head dims off 64-column blocks on padded tiles) at every d
- * but d <= 64 causal: q_wgmma at d = 64 causal, the portable one below. */
+/* The variant the built-in rule picks when nothing was tuned and the length is not known: the
+ * portable one, except on sm_90a, where it is the TMA kernel (q_tma; head dims off 64-column
+ * blocks on padded tiles; on the persistent grid, q_tma_p, at d = 64 and 128 without a mask and
+ * at d = 72..192 with one) at every d but d <= 64 causal: q_wgmma at d = 64 causal, the portable
+ * one below. fg_builtin_variant_for (fg_problem.h) refines it by the key length. */
 fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
 /* Bytes of register spills (stores, and loads alike) a compiled kernel of v may have and still
  * be tuned or built in: 0 for the forward; 128 for the backward, whose key blocks of 128 spill

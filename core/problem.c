@@ -142,7 +142,43 @@ int fg_problem_served_by(const fg_problem *p, const fg_variant *v) {
          (v->causal != 0) == (p->causal != 0);
 }
 
+fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk, fg_arch arch) {
+  fg_variant v = fg_builtin_variant(d, dtype, causal, arch);
+  if (arch != FG_ARCH_SM90A || !causal || nk <= 0) return v;
+  /* With a causal mask the best kernel changes with the length (H100, `flashgen tune` of the
+   * default set in both dtypes, bench/latest/tune_report.md, and fg_ab; bench/NOTES.md, sessions
+   * 12 and 13). d = 64: the wgmma kernel in order up to 1k; from 2k the TMA kernel with three
+   * consumer warpgroups and K/V blocks of 128, on the persistent grid (tiles paired short with
+   * long: 1.07x q_tma at 2k) up to 4k and on the plain one from 8k (0.94x at 16k persistent);
+   * the tuner measured 368-456 TFLOP/s at 2k-4k and 470-528 at 8k-16k where the wgmma kernel
+   * runs 352-393 (the untuned grid, 0.87-0.92x cuDNN). d = 128: the plain grid from 16k (the
+   * persistent one 0.98x there). */
+  if (d == 64 && nk >= 2048) {
+    v.loop = nk >= 8192 ? FG_LOOP_Q_TMA : FG_LOOP_Q_TMA_P;
+    v.warps = 12;
+    v.br = 16 * v.warps;
+    v.bc = 128;
+    v.stages = 2;
+  } else if (d == 128 && nk >= 16384) {
+    v.loop = FG_LOOP_Q_TMA;
+  }
+  return v;
+}
+
+int fg_builtin_variants(int d, fg_dtype dtype, int causal, fg_arch arch,
+                        fg_variant out[FG_BUILTIN_MAX]) {
+  int n = 0;
+  out[n++] = fg_builtin_variant(d, dtype, causal, arch);
+  for (int64_t nk = FG_BUCKET_MIN; nk <= FG_BUCKET_MAX && n < FG_BUILTIN_MAX; nk *= 2) {
+    const fg_variant v = fg_builtin_variant_for(d, dtype, causal, nk, arch);
+    int seen = 0;
+    for (int i = 0; i < n && !seen; i++) seen = memcmp(&v, &out[i], sizeof v) == 0;
+    if (!seen) out[n++] = v;
+  }
+  return n;
+}
+
 fg_variant fg_problem_builtin(const fg_problem *p, fg_arch arch) {
   return p->pass == FG_PASS_BWD ? fg_builtin_backward_variant(p->d, p->dtype, p->causal, arch)
-                                : fg_builtin_variant(p->d, p->dtype, p->causal, arch);
+                                : fg_builtin_variant_for(p->d, p->dtype, p->causal, p->nk, arch);
 }

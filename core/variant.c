@@ -248,8 +248,8 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
    * mask: a producer warpgroup and two consumer warpgroups of 64 rows (three at d = 64), the
    * largest spill-free key block (H100, bf16, N = 4k / 16k against q_wgmma: d = 128 1.5x / 1.7x,
    * d = 256 4x, d = 64 1.2x / 1.4x; bench/NOTES.md). d = 64 causal keeps the wgmma kernel in order
-   * with K/V blocks of 128 (the TMA one is 0.75-0.82x of it up to N = 1k, 1.1-1.3x from 4k: the
-   * tuner takes it there). d = 128 causal takes K/V blocks of 128, its diagonal blocks masked in
+   * with K/V blocks of 128 (the TMA one is 0.75-0.82x of it up to N = 1k, 1.1-1.3x from 4k:
+   * fg_builtin_variant_for takes it from 2k keys, the tuner wherever it wins). d = 128 causal takes K/V blocks of 128, its diagonal blocks masked in
    * place (1.01-1.09x Bc 112, N = 512-16k). Without a mask at d = 64 and 128, the persistent grid
    * (q_tma_p: 1.25x / 1.13x / 1.07x / 1.05x / 1.01x q_tma at d = 128, N = 512 / 1k / 2k / 4k / 16k;
    * 1.23x-1.02x at d = 64); with a causal mask at d = 72-192 (padded to 128 or 192), its tiles

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "fg_gen.h"
+#include "fg_problem.h"
 
 const fg_device_limits fg_limits_a100 = {"NVIDIA A100", 8, 0, 166912, 167936, 65536, 1024, 108};
 const fg_device_limits fg_limits_h100 = {"NVIDIA H100", 9, 0, 232448, 233472, 65536, 1024, 132};
@@ -73,8 +74,11 @@ int fg_default_variants(fg_arch arch, int with_kv_outer, fg_variant *out, int ca
   for (int d = 32; d <= 256; d += 8)
     for (int dt = FG_DTYPE_F16; dt <= FG_DTYPE_BF16; dt++)
       for (int causal = 0; causal <= 1; causal++) {
-        fg_variant v = fg_builtin_variant(d, (fg_dtype)dt, causal, arch);
-        if (n < cap) out[n++] = v;
+        fg_variant lens[FG_BUILTIN_MAX];
+        const int nl = fg_builtin_variants(d, (fg_dtype)dt, causal, arch, lens);
+        for (int i = 0; i < nl; i++)
+          if (n < cap) out[n++] = lens[i];
+        fg_variant v = lens[0];
         if (with_kv_outer && v.loop != FG_LOOP_Q_OUTER) { /* the portable kernel stays in the set */
           if (n < cap) out[n++] = fg_portable_variant(d, (fg_dtype)dt, causal, arch);
         }

@@ -310,20 +310,24 @@ static void default_set(fg_arch arch) {
   /* sm_90a: the Hopper kernels and their q_outer twins: TMA at every head dim (padded tiles off
    * 64-column blocks) but d <= 64 causal, wgmma at d = 64 causal; d = 32..56 causal (4 head dims)
    * keep the portable kernel; on the persistent grid (q_tma_p): d = 64 and 128 without a mask, and
-   * with one the head dims padded to 128 or 192 (d = 72..192, 16 of them). */
+   * with one the head dims padded to 128 or 192 (d = 72..192, 16 of them). The built-ins of long
+   * causal sequences too (fg_builtin_variant_for): at d = 64 the TMA kernel persistent (2k-4k)
+   * and not (8k+), at d = 128 the non-persistent one (16k), each in 2 dtypes. */
   const int twins = arch == FG_ARCH_SM90A ? 2 * (29 + 29 - 4) : 0;
-  cr_assert_eq(n, 29 * 2 * 2 * 2 + twins,
-               "29 head dims x 2 dtypes x 2 maskings x (built-in, kv_outer), plus %d", twins);
+  const int lengths = arch == FG_ARCH_SM90A ? (2 + 1) * 2 : 0;
+  cr_assert_eq(n, 29 * 2 * 2 * 2 + twins + lengths,
+               "29 head dims x 2 dtypes x 2 maskings x (built-in, kv_outer), plus %d and %d", twins,
+               lengths);
   int wg = 0, persistent = 0;
   for (int i = 0; i < n; i++) {
     wg += v[i].loop == FG_LOOP_Q_WGMMA || v[i].loop == FG_LOOP_Q_WGMMA_OV ||
           v[i].loop == FG_LOOP_Q_TMA || v[i].loop == FG_LOOP_Q_TMA_P;
     persistent += v[i].loop == FG_LOOP_Q_TMA_P;
   }
-  cr_assert_eq(wg, twins, "Hopper kernels in the %s default set", fg_arch_name(arch));
-  cr_assert_eq(persistent, arch == FG_ARCH_SM90A ? (2 + 16) * 2 : 0,
+  cr_assert_eq(wg, twins + lengths, "Hopper kernels in the %s default set", fg_arch_name(arch));
+  cr_assert_eq(persistent, arch == FG_ARCH_SM90A ? (2 + 16 + 1) * 2 : 0,
                "persistent kernels in the %s default set: d = 64 and 128 non-causal, d = 72..192 "
-               "causal, 2 dtypes",
+               "causal, d = 64 causal 2k-4k, 2 dtypes",
                fg_arch_name(arch));
   char what[128];
   snprintf(what, sizeof what, "forward default set %s", fg_arch_name(arch));

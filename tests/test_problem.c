@@ -1,5 +1,6 @@
 /* test_problem.c: the problem key (core/fg_problem.h): the strings tuning records and exported
- * tables hold stay byte-identical, keys from a forward and a backward call, parsing back. */
+ * tables hold stay byte-identical, keys from a forward and a backward call, parsing back; the
+ * built-in rule by key length. */
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -100,5 +101,62 @@ Test(problem, parse_round_trips_and_refuses) {
     char err[256] = "";
     cr_assert_eq(fg_problem_parse(bad[i].key, &p, err, sizeof err), -1, "%s", bad[i].key);
     cr_assert(strstr(err, bad[i].says), "%s: %s", bad[i].key, err);
+  }
+}
+
+/* The built-in rule by key length (fg_builtin_variant_for): on sm_90a with a causal mask, d = 64
+ * runs the wgmma kernel up to 1k, the persistent TMA kernel at 2k-4k and the plain one from 8k;
+ * d = 128 the persistent one up to 8k and the plain one at 16k; every other problem, and every
+ * other arch, the length-free rule at every length. fg_problem_builtin follows the call's bucket,
+ * and fg_builtin_variants lists each variant once, the length-free one first. */
+Test(problem, builtin_rule_by_length) {
+  const int64_t buckets[] = {512, 1024, 2048, 4096, 8192, 16384};
+  for (int dt = FG_DTYPE_F16; dt <= FG_DTYPE_BF16; dt++) {
+    const fg_variant base64 = fg_builtin_variant(64, (fg_dtype)dt, 1, FG_ARCH_SM90A);
+    cr_assert_eq(base64.loop, FG_LOOP_Q_WGMMA);
+    for (size_t i = 0; i < 6; i++) {
+      const fg_variant v = fg_builtin_variant_for(64, (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
+      const fg_loop_order want = buckets[i] <= 1024   ? FG_LOOP_Q_WGMMA
+                                 : buckets[i] <= 4096 ? FG_LOOP_Q_TMA_P
+                                                      : FG_LOOP_Q_TMA;
+      cr_assert_eq(v.loop, want, "d = 64 causal, nk %lld", (long long)buckets[i]);
+      if (want != FG_LOOP_Q_WGMMA)
+        cr_assert(v.warps == 12 && v.br == 192 && v.bc == 128 && v.stages == 2 && v.causal == 1 &&
+                  v.d == 64 && v.dtype == (fg_dtype)dt && v.arch == FG_ARCH_SM90A);
+      else
+        cr_assert(memcmp(&v, &base64, sizeof v) == 0);
+      const fg_variant w = fg_builtin_variant_for(128, (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
+      cr_assert_eq(w.loop, buckets[i] >= 16384 ? FG_LOOP_Q_TMA : FG_LOOP_Q_TMA_P);
+      cr_assert(w.br == 128 && w.bc == 128 && w.warps == 8);
+      /* No mask, other head dims, other archs: the length-free rule. */
+      const int ds[] = {64, 96, 128, 192, 256};
+      for (size_t k = 0; k < 5; k++) {
+        fg_variant a = fg_builtin_variant_for(ds[k], (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM90A);
+        fg_variant b = fg_builtin_variant(ds[k], (fg_dtype)dt, 0, FG_ARCH_SM90A);
+        cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d non-causal", ds[k]);
+        a = fg_builtin_variant_for(ds[k], (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM80);
+        b = fg_builtin_variant(ds[k], (fg_dtype)dt, 1, FG_ARCH_SM80);
+        cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d sm_80", ds[k]);
+        if (ds[k] != 64 && ds[k] != 128) {
+          a = fg_builtin_variant_for(ds[k], (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
+          b = fg_builtin_variant(ds[k], (fg_dtype)dt, 1, FG_ARCH_SM90A);
+          cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d causal", ds[k]);
+        }
+      }
+    }
+    /* No length: the length-free rule. */
+    const fg_variant z = fg_builtin_variant_for(64, (fg_dtype)dt, 1, 0, FG_ARCH_SM90A);
+    cr_assert(memcmp(&z, &base64, sizeof z) == 0);
+    /* A call's problem: seqlen_k 5000 is bucket 8192, so the plain TMA kernel. */
+    const fg_problem p = fg_problem_make(FG_PASS_FWD, 64, (fg_dtype)dt, 1, 5000);
+    cr_assert_eq(fg_problem_builtin(&p, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA);
+    /* Each variant once, the length-free one first. */
+    fg_variant out[FG_BUILTIN_MAX];
+    cr_assert_eq(fg_builtin_variants(64, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 3);
+    cr_assert(memcmp(&out[0], &base64, sizeof base64) == 0);
+    cr_assert(out[1].loop == FG_LOOP_Q_TMA_P && out[2].loop == FG_LOOP_Q_TMA);
+    cr_assert_eq(fg_builtin_variants(128, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 2);
+    cr_assert_eq(fg_builtin_variants(128, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 1);
+    cr_assert_eq(fg_builtin_variants(64, (fg_dtype)dt, 1, FG_ARCH_SM80, out), 1);
   }
 }
