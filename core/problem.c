@@ -144,22 +144,36 @@ int fg_problem_served_by(const fg_problem *p, const fg_variant *v) {
 
 fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk, fg_arch arch) {
   fg_variant v = fg_builtin_variant(d, dtype, causal, arch);
-  if (arch != FG_ARCH_SM90A || !causal || nk <= 0) return v;
-  /* With a causal mask the best kernel changes with the length (H100, `flashgen tune` of the
-   * default set in both dtypes, bench/latest/tune_report.md, and fg_ab; bench/NOTES.md, sessions
-   * 12 and 13). d = 64: the wgmma kernel in order up to 1k; from 2k the TMA kernel with three
-   * consumer warpgroups and K/V blocks of 128, on the persistent grid (tiles paired short with
-   * long: 1.07x q_tma at 2k) up to 4k and on the plain one from 8k (0.94x at 16k persistent);
-   * the tuner measured 368-456 TFLOP/s at 2k-4k and 470-528 at 8k-16k where the wgmma kernel
-   * runs 352-393 (the untuned grid, 0.87-0.92x cuDNN). d = 128: the plain grid from 16k (the
-   * persistent one 0.98x there). */
-  if (d == 64 && nk >= 2048) {
+  if (arch != FG_ARCH_SM90A || nk <= 0) return v;
+  /* The best kernel changes with the length (H100, `flashgen tune` of the default set in both
+   * dtypes, bench/latest/tune_report.md, fg_ab and the grid's rows with and without each rule in
+   * one run; bench/NOTES.md, sessions 12-14). */
+  const int dp = (d + 63) / 64 * 64;
+  if (!causal) {
+    /* Up to 512 keys at d = 136-256: K/V blocks of 64, which divide the length (d = 192's 96 and
+     * d = 256's 80 leave a partial last block: 512 keys cost 576 or 560 keys' work), on the
+     * persistent grid: d = 192 1.11x, d = 256 1.04x the length-free rule at N = 512 (0.97-1.00x
+     * at 1k, 0.97-0.99x at 2k, where it stays). */
+    if (nk <= 512 && (dp == 192 || dp == 256)) {
+      v.loop = FG_LOOP_Q_TMA_P;
+      v.bc = 64;
+    }
+    return v;
+  }
+  /* With a causal mask, d = 64: the wgmma kernel in order up to 512 keys; the TMA kernel with K/V
+   * blocks of 128 from 1k, on the persistent grid (tiles paired short with long), with two
+   * consumer warpgroups at 1k (1.04x the wgmma kernel, 1.14x three), three at 2k-4k, and on the
+   * plain grid with three from 8k: 0.99-1.04x cuDNN at 2k-4k and 1.13-1.19x at 8k-16k, where the
+   * wgmma kernel ran 0.90-0.94x. Head dims padded up to 128 (d = 96 measured): the plain grid
+   * from 8k keys (the persistent one, fg_builtin_variant's choice below that, 1.15x cuDNN at
+   * 8k-16k against 1.18-1.22x). */
+  if (d == 64 && nk >= 1024) {
     v.loop = nk >= 8192 ? FG_LOOP_Q_TMA : FG_LOOP_Q_TMA_P;
-    v.warps = 12;
+    v.warps = nk >= 2048 ? 12 : 8;
     v.br = 16 * v.warps;
     v.bc = 128;
     v.stages = 2;
-  } else if (d == 128 && nk >= 16384) {
+  } else if (dp == 128 && d < 128 && nk >= 8192) {
     v.loop = FG_LOOP_Q_TMA;
   }
   return v;

@@ -250,18 +250,20 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
    * d = 256 4x, d = 64 1.2x / 1.4x; bench/NOTES.md). d = 64 causal keeps the wgmma kernel in order
    * with K/V blocks of 128 (the TMA one is 0.75-0.82x of it up to N = 1k, 1.1-1.3x from 4k:
    * fg_builtin_variant_for takes it from 2k keys, the tuner wherever it wins). d = 128 causal takes K/V blocks of 128, its diagonal blocks masked in
-   * place (1.01-1.09x Bc 112, N = 512-16k). Without a mask at d = 64 and 128, the persistent grid
-   * (q_tma_p: 1.25x / 1.13x / 1.07x / 1.05x / 1.01x q_tma at d = 128, N = 512 / 1k / 2k / 4k / 16k;
-   * 1.23x-1.02x at d = 64); with a causal mask at d = 72-192 (padded to 128 or 192), its tiles
-   * paired short with long within a head (d = 128 1.19x / 1.19x / 1.14x / 1.09x / 0.98x q_tma at
-   * those lengths, d = 96 1.21x / 1.03x at 512 / 4k, d = 192 1.16x / 1.11x / 1.07x at 1k / 4k /
-   * 16k; d = 256 0.95x / 1.08x / 1.00x keeps q_tma; bench/NOTES.md, session 12).
+   * place (1.01-1.09x Bc 112, N = 512-16k). The persistent grid (q_tma_p) at every head dim
+   * padded to 128 or 192 (d = 72-192) and at d = 64 without a mask: without one 1.25x / 1.13x /
+   * 1.07x / 1.05x / 1.01x q_tma at d = 128, N = 512 / 1k / 2k / 4k / 16k, 1.23x-1.02x at d = 64,
+   * d = 96 1.26x / 1.12x / 1.03x / 1.01x / 1.00x, d = 192 1.01-1.04x (1.03x / 0.99x at 2k / 4k);
+   * with a causal mask its tiles paired short with long within a head (d = 128 1.19x / 1.19x /
+   * 1.14x / 1.09x / 0.98x q_tma at those lengths, d = 96 1.21x / 1.03x at 512 / 4k, d = 192 1.16x
+   * / 1.11x / 1.07x at 1k / 4k / 16k). d = 256 keeps q_tma (0.95-1.08x causal, 0.98-1.04x without
+   * a mask on K/V blocks of 64, its 80 spilling persistent; bench/NOTES.md, sessions 12 and 14).
    * A head dimension off the 64-column blocks runs the TMA kernel on tiles rounded up to the next
    * one (dp: d = 96 as 128, the columns past d zeros) with that one's blocks; below 64 with a
    * causal mask the portable one. */
   const int dp = (d + 63) / 64 * 64;
   if (dp == 128 || dp == 192 || dp == 256 || (dp == 64 && !causal)) {
-    const int persist = causal ? dp == 128 || dp == 192 : d == 64 || d == 128;
+    const int persist = dp == 128 || dp == 192 || d == 64;
     v.loop = persist ? FG_LOOP_Q_TMA_P : FG_LOOP_Q_TMA;
     v.warps = dp == 64 ? 12 : 8;
     v.br = 16 * v.warps;

@@ -105,10 +105,12 @@ Test(problem, parse_round_trips_and_refuses) {
 }
 
 /* The built-in rule by key length (fg_builtin_variant_for): on sm_90a with a causal mask, d = 64
- * runs the wgmma kernel up to 1k, the persistent TMA kernel at 2k-4k and the plain one from 8k;
- * d = 128 the persistent one up to 8k and the plain one at 16k; every other problem, and every
- * other arch, the length-free rule at every length. fg_problem_builtin follows the call's bucket,
- * and fg_builtin_variants lists each variant once, the length-free one first. */
+ * runs the wgmma kernel at 512, the persistent TMA kernel at 1k (two consumer warpgroups) and
+ * 2k-4k (three) and the plain one from 8k; a head dim padded up to 128 (d = 65-127) the
+ * persistent one up to 4k and the plain one from 8k; without a mask d = 136-256 take K/V blocks
+ * of 64 on the persistent grid at 512; every other problem (d = 128 at every length), and every
+ * other arch, the length-free rule. fg_problem_builtin follows the call's bucket, and
+ * fg_builtin_variants lists each variant once, the length-free one first. */
 Test(problem, builtin_rule_by_length) {
   const int64_t buckets[] = {512, 1024, 2048, 4096, 8192, 16384};
   for (int dt = FG_DTYPE_F16; dt <= FG_DTYPE_BF16; dt++) {
@@ -116,28 +118,48 @@ Test(problem, builtin_rule_by_length) {
     cr_assert_eq(base64.loop, FG_LOOP_Q_WGMMA);
     for (size_t i = 0; i < 6; i++) {
       const fg_variant v = fg_builtin_variant_for(64, (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
-      const fg_loop_order want = buckets[i] <= 1024   ? FG_LOOP_Q_WGMMA
+      const fg_loop_order want = buckets[i] <= 512    ? FG_LOOP_Q_WGMMA
                                  : buckets[i] <= 4096 ? FG_LOOP_Q_TMA_P
                                                       : FG_LOOP_Q_TMA;
       cr_assert_eq(v.loop, want, "d = 64 causal, nk %lld", (long long)buckets[i]);
+      const int warps = buckets[i] <= 1024 ? 8 : 12;
       if (want != FG_LOOP_Q_WGMMA)
-        cr_assert(v.warps == 12 && v.br == 192 && v.bc == 128 && v.stages == 2 && v.causal == 1 &&
-                  v.d == 64 && v.dtype == (fg_dtype)dt && v.arch == FG_ARCH_SM90A);
+        cr_assert(v.warps == warps && v.br == 16 * warps && v.bc == 128 && v.stages == 2 &&
+                  v.causal == 1 && v.d == 64 && v.dtype == (fg_dtype)dt &&
+                  v.arch == FG_ARCH_SM90A);
       else
         cr_assert(memcmp(&v, &base64, sizeof v) == 0);
-      const fg_variant w = fg_builtin_variant_for(128, (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
-      cr_assert_eq(w.loop, buckets[i] >= 16384 ? FG_LOOP_Q_TMA : FG_LOOP_Q_TMA_P);
-      cr_assert(w.br == 128 && w.bc == 128 && w.warps == 8);
-      /* No mask, other head dims, other archs: the length-free rule. */
-      const int ds[] = {64, 96, 128, 192, 256};
-      for (size_t k = 0; k < 5; k++) {
+      const int padded[] = {72, 96, 112};
+      for (size_t k = 0; k < 3; k++) {
+        const fg_variant w =
+            fg_builtin_variant_for(padded[k], (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
+        const fg_variant wb = fg_builtin_variant(padded[k], (fg_dtype)dt, 1, FG_ARCH_SM90A);
+        cr_assert_eq(wb.loop, FG_LOOP_Q_TMA_P, "d = %d causal", padded[k]);
+        cr_assert_eq(w.loop, buckets[i] >= 8192 ? FG_LOOP_Q_TMA : FG_LOOP_Q_TMA_P);
+        cr_assert(w.br == wb.br && w.bc == wb.bc && w.warps == wb.warps && w.stages == wb.stages);
+      }
+      /* No mask: K/V blocks of 64 on the persistent grid at 512 from d = 136, else the
+       * length-free rule; other archs, and with a mask d = 128, 192 and 256: the length-free
+       * rule. */
+      const int ds[] = {64, 96, 128, 136, 192, 200, 256};
+      for (size_t k = 0; k < 7; k++) {
         fg_variant a = fg_builtin_variant_for(ds[k], (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM90A);
         fg_variant b = fg_builtin_variant(ds[k], (fg_dtype)dt, 0, FG_ARCH_SM90A);
-        cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d non-causal", ds[k]);
+        if (ds[k] > 128 && buckets[i] == 512) {
+          cr_assert(a.loop == FG_LOOP_Q_TMA_P && a.bc == 64 && a.br == b.br &&
+                        a.warps == b.warps && a.stages == b.stages,
+                    "d = %d non-causal 512", ds[k]);
+          cr_assert(b.bc != 64);
+        } else {
+          cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d non-causal", ds[k]);
+        }
         a = fg_builtin_variant_for(ds[k], (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM80);
         b = fg_builtin_variant(ds[k], (fg_dtype)dt, 1, FG_ARCH_SM80);
         cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d sm_80", ds[k]);
-        if (ds[k] != 64 && ds[k] != 128) {
+        a = fg_builtin_variant_for(ds[k], (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM80);
+        b = fg_builtin_variant(ds[k], (fg_dtype)dt, 0, FG_ARCH_SM80);
+        cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d sm_80 non-causal", ds[k]);
+        if (ds[k] != 64 && ds[k] != 96) {
           a = fg_builtin_variant_for(ds[k], (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
           b = fg_builtin_variant(ds[k], (fg_dtype)dt, 1, FG_ARCH_SM90A);
           cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d causal", ds[k]);
@@ -152,11 +174,17 @@ Test(problem, builtin_rule_by_length) {
     cr_assert_eq(fg_problem_builtin(&p, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA);
     /* Each variant once, the length-free one first. */
     fg_variant out[FG_BUILTIN_MAX];
-    cr_assert_eq(fg_builtin_variants(64, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 3);
+    cr_assert_eq(fg_builtin_variants(64, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), FG_BUILTIN_MAX);
     cr_assert(memcmp(&out[0], &base64, sizeof base64) == 0);
-    cr_assert(out[1].loop == FG_LOOP_Q_TMA_P && out[2].loop == FG_LOOP_Q_TMA);
-    cr_assert_eq(fg_builtin_variants(128, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 2);
+    cr_assert(out[1].loop == FG_LOOP_Q_TMA_P && out[1].warps == 8);
+    cr_assert(out[2].loop == FG_LOOP_Q_TMA_P && out[2].warps == 12);
+    cr_assert(out[3].loop == FG_LOOP_Q_TMA && out[3].warps == 12);
+    cr_assert_eq(fg_builtin_variants(128, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 1);
+    cr_assert_eq(fg_builtin_variants(96, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 2);
+    cr_assert(out[0].loop == FG_LOOP_Q_TMA_P && out[1].loop == FG_LOOP_Q_TMA);
     cr_assert_eq(fg_builtin_variants(128, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 1);
+    cr_assert_eq(fg_builtin_variants(192, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 2);
+    cr_assert(out[1].loop == FG_LOOP_Q_TMA_P && out[1].bc == 64);
     cr_assert_eq(fg_builtin_variants(64, (fg_dtype)dt, 1, FG_ARCH_SM80, out), 1);
   }
 }
