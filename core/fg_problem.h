@@ -52,12 +52,12 @@ int fg_problem_parse(const char *key, fg_problem *out, char *err, size_t errlen)
 int fg_problem_served_by(const fg_problem *p, const fg_variant *v);
 /* The built-in rule's forward variant for a key-length bucket nk (fg_seqlen_bucket; 0: no
  * length, fg_builtin_variant's): fg_builtin_variant, except on sm_90a, where with a causal mask
- * d = 64 takes the TMA kernel from 1k (persistent up to 4k; two consumer warpgroups at 1k, three
- * from 2k) and the head dims padded up to 128 (d = 65-127) the non-persistent one from 8k, and
+ * d = 64 takes K/V blocks of 64 up to 512 keys and the TMA kernel from 1k (persistent up to 4k;
+ * two consumer warpgroups at 1k, three from 2k) and the head dims padded up to 128 (d = 65-127) the non-persistent one from 8k, and
  * without one d = 136-256 take K/V blocks of 64 on the persistent grid up to 512 keys. */
 fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk, fg_arch arch);
 /* The most variants the built-in rule picks for one (d, dtype, mask) over all lengths. */
-#define FG_BUILTIN_MAX 4
+#define FG_BUILTIN_MAX 5
 /* Those variants, each once, the length-free one (fg_builtin_variant) first, into out; their
  * count. The default set (generator/build.c) holds them all. */
 int fg_builtin_variants(int d, fg_dtype dtype, int causal, fg_arch arch,

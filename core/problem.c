@@ -160,14 +160,17 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
     }
     return v;
   }
-  /* With a causal mask, d = 64: the wgmma kernel in order up to 512 keys; the TMA kernel with K/V
+  /* With a causal mask, d = 64: the wgmma kernel in order up to 512 keys, there with K/V blocks of
+   * 64 (1.07x 128: half the diagonal block's masked work per query block); the TMA kernel with K/V
    * blocks of 128 from 1k, on the persistent grid (tiles paired short with long), with two
    * consumer warpgroups at 1k (1.04x the wgmma kernel, 1.14x three), three at 2k-4k, and on the
    * plain grid with three from 8k: 0.99-1.04x cuDNN at 2k-4k and 1.13-1.19x at 8k-16k, where the
    * wgmma kernel ran 0.90-0.94x. Head dims padded up to 128 (d = 96 measured): the plain grid
    * from 8k keys (the persistent one, fg_builtin_variant's choice below that, 1.15x cuDNN at
    * 8k-16k against 1.18-1.22x). */
-  if (d == 64 && nk >= 1024) {
+  if (d == 64 && nk <= 512) {
+    v.bc = 64;
+  } else if (d == 64) {
     v.loop = nk >= 8192 ? FG_LOOP_Q_TMA : FG_LOOP_Q_TMA_P;
     v.warps = nk >= 2048 ? 12 : 8;
     v.br = 16 * v.warps;

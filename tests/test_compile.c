@@ -311,12 +311,13 @@ static void default_set(fg_arch arch) {
    * 64-column blocks) but d <= 64 causal, wgmma at d = 64 causal; d = 32..56 causal (4 head dims)
    * keep the portable kernel; on the persistent grid (q_tma_p): d = 64 without a mask, and with
    * or without one the head dims padded to 128 or 192 (d = 72..192, 16 of them). The built-ins
-   * by key length too (fg_builtin_variant_for): with a causal mask at d = 64 the TMA kernel
-   * persistent with two consumer warpgroups (1k) and three (2k-4k) and plain (8k+), at the head
+   * by key length too (fg_builtin_variant_for): with a causal mask at d = 64 the wgmma kernel
+   * with K/V blocks of 64 (512) and the TMA kernel persistent with two consumer warpgroups (1k)
+   * and three (2k-4k) and plain (8k+), at the head
    * dims padded to 128 (d = 72..120, 7 of them) the plain one (8k+); without one at d = 136..256
    * (16 head dims) K/V blocks of 64 on the persistent grid (512); each in 2 dtypes. */
   const int twins = arch == FG_ARCH_SM90A ? 2 * (29 + 29 - 4) : 0;
-  const int lengths = arch == FG_ARCH_SM90A ? (3 + 7 + 16) * 2 : 0;
+  const int lengths = arch == FG_ARCH_SM90A ? (4 + 7 + 16) * 2 : 0;
   cr_assert_eq(n, 29 * 2 * 2 * 2 + twins + lengths,
                "29 head dims x 2 dtypes x 2 maskings x (built-in, kv_outer), plus %d and %d", twins,
                lengths);
