@@ -3,7 +3,8 @@
 --help and --dry-run run with torch unimportable, the grid has the size and shapes of
 ANCHORS.md for every pass (--pass fwd|bwd|fwdbwd|all), the FLOP formulas (backward 2.5x and
 forward + backward 3.5x the forward, causal halves), and the Markdown report renders forward
-and backward rows from synthetic results.json files, merged with --from-json A B.
+and backward rows from synthetic results.json files, merged with --from-json A B; every name
+bench.py's modules use is defined (the measuring code runs only on a GPU).
 
     python3 tests/test_bench_py.py
 """
@@ -453,6 +454,46 @@ class BenchBackwardReport(unittest.TestCase):
                                 ("fwdbwd", "f16", "plot_fwdbwd_f16.png")])
         jobs = plot.plot_jobs([{"pass": "bwd", "dtype": "f16"}], {"dtypes": ["bf16", "f16"]})
         self.assertEqual(jobs, [("bwd", "f16", "plot_bwd.png")])
+
+
+class BenchNames(unittest.TestCase):
+    """Every global name that bench.py's modules use is defined, imported or a builtin: the
+    measuring code (bench_measure.py) runs only with torch and a GPU, so a name lost when code
+    moves between the modules would otherwise show first on the GPU machine."""
+
+    @staticmethod
+    def undefined(path):
+        import builtins
+        import symtable
+        top = symtable.symtable(open(path).read(), path, "exec")
+        defined = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+        bad = set()
+
+        def walk(t):
+            for s in t.get_symbols():
+                free_at_top = t.get_type() == "module" and not (s.is_assigned() or s.is_imported())
+                if s.is_referenced() and (s.is_global() or free_at_top):
+                    n = s.get_name()
+                    if n not in defined and not hasattr(builtins, n) and n != "__file__":
+                        bad.add("%s (in %s)" % (n, t.get_name()))
+            for c in t.get_children():
+                walk(c)
+
+        walk(top)
+        return sorted(bad)
+
+    def test_modules_define_what_they_use(self):
+        for name in ("bench.py", "bench_grid.py", "bench_report.py", "bench_measure.py", "plot.py"):
+            path = os.path.join(ROOT, "bench", name)
+            self.assertEqual(self.undefined(path), [], name)
+
+    def test_the_check_sees_a_missing_name(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "m.py")
+            with open(path, "w") as f:
+                f.write("import os\nX = 1\ndef f():\n    return write_json(X) + os.sep\n"
+                        "class B:\n    def m(self):\n        return MAX_REPS\n")
+            self.assertEqual(self.undefined(path), ["MAX_REPS (in m)", "write_json (in f)"])
 
 
 if __name__ == "__main__":
