@@ -412,10 +412,7 @@ class Bench:
             sets, tensor_bytes = self.make_inputs(c)
         except torch.cuda.OutOfMemoryError as e:
             torch.cuda.empty_cache()
-            for b in args.backends:
-                rows.append(dict(base_row, backend=b, status="oom",
-                                 reason="allocating the inputs: %s" % _short(e)))
-            return rows
+            return _inputs_oom(base_row, args.backends, e)
         io_mib = 4 * tensor_bytes / MiB
         base_row["io_mib"] = io_mib
         base_row["input_sets"] = len(sets)
@@ -457,10 +454,7 @@ class Bench:
             sets, tensor_bytes = self.make_inputs(c, n_tensors=4)  # q, k, v, do
         except torch.cuda.OutOfMemoryError as e:
             torch.cuda.empty_cache()
-            for b in args.grad_backends:
-                rows.append(dict(base_row, backend=b, status="oom",
-                                 reason="allocating the inputs: %s" % _short(e)))
-            return rows
+            return _inputs_oom(base_row, args.grad_backends, e)
         for s in sets:
             for t in s[:3]:
                 t.requires_grad_(True)
@@ -592,6 +586,12 @@ class Bench:
             write_json(os.path.join(out_dir, "results.json"), meta, rows)  # partial results
         meta["wall_s"] = round(time.perf_counter() - t_start, 1)
         return rows, meta
+
+
+def _inputs_oom(base_row, backends, e):
+    """A configuration's rows when its inputs did not fit: one "oom" row per backend."""
+    return [dict(base_row, backend=b, status="oom", reason="allocating the inputs: %s" % _short(e))
+            for b in backends]
 
 
 def _short(e, limit=600):
