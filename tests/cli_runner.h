@@ -8,6 +8,13 @@ extern char fg_test_out[1 << 16], fg_test_err[1 << 16];
  * and returns its exit status. Skips the test when FLASHGEN_CLI is unset (it is set by ctest);
  * fails it when the command did not exit (a crash). */
 int fg_test_run_cli(const char *dir, const char *env, const char *args);
+/* Asserts that `flashgen args` (fg_test_run_cli) exits with status rc and says needle on standard
+ * error. A macro, so that a failure points at the test's line. */
+#define FG_EXPECT_CLI_ERR(dir, env, args, rc, needle)                         \
+  do {                                                                         \
+    cr_assert_eq(fg_test_run_cli((dir), (env), (args)), (rc));                 \
+    cr_assert(strstr(fg_test_err, (needle)), "%s", fg_test_err);               \
+  } while (0)
 /* Reads the file at path into buf (at most len - 1 bytes, NUL-terminated; "" if unreadable). */
 void fg_test_slurp(const char *path, char *buf, size_t len);
 #endif
