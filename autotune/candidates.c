@@ -45,9 +45,9 @@ fg_variant fg_baseline_variant(fg_generator *g, const fg_problem *p, fg_arch arc
 }
 
 /* The forward grid: Br, Bc, warps, stages, every loop order. */
-static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, int64_t nk, fg_arch arch,
-                          const fg_device_limits *lim, const fg_variant *seed, fg_variant *out,
-                          int n, int cap, fg_prune_counts *pc) {
+static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, int64_t nk,
+                          fg_arch arch, const fg_device_limits *lim, const fg_variant *seed,
+                          fg_variant *out, int n, int cap, fg_prune_counts *pc) {
   static const int brs[] = {64, 128}, bcs[] = {16, 32, 64, 128}, warps[] = {4, 8};
   char why[256];
   /* q_outer: 2 or 3 stages; q_wgmma and q_wgmma_ov: 2 (3 is pruned by their rule); kv_outer: 1

@@ -53,8 +53,9 @@ int fg_problem_served_by(const fg_problem *p, const fg_variant *v);
 /* The built-in rule's forward variant for a key-length bucket nk (fg_seqlen_bucket; 0: no
  * length, fg_builtin_variant's): fg_builtin_variant, except on sm_90a, where with a causal mask
  * d = 64 takes K/V blocks of 64 up to 512 keys and the TMA kernel from 1k (persistent up to 4k;
- * two consumer warpgroups at 1k, three from 2k) and the head dims padded up to 128 (d = 65-127) the non-persistent one from 8k, and
- * without one d = 136-256 take K/V blocks of 64 on the persistent grid up to 512 keys. */
+ * two consumer warpgroups at 1k, three from 2k) and the head dims padded up to 128 (d = 65-127)
+ * the non-persistent one from 8k, and without one d = 136-256 take K/V blocks of 64 on the
+ * persistent grid up to 512 keys. */
 fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk, fg_arch arch);
 /* The most variants the built-in rule picks for one (d, dtype, mask) over all lengths. */
 #define FG_BUILTIN_MAX 5

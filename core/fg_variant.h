@@ -87,8 +87,8 @@ int fg_dtype_parse(const char *s, fg_dtype *out);
 fg_variant fg_portable_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
 /* The variant the built-in rule picks when nothing was tuned and the length is not known: the
  * portable one, except on sm_90a, where it is the TMA kernel (q_tma; head dims off 64-column
- * blocks on padded tiles; on the persistent grid, q_tma_p, at d = 64 and 128 without a mask and
- * at d = 72..192 with one) at every d but d <= 64 causal: q_wgmma at d = 64 causal, the portable
+ * blocks on padded tiles; on the persistent grid, q_tma_p, at d = 64 without a mask and at
+ * d = 72..192 with or without one) at every d but d <= 64 causal: q_wgmma at d = 64 causal, the portable
  * one below. fg_builtin_variant_for (fg_problem.h) refines it by the key length. */
 fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
 /* Bytes of register spills (stores, and loads alike) a compiled kernel of v may have and still

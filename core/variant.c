@@ -248,9 +248,10 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
    * mask: a producer warpgroup and two consumer warpgroups of 64 rows (three at d = 64), the
    * largest spill-free key block (H100, bf16, N = 4k / 16k against q_wgmma: d = 128 1.5x / 1.7x,
    * d = 256 4x, d = 64 1.2x / 1.4x; bench/NOTES.md). d = 64 causal keeps the wgmma kernel in order
-   * with K/V blocks of 128 (the TMA one is 0.75-0.82x of it up to N = 1k, 1.1-1.3x from 4k:
-   * fg_builtin_variant_for takes it from 2k keys, the tuner wherever it wins). d = 128 causal takes K/V blocks of 128, its diagonal blocks masked in
-   * place (1.01-1.09x Bc 112, N = 512-16k). The persistent grid (q_tma_p) at every head dim
+   * with K/V blocks of 128 where no length is known (fg_builtin_variant_for, which the dispatcher
+   * uses, picks by the key length: Bc 64 up to 512 keys, the TMA kernel from 1k). d = 128 causal
+   * takes K/V blocks of 128, its diagonal blocks masked in place (1.01-1.09x Bc 112, N =
+   * 512-16k). The persistent grid (q_tma_p) at every head dim
    * padded to 128 or 192 (d = 72-192) and at d = 64 without a mask: without one 1.25x / 1.13x /
    * 1.07x / 1.05x / 1.01x q_tma at d = 128, N = 512 / 1k / 2k / 4k / 16k, 1.23x-1.02x at d = 64,
    * d = 96 1.26x / 1.12x / 1.03x / 1.01x / 1.00x, d = 192 1.01-1.04x (1.03x / 0.99x at 2k / 4k);
