@@ -159,6 +159,11 @@ static void build(bwd_list *l) {
    * out in groups of 16 per (batch, head) and the 65th in a remainder (bwd_aux.cuh, det_kv_pos). */
   add(l, B_DET, FG_DTYPE_BF16, 0, 64, 1, 2, 2, 300, 8300, 0,
       "bwd/deterministic/d64_nq300_nk8300_noncausal");
+  /* 34 (batch, KV head)s of 17 key blocks (two groups of 8 and a remainder), 2 query blocks of
+   * 128 per query head: on sm_90a with up to 136 SMs the groups are rotated (each block from its
+   * own first dQ tile; bwd_aux.cuh, det_rotate: 34 x 8 >= 2 x SMs), fewer tiles than blocks. */
+  add(l, B_DET, FG_DTYPE_BF16, 0, 64, 2, 34, 17, 200, 2049, 0,
+      "bwd/deterministic/gqa_b2_hq34_hkv17_d64_nq200_nk2049_noncausal");
   /* 64-bit offsets in the three kernels: Q, O, dO and dQ of more than 2^31 elements (2^31 +
    * 4097 * 128), dQ's fp32 accumulator of more than 2^32 bytes, K and V of 64 rows. Device memory:
    * Q, O, dO, dQ 4.0 GiB each, the workspace (fp32 dQ and D: (d + 1) floats a row) 8.1 GiB, LSE

@@ -109,6 +109,57 @@ FG_DEV u32 ld_acquire(const u32 *a) {
 struct bwd_span {
   int i0, per_head, n_items;
 };
+#ifdef BWD_DET_GROUPS
+// Deterministic mode without a mask (bwd_tma.cu defines BWD_DET_GROUPS): the key blocks of a
+// (batch, head) in groups of KBG (det_kv_pos, below; the last group the remainder). Within a
+// group of n, block j walks the span's P query blocks from the (j P / n)-th on, wrapping, and
+// the tile of query block i is added by the group's blocks in the order they reach it: j_i (the
+// last whose start is at or before i), j_i - 1, ..., 0, n - 1, ..., j_i + 1; the groups in
+// ascending order. So a block's first tile waits for nobody and every later one for a block that
+// started a tile or more ahead (all starting at the first tile, the k-th block waited k hand-offs
+// before its first: 1.32x the non-deterministic time at d = 64 1k, H100). A block waits only for
+// blocks of its own group or of an earlier one, which the GPU starts no later than its group's
+// last (det_kv_pos deals each group out contiguously in the linear block index), so no more than
+// a group (16 blocks) need be resident at once. Two limits: a group's tiles are all done only
+// near its end, so the next group of the head, if it ran beside it, would wait that long for its
+// first; and a group reads all of its head's Q, dO and dQ sums at once where the ascending order
+// reads a tile (measured, H100: d = 128 4k 0.58x and d = 64 16k 0.78x with every group rotated,
+// 4-8 MB a head, 8-16 heads resident; 1.04-1.13x at 1-2 MB). So the rotation is taken where a
+// head's G Nq D is at most 2^18 (2 MB of those sums and tiles: 132 SMs hold 16 groups of 8 or 8
+// of 16, 16-32 MB, in the H100's 50 MB L2) and either the head has one group or a round of the
+// deal (KBG blocks of every head) is at least twice the SMs (the GPU finishes a group before the
+// next of its head starts); else the ascending order, each group close behind the last.
+FG_DEV u32 ctaid_y() { u32 r; asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r)); return r; }
+FG_DEV u32 nctaid_y() { u32 r; asm volatile("mov.u32 %0, %%nctaid.y;" : "=r"(r)); return r; }
+FG_DEV u32 det_kbg(u32 nkb) { return nkb >= 64 ? 16 : 8; }
+FG_DEV u32 nsmid() { u32 r; asm volatile("mov.u32 %0, %%nsmid;" : "=r"(r)); return r; }
+FG_DEV bool det_rotate(const fg_bwd_params &p, u32 nkb) {
+  const u32 kbg = det_kbg(nkb);
+  return DET_ROTATE && p.hq_per_hkv * p.seqlen_q * D <= ((i64)1 << 18) &&
+         (nkb <= kbg || nctaid_y() * kbg >= 2 * nsmid());
+}
+// Key block kb's group of the nkb: its first key block g0 and size n.
+FG_DEV void det_group(u32 kb, u32 nkb, u32 &g0, u32 &n) {
+  const u32 kbg = det_kbg(nkb), full = nkb / kbg * kbg;
+  g0 = kb < full ? kb / kbg * kbg : full;
+  n = kb < full ? kbg : nkb - full;
+}
+FG_DEV int det_rot(const fg_bwd_params &p, u32 kb, u32 nkb, int P) {
+  if (!det_rotate(p, nkb)) return 0;
+  u32 g0, n;
+  det_group(kb, nkb, g0, n);
+  return (int)((u64)(kb - g0) * (u32)P / n);
+}
+// How many key blocks add query block i (of the span's P) before key block kb.
+FG_DEV u32 det_rank(const fg_bwd_params &p, u32 kb, u32 nkb, int i, int P) {
+  if (!det_rotate(p, nkb)) return kb;
+  u32 g0, n;
+  det_group(kb, nkb, g0, n);
+  u32 ji = (u32)(((u64)(i + 1) * n + (u32)P - 1) / (u32)P) - 1;  // the largest j with j P / n <= i
+  if (ji > n - 1) ji = n - 1;
+  return g0 + (ji + n - (kb - g0)) % n;
+}
+#endif
 FG_DEV bwd_span bwd_span_of(const fg_bwd_params &p, i64 k0, u32 z = blockIdx.z,
                             u32 splits = gridDim.z) {
   const i64 Nq = p.seqlen_q, diag = p.seqlen_k - Nq;
@@ -149,14 +200,12 @@ FG_DEV void load_lse_d(float *sl, const fg_bwd_params &p, u32 b, i64 h, i64 q0, 
 // nbh is at most the keys of all heads over 64, far below 2^32 for any K that fits in memory. The
 // mma.sync kernel (255 registers) spilled with it (sm_80, d = 128: 0 -> 132 B), so only kv_tma.
 #ifdef BWD_DET_GROUPS
-FG_DEV u32 ctaid_y() { u32 r; asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r)); return r; }
-FG_DEV u32 nctaid_y() { u32 r; asm volatile("mov.u32 %0, %%nctaid.y;" : "=r"(r)); return r; }
 struct kv_pos {
   u32 kb, bhk;
 };
 FG_DEV kv_pos det_kv_pos() {
   const u32 nkb = nctaid_x(), nbh = nctaid_y(), L = ctaid_y() * nkb + ctaid_x();
-  const u32 kbg = nkb >= 64 ? 16 : 8, full = nkb / kbg * kbg;  // key blocks in whole groups
+  const u32 kbg = det_kbg(nkb), full = nkb / kbg * kbg;  // key blocks in whole groups
   if (L < full * nbh) {
     const u32 r = L % (kbg * nbh);
     return {L / (kbg * nbh) * kbg + r % kbg, r / kbg};
@@ -192,9 +241,27 @@ FG_DEV u32 nctaid_z() { u32 r; asm volatile("mov.u32 %0, %%nctaid.z;" : "=r"(r))
 FG_DEV bwd_span bwd_span_now(const fg_bwd_params &p) {
   return bwd_span_of(p, k0_of(p), ctaid_z(), nctaid_z());
 }
+#ifdef BWD_DET_GROUPS
+// The span's query block that this block takes first (det_rot: deterministic without a mask;
+// else 0), and the first query row of item it (query head it / per_head of the group): the
+// span's query blocks in order from the rot-th, wrapping. (Only the producer warps of
+// bwd_tma.cu need it: the consumers use a block's first row only for the causal mask.)
+FG_DEV int item_rot(const fg_bwd_params &p, const bwd_span &sp) {
+  return !CAUSAL && p.deterministic ? det_rot(p, (u32)key_block(p), nctaid_x(), sp.per_head) : 0;
+}
+FG_DEV i64 item_q0(const bwd_span &sp, int rot, int it) {
+  int i = it % sp.per_head;
+  if (rot) {
+    i += rot;
+    if (i >= sp.per_head) i -= sp.per_head;
+  }
+  return (i64)(sp.i0 + i) * BR;
+}
+#endif
 // Deterministic mode: the key blocks add their parts of each dQ tile (the rows q0 ... of head
 // (b, h)) in a fixed order, each after the ones before it: rank is how many come before key
-// block kb = key_block(p). Without a mask every key block sees every tile: ascending, rank kb. Causal (bottom-
+// block kb = key_block(p). Without a mask every key block sees every tile: ascending, rank kb
+// (BWD_DET_GROUPS: det_rank's order, each group's blocks from their own first tile). Causal (bottom-
 // right), the blocks that see tile i are 0 ... jmax(i) (key block j's first query block is the
 // one of query j * BC - diag, bwd_span_of): descending from jmax(i), rank jmax(i) - kb. In that
 // order a block's first tile waits for nobody (it is the last key block that sees it) and every
@@ -208,7 +275,12 @@ FG_DEV u32 dq_rank(const fg_bwd_params &p, i64 q0) {
     const i64 last = (q0 + BR - 1 + p.seqlen_k - p.seqlen_q) / BC;  // jmax: j * BC <= that row + diag
     return (u32)((last < (i64)gridDim.x - 1 ? last : (i64)gridDim.x - 1) - kb);
   }
+#ifdef BWD_DET_GROUPS
+  const bwd_span sp = bwd_span_now(p);
+  return det_rank(p, (u32)kb, nctaid_x(), (int)(q0 / BR) - sp.i0, sp.per_head);
+#else
   return (u32)kb;
+#endif
 }
 FG_DEV u32 *dq_sem(const fg_bwd_params &p, u32 b, i64 h, i64 q0) {
   return (u32 *)p.sem + ((i64)b * p.heads_q + h) * sems_per_head(p) + q0 / SEM_ROWS;

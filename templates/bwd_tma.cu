@@ -52,9 +52,11 @@ constexpr u32 KV_BYTES = BC * D * 2, QT_BYTES = BR * D * 2, DS_BYTES = BC * BR *
 // where they fit), stored as the accumulator is laid out (bwd_aux.cuh, DQ_TILED: the fragments'
 // float4s, thread after thread), so one bulk reduction adds a warpgroup's 64 x DQ_N.
 constexpr int NDQ = MB == NWG ? NWG : 1, NBUF = {{ dq_bufs }};
-// The dQ warps: one per part where there are two; else one per slot, taking alternate items, so
-// that one tile's bulk reductions are issued while the last one's complete (deterministic mode
-// waits for completion before passing a tile on: with one warp that wait serialized the tiles).
+// The dQ warps: one per part where there are two (in deterministic mode with two slots, one per
+// slot instead, each adding both parts of alternate items); else one per slot, taking alternate
+// items, so that one tile's bulk reductions are issued while the last one's complete
+// (deterministic mode waits for completion before passing a tile on: with one warp per part or
+// per tile that wait serialized the tiles).
 constexpr int DQ_WARPS = NDQ == 1 ? NBUF : NDQ;
 constexpr u32 DQ_ROWS = BR / NDQ, DQ_BYTES = DQ_ROWS * D * 4, DQ_PART = 64 * DQ_N * 4;
 constexpr u32 K_OFF = 0, V_OFF = KV_BYTES, Q_OFF = 2 * KV_BYTES;
@@ -96,6 +98,10 @@ FG_DEV void st_shared_f4(u32 a, float x, float y, float z, float w) {
 #define BWD_PARAMS const __grid_constant__ fg_bwd_tma_params P
 #define BWD_PARAMS_BIND const fg_bwd_params &p = P.p;
 #define BWD_DET_GROUPS 1  // deterministic without a mask: key blocks dealt out in groups (bwd_aux.cuh)
+// ... and each group's blocks rotated where a tile has two dQ parts (d = 64, Br 128): there
+// deterministic mode costs 1.13x less at d = 64 1k, but with it d = 128 (one part) lost 4% at
+// N = 512 without deterministic mode (fg_ab, H100, bench/NOTES.md session 15), so not there.
+constexpr bool DET_ROTATE = NDQ == 2;
 #define DQ_TILED 1        // the dQ accumulator in fragment order (bwd_aux.cuh)
 {% include("bwd_aux.cuh") %}
 
@@ -140,6 +146,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     const u32 bhk = KV_HEAD_BLOCK(p), b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
     const int G = (int)p.hq_per_hkv;
     const bwd_span sp = bwd_span_of(p, k0_of(p));
+    const int rot = item_rot(p, sp);  // the first item's query block (deterministic, no mask)
     if (warp == 0 && lane == 0) {
       // K and V once, then Q and dO of each item into its stage once the consumers freed it.
 #pragma unroll
@@ -154,7 +161,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
       for (int it = 0; it < sp.n_items; ++it) {
         const int st = it % STAGES;
         if (it >= STAGES) mbar_wait(bars + bar_empty(st), (u32)(it / STAGES + 1) & 1);
-        const int h = (int)hk * G + it / sp.per_head, q0 = (sp.i0 + it % sp.per_head) * BR;
+        const int h = (int)hk * G + it / sp.per_head, q0 = (int)item_q0(sp, rot, it);
         const u32 s_q = sbase + Q_OFF + (u32)st * 2 * QT_BYTES;
         mbar_expect_tx(bars + bar_full(st), 2 * QT_BYTES);
 #pragma unroll
@@ -169,26 +176,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
       for (int it = 0; it < sp.n_items; ++it) {
         const int st = it % STAGES;
         if (it >= STAGES) mbar_wait(bars + bar_empty(st), (u32)(it / STAGES + 1) & 1);
-        const i64 h = (i64)hk * G + it / sp.per_head, q0 = (i64)(sp.i0 + it % sp.per_head) * BR;
+        const i64 h = (i64)hk * G + it / sp.per_head, q0 = item_q0(sp, rot, it);
         load_lse_d((float *)(sgen + L_OFF + st * 2 * BR * 4), p, b, h, q0, lane, 32);
         mbar_arrive(bars + bar_full(st));
       }
     } else if (warp >= 2 && warp < 2 + DQ_WARPS) {
-      // dQ part w (the tile's rows w DQ_ROWS ...) of each item this warp takes (DQ_WARPS), once
-      // the consumers have written it into its slot, added to the accumulator's chunk
-      // (bwd_aux.cuh: dq_chunk) with one bulk reduction per 64 x DQ_N (lane k the k-th); then
-      // the slot is freed. Deterministic mode: the tile's semaphore counts NDQ per key block (its
-      // parts add disjoint rows); a part adds once the key blocks before it in the tile's order
-      // have added all theirs, and passes the tile on once its additions are done.
-      const int w = NDQ == 1 ? 0 : warp - 2;
-      const int first = NDQ == 1 ? warp - 2 : 0, step = NDQ == 1 ? NBUF : 1;
+      // The dQ tiles, once the consumers have written a part into its slot, added to the
+      // accumulator's chunk (bwd_aux.cuh: dq_chunk) with one bulk reduction per 64 x DQ_N (lane k
+      // the k-th); then the slot is freed. Two ways to share them out: a warp per part (NDQ == 2,
+      // parts w of every item: the warpgroups never wait for each other's reductions), or
+      // alternate items, every part of each (ALT: one part per tile, or deterministic mode with a
+      // warp per slot: a tile's chain hand-off, below, waits for its additions to complete, and
+      // with a warp per part that wait serialized the tiles). Deterministic mode: the tile's
+      // semaphore counts NDQ per key block; a key block adds once those before it in the tile's
+      // order have added all their parts, and passes the tile on once its additions are done.
+      const bool alt = NDQ == 1 || (NBUF == NDQ && p.deterministic);
+      const int w0 = alt ? 0 : warp - 2, nw = alt ? NDQ : 1;
+      const int first = alt ? warp - 2 : 0, step = alt ? NBUF : 1;
       for (int it = first; it < sp.n_items; it += step) {
         const int slot = it % NBUF;
-        const u32 s_dq = sbase + DQ_OFF + (u32)(w * NBUF + slot) * DQ_BYTES;
-        mbar_wait(bars + bar_dq_full(w, slot), (u32)(it / NBUF) & 1);
-        const i64 h = (i64)hk * G + it / sp.per_head, q0 = (i64)(sp.i0 + it % sp.per_head) * BR;
+        for (int w = w0; w < w0 + nw; ++w) mbar_wait(bars + bar_dq_full(w, slot), (u32)(it / NBUF) & 1);
+        const i64 h = (i64)hk * G + it / sp.per_head, q0 = item_q0(sp, rot, it);
         const i64 Nq = p.seqlen_q;
-        const i64 r0 = q0 + (i64)w * DQ_ROWS;  // this part's first query row
         u32 *sem = dq_sem(p, b, h, q0);
         if (p.deterministic) {
           if (lane == 0) {
@@ -199,23 +208,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
           __syncwarp();
           fence_proxy_async_global();  // the acquired additions, before this block's bulk ones
         }
-        char *acc = (char *)dq_chunk(p, (i64)b * p.heads_q + h, r0 / 64);
-        if (lane < (int)(DQ_BYTES / DQ_PART) && r0 < Nq)
-          bulk_reduce_add_f32(acc + lane * DQ_PART, s_dq + (u32)lane * DQ_PART, DQ_PART);
+        for (int w = w0; w < w0 + nw; ++w) {
+          const i64 r0 = q0 + (i64)w * DQ_ROWS;  // this part's first query row
+          const u32 s_dq = sbase + DQ_OFF + (u32)(w * NBUF + slot) * DQ_BYTES;
+          char *acc = (char *)dq_chunk(p, (i64)b * p.heads_q + h, r0 / 64);
+          if (lane < (int)(DQ_BYTES / DQ_PART) && r0 < Nq)
+            bulk_reduce_add_f32(acc + lane * DQ_PART, s_dq + (u32)lane * DQ_PART, DQ_PART);
+        }
         bulk_commit();
+        bulk_wait_read0();  // shared memory read: the consumers may write the next tile
+        __syncwarp();
+        if (lane == 0)
+          for (int w = w0; w < w0 + nw; ++w) mbar_arrive(bars + bar_dq_empty(w, slot));
         if (p.deterministic) {
-          bulk_wait_read0();  // shared memory read: the consumers may write the next tile
-          __syncwarp();
-          if (lane == 0) mbar_arrive(bars + bar_dq_empty(w, slot));
           bulk_wait0();  // the additions done, not only read, before the tile passes on
           fence_proxy_async_global();
           __threadfence();
           __syncwarp();
-          if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(sem) : "memory");
-        } else {
-          bulk_wait_read0();  // shared memory read: the consumers may write the next tile
-          __syncwarp();
-          if (lane == 0) mbar_arrive(bars + bar_dq_empty(w, slot));
+          if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(sem), "r"((u32)nw) : "memory");
         }
       }
       bulk_wait0();
@@ -249,7 +259,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   auto front = [&](int it) {
     const int st = it % STAGES;
     mbar_wait(bars + bar_full(st), (u32)(it / STAGES) & 1);
-    const i64 q0 = (i64)(i0 + it % per_head) * BR;
+    const i64 q0 = (i64)(i0 + it % per_head) * BR;  // (the causal mask's: nothing rotates there)
     const u32 s_q = sbase + Q_OFF + (u32)st * 2 * QT_BYTES, s_do = s_q + QT_BYTES;
     const u32 s_l = sbase + L_OFF + (u32)st * 2 * BR * 4;
     const u32 s_ds = sbase + DS_OFF + (u32)(it % NDS) * DS_BYTES;
