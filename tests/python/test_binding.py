@@ -479,6 +479,32 @@ class BackwardTest(unittest.TestCase):
         for a, b in zip(eager, comp):
             self.assertTrue(torch.equal(a.grad, b.grad), "compiled gradients differ from eager")
 
+    def test_torch_compile_as_the_first_call(self):
+        # A fresh process whose first flashgen call is compiled (torch imported first: the custom
+        # ops are registered at import), then its eager autograd (a torch.autograd.Function)
+        # against it, bit for bit.
+        if not hasattr(torch, "compile"):
+            self.skipTest("no torch.compile")
+        code = "\n".join([
+            "import torch, flashgen",
+            "def f(q, k, v):",
+            "    return flashgen.attention(q, k, v, causal=True).float().square().sum()",
+            "g = torch.Generator(device='cuda').manual_seed(6)",
+            "base = [torch.randn(1, 2, 80, 64, generator=g, device='cuda').to(torch.bfloat16)",
+            "        for _ in range(3)]",
+            "comp = [t.clone().requires_grad_(True) for t in base]",
+            "eager = [t.clone().requires_grad_(True) for t in base]",
+            "torch.compile(f, fullgraph=True)(*comp).backward()",
+            "f(*eager).backward()",
+            "assert type(flashgen.attention(*eager).grad_fn).__name__.startswith('AttentionFunction')",
+            "assert all(torch.equal(a.grad, b.grad) for a, b in zip(eager, comp))",
+            "print('ok')"])
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           timeout=600)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("ok", r.stdout)
+
 
 def main():
     prog = unittest.main(module=__name__, exit=False, verbosity=2)
