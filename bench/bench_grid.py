@@ -90,33 +90,32 @@ def _int_list(text, what):
     return vals
 
 
-def _dtype_list(text):
+def _name_list(text, flag, what, allowed, hint, aliases=None, lower=False):
+    """A comma-separated list of names from `allowed` (after `aliases`), in the order given,
+    duplicates dropped; argparse's error naming `flag` for an unknown name or an empty list."""
     out = []
     for x in text.replace(" ", "").split(","):
         if not x:
             continue
-        if x.lower() not in DTYPE_ALIASES:
-            raise argparse.ArgumentTypeError("--dtypes: unknown dtype %r (use bf16, f16)" % x)
-        if DTYPE_ALIASES[x.lower()] not in out:
-            out.append(DTYPE_ALIASES[x.lower()])
+        key = x.lower() if lower else x
+        name = (aliases or {}).get(key, key)
+        if name not in allowed:
+            raise argparse.ArgumentTypeError("%s: unknown %s %r (%s)" % (flag, what, x, hint))
+        if name not in out:
+            out.append(name)
     if not out:
-        raise argparse.ArgumentTypeError("--dtypes: empty list")
+        raise argparse.ArgumentTypeError("%s: empty list" % flag)
     return out
+
+
+def _dtype_list(text):
+    return _name_list(text, "--dtypes", "dtype", tuple(DTYPE_ALIASES.values()), "use bf16, f16",
+                      aliases=DTYPE_ALIASES, lower=True)
 
 
 def _backend_list(text):
-    out = []
-    for x in text.replace(" ", "").split(","):
-        if not x:
-            continue
-        if x not in ALL_BACKENDS:
-            raise argparse.ArgumentTypeError("--backends: unknown backend %r (choose from %s)"
-                                             % (x, ",".join(ALL_BACKENDS)))
-        if x not in out:
-            out.append(x)
-    if not out:
-        raise argparse.ArgumentTypeError("--backends: empty list")
-    return out
+    return _name_list(text, "--backends", "backend", ALL_BACKENDS,
+                      "choose from %s" % ",".join(ALL_BACKENDS))
 
 
 def _pass_list(text):
@@ -140,19 +139,9 @@ def _pass_list(text):
 
 
 def _grad_backend_list(text):
-    out = []
-    for x in text.replace(" ", "").split(","):
-        if not x:
-            continue
-        x = {"flashgen-direct": "flashgen_direct", "direct": "flashgen_direct"}.get(x, x)
-        if x not in ALL_GRAD_BACKENDS:
-            raise argparse.ArgumentTypeError("--bwd-backends: unknown backend %r (choose from %s)"
-                                             % (x, ",".join(ALL_GRAD_BACKENDS)))
-        if x not in out:
-            out.append(x)
-    if not out:
-        raise argparse.ArgumentTypeError("--bwd-backends: empty list")
-    return out
+    return _name_list(text, "--bwd-backends", "backend", ALL_GRAD_BACKENDS,
+                      "choose from %s" % ",".join(ALL_GRAD_BACKENDS),
+                      aliases={"flashgen-direct": "flashgen_direct", "direct": "flashgen_direct"})
 
 
 def _causal_list(text):
