@@ -10,22 +10,12 @@
 #include <string.h>
 
 #include "fg_runtime_internal.h"
+#include "validate_support.h"
 
-/* A valid problem whose pointers are fake but aligned and far apart (validation never touches
- * memory). */
+/* A valid problem (validate_support.h) whose pointers are fake but aligned and far apart. */
 static fg_attention_args valid_args(void) {
   fg_attention_args a;
-  memset(&a, 0, sizeof a);
-  a.size = sizeof a;
-  a.dtype = FG_DTYPE_BF16;
-  a.batch = 2;
-  a.heads_q = 4;
-  a.heads_kv = 2;
-  a.seqlen_q = 128;
-  a.seqlen_k = 96;
-  a.head_dim = 64;
-  a.q = (const void *)(uintptr_t)0x10000000;
-  a.k = (const void *)(uintptr_t)0x20000000;
+  FG_TEST_VALID_PROBLEM(a);
   a.v = (const void *)(uintptr_t)0x30000000;
   a.o = (void *)(uintptr_t)0x40000000;
   a.lse = (float *)(uintptr_t)0x50000000;

@@ -10,26 +10,17 @@
 
 #include "fg_params.h"
 #include "fg_runtime_internal.h"
+#include "validate_support.h"
 
 /* ---- fg_validate_backward_args -------------------------------------------------------------- */
 
 #define P(x) ((void *)(uintptr_t)(x))
 
-/* A valid problem whose pointers are fake, aligned and far apart (validation touches no memory):
- * B 2, Hq 4, Hkv 2 (GQA), Nq 128, Nk 96, d 64. */
+/* A valid problem (validate_support.h: B 2, Hq 4, Hkv 2 (GQA), Nq 128, Nk 96, d 64) whose
+ * pointers are fake, aligned and far apart (validation touches no memory). */
 static fg_attention_backward_args valid_bwd(void) {
   fg_attention_backward_args a;
-  memset(&a, 0, sizeof a);
-  a.size = sizeof a;
-  a.dtype = FG_DTYPE_BF16;
-  a.batch = 2;
-  a.heads_q = 4;
-  a.heads_kv = 2;
-  a.seqlen_q = 128;
-  a.seqlen_k = 96;
-  a.head_dim = 64;
-  a.q = P(0x10000000);
-  a.k = P(0x20000000);
+  FG_TEST_VALID_PROBLEM(a);
   a.v = P(0x30000000);
   a.o = P(0x40000000);
   a.lse = P(0x50000000);
