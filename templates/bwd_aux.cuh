@@ -111,33 +111,31 @@ struct bwd_span {
 };
 #ifdef BWD_DET_GROUPS
 // Deterministic mode without a mask (bwd_tma.cu defines BWD_DET_GROUPS): the key blocks of a
-// (batch, head) in groups of KBG (det_kv_pos, below; the last group the remainder). Within a group
-// of n, block j walks the span's P query blocks from the (j P / n)-th on, wrapping, and the tile of
-// query block i is added by the group's blocks in the order they reach it: j_i (the last whose
-// start is at or before i), j_i - 1, ..., 0, n - 1, ..., j_i + 1; the groups in ascending order. So
-// a block's first tile waits for nobody and every later one for a block that started a tile or more
-// ahead (all starting at the first tile, the k-th block waited k hand-offs before its first: 1.32x
-// the non-deterministic time at d = 64 1k, H100). A block waits only for blocks of its own group or
-// of an earlier one, which the GPU starts no later than its group's last (det_kv_pos deals each
-// group out contiguously in the linear block index), so a group must be resident at once, where the
-// ascending order needs nothing resident beside a block: only groups of 8 (fewer than 64 key
-// blocks) are rotated, since a GPU or a share of one (MPS, green contexts) with fewer SMs free to
-// this kernel than a group's blocks would hang. And two limits: a group's tiles are all done only
+// (batch, head) in groups of KBG (det_kv_pos, below; the last group the remainder). Within a
+// group of n, block j walks the span's P query blocks from the (j P / n)-th on, wrapping, and
+// the tile of query block i is added by the group's blocks in the order they reach it: j_i (the
+// last whose start is at or before i), j_i - 1, ..., 0, n - 1, ..., j_i + 1; the groups in
+// ascending order. So a block's first tile waits for nobody and every later one for a block that
+// started a tile or more ahead (all starting at the first tile, the k-th block waited k hand-offs
+// before its first: 1.32x the non-deterministic time at d = 64 1k, H100). A block waits only for
+// blocks of its own group or of an earlier one, which the GPU starts no later than its group's
+// last (det_kv_pos deals each group out contiguously in the linear block index), so no more than
+// a group (16 blocks) need be resident at once. Two limits: a group's tiles are all done only
 // near its end, so the next group of the head, if it ran beside it, would wait that long for its
 // first; and a group reads all of its head's Q, dO and dQ sums at once where the ascending order
-// reads a tile (measured, H100: d = 128 4k 0.58x and d = 64 16k 0.78x with every group rotated, 4-8
-// MB a head, 8-16 heads resident; 1.04-1.13x at 1-2 MB). So the rotation is taken where a head's G
-// Nq D is at most 2^18 (2 MB of those sums and tiles: 132 SMs hold 16 groups of 8, 32 MB, in the
-// H100's 50 MB L2) and either the head has one group or a round of the deal (8 blocks of every
-// head) is at least twice the SMs (the GPU finishes a group before the next of its head starts);
-// else the ascending order, each group close behind the last.
+// reads a tile (measured, H100: d = 128 4k 0.58x and d = 64 16k 0.78x with every group rotated,
+// 4-8 MB a head, 8-16 heads resident; 1.04-1.13x at 1-2 MB). So the rotation is taken where a
+// head's G Nq D is at most 2^18 (2 MB of those sums and tiles: 132 SMs hold 16 groups of 8 or 8
+// of 16, 16-32 MB, in the H100's 50 MB L2) and either the head has one group or a round of the
+// deal (KBG blocks of every head) is at least twice the SMs (the GPU finishes a group before the
+// next of its head starts); else the ascending order, each group close behind the last.
 FG_DEV u32 ctaid_y() { u32 r; asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r)); return r; }
 FG_DEV u32 nctaid_y() { u32 r; asm volatile("mov.u32 %0, %%nctaid.y;" : "=r"(r)); return r; }
 FG_DEV u32 det_kbg(u32 nkb) { return nkb >= 64 ? 16 : 8; }
 FG_DEV u32 nsmid() { u32 r; asm volatile("mov.u32 %0, %%nsmid;" : "=r"(r)); return r; }
 FG_DEV bool det_rotate(const fg_bwd_params &p, u32 nkb) {
   const u32 kbg = det_kbg(nkb);
-  return DET_ROTATE && kbg == 8 && p.hq_per_hkv * p.seqlen_q * D <= ((i64)1 << 18) &&
+  return DET_ROTATE && p.hq_per_hkv * p.seqlen_q * D <= ((i64)1 << 18) &&
          (nkb <= kbg || nctaid_y() * kbg >= 2 * nsmid());
 }
 // Key block kb's group of the nkb: its first key block g0 and size n.
