@@ -111,31 +111,33 @@ struct bwd_span {
 };
 #ifdef BWD_DET_GROUPS
 // Deterministic mode without a mask (bwd_tma.cu defines BWD_DET_GROUPS): the key blocks of a
-// (batch, head) in groups of KBG (det_kv_pos, below; the last group the remainder). Within a
-// group of n, block j walks the span's P query blocks from the (j P / n)-th on, wrapping, and
-// the tile of query block i is added by the group's blocks in the order they reach it: j_i (the
-// last whose start is at or before i), j_i - 1, ..., 0, n - 1, ..., j_i + 1; the groups in
-// ascending order. So a block's first tile waits for nobody and every later one for a block that
-// started a tile or more ahead (all starting at the first tile, the k-th block waited k hand-offs
-// before its first: 1.32x the non-deterministic time at d = 64 1k, H100). A block waits only for
-// blocks of its own group or of an earlier one, which the GPU starts no later than its group's
-// last (det_kv_pos deals each group out contiguously in the linear block index), so no more than
-// a group (16 blocks) need be resident at once. Two limits: a group's tiles are all done only
+// (batch, head) in groups of KBG (det_kv_pos, below; the last group the remainder). Within a group
+// of n, block j walks the span's P query blocks from the (j P / n)-th on, wrapping, and the tile of
+// query block i is added by the group's blocks in the order they reach it: j_i (the last whose
+// start is at or before i), j_i - 1, ..., 0, n - 1, ..., j_i + 1; the groups in ascending order. So
+// a block's first tile waits for nobody and every later one for a block that started a tile or more
+// ahead (all starting at the first tile, the k-th block waited k hand-offs before its first: 1.32x
+// the non-deterministic time at d = 64 1k, H100). A block waits only for blocks of its own group or
+// of an earlier one, which the GPU starts no later than its group's last (det_kv_pos deals each
+// group out contiguously in the linear block index), so a group must be resident at once, where the
+// ascending order needs nothing resident beside a block: only groups of 8 (fewer than 64 key
+// blocks) are rotated, since a GPU or a share of one (MPS, green contexts) with fewer SMs free to
+// this kernel than a group's blocks would hang. And two limits: a group's tiles are all done only
 // near its end, so the next group of the head, if it ran beside it, would wait that long for its
 // first; and a group reads all of its head's Q, dO and dQ sums at once where the ascending order
-// reads a tile (measured, H100: d = 128 4k 0.58x and d = 64 16k 0.78x with every group rotated,
-// 4-8 MB a head, 8-16 heads resident; 1.04-1.13x at 1-2 MB). So the rotation is taken where a
-// head's G Nq D is at most 2^18 (2 MB of those sums and tiles: 132 SMs hold 16 groups of 8 or 8
-// of 16, 16-32 MB, in the H100's 50 MB L2) and either the head has one group or a round of the
-// deal (KBG blocks of every head) is at least twice the SMs (the GPU finishes a group before the
-// next of its head starts); else the ascending order, each group close behind the last.
+// reads a tile (measured, H100: d = 128 4k 0.58x and d = 64 16k 0.78x with every group rotated, 4-8
+// MB a head, 8-16 heads resident; 1.04-1.13x at 1-2 MB). So the rotation is taken where a head's G
+// Nq D is at most 2^18 (2 MB of those sums and tiles: 132 SMs hold 16 groups of 8, 32 MB, in the
+// H100's 50 MB L2) and either the head has one group or a round of the deal (8 blocks of every
+// head) is at least twice the SMs (the GPU finishes a group before the next of its head starts);
+// else the ascending order, each group close behind the last.
 FG_DEV u32 ctaid_y() { u32 r; asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r)); return r; }
 FG_DEV u32 nctaid_y() { u32 r; asm volatile("mov.u32 %0, %%nctaid.y;" : "=r"(r)); return r; }
 FG_DEV u32 det_kbg(u32 nkb) { return nkb >= 64 ? 16 : 8; }
 FG_DEV u32 nsmid() { u32 r; asm volatile("mov.u32 %0, %%nsmid;" : "=r"(r)); return r; }
 FG_DEV bool det_rotate(const fg_bwd_params &p, u32 nkb) {
   const u32 kbg = det_kbg(nkb);
-  return DET_ROTATE && p.hq_per_hkv * p.seqlen_q * D <= ((i64)1 << 18) &&
+  return DET_ROTATE && kbg == 8 && p.hq_per_hkv * p.seqlen_q * D <= ((i64)1 << 18) &&
          (nkb <= kbg || nctaid_y() * kbg >= 2 * nsmid());
 }
 // Key block kb's group of the nkb: its first key block g0 and size n.
@@ -205,7 +207,7 @@ struct kv_pos {
 };
 FG_DEV kv_pos det_kv_pos() {
   const u32 nkb = nctaid_x(), nbh = nctaid_y(), L = ctaid_y() * nkb + ctaid_x();
-  const u32 kbg = det_kbg(nkb), full = nkb / kbg * kbg;  // key blocks in whole groups
+  const u32 kbg = nkb >= 64 ? 16 : 8, full = nkb / kbg * kbg;  // key blocks in whole groups (det_kbg)
   if (L < full * nbh) {
     const u32 r = L % (kbg * nbh);
     return {L / (kbg * nbh) * kbg + r % kbg, r / kbg};
@@ -247,7 +249,8 @@ FG_DEV bwd_span bwd_span_now(const fg_bwd_params &p) {
 // span's query blocks in order from the rot-th, wrapping. (Only the producer warps of
 // bwd_tma.cu need it: the consumers use a block's first row only for the causal mask.)
 FG_DEV int item_rot(const fg_bwd_params &p, const bwd_span &sp) {
-  return !CAUSAL && p.deterministic ? det_rot(p, (u32)key_block(p), nctaid_x(), sp.per_head) : 0;
+  if constexpr (CAUSAL || !DET_ROTATE) return 0;
+  return p.deterministic ? det_rot(p, (u32)key_block(p), nctaid_x(), sp.per_head) : 0;
 }
 FG_DEV i64 item_q0(const bwd_span &sp, int rot, int it) {
   int i = it % sp.per_head;
@@ -276,11 +279,12 @@ FG_DEV u32 dq_rank(const fg_bwd_params &p, i64 q0) {
     return (u32)((last < (i64)gridDim.x - 1 ? last : (i64)gridDim.x - 1) - kb);
   }
 #ifdef BWD_DET_GROUPS
-  const bwd_span sp = bwd_span_now(p);
-  return det_rank(p, (u32)kb, nctaid_x(), (int)(q0 / BR) - sp.i0, sp.per_head);
-#else
-  return (u32)kb;
+  if constexpr (DET_ROTATE) {
+    const bwd_span sp = bwd_span_now(p);
+    return det_rank(p, (u32)kb, nctaid_x(), (int)(q0 / BR) - sp.i0, sp.per_head);
+  }
 #endif
+  return (u32)kb;
 }
 FG_DEV u32 *dq_sem(const fg_bwd_params &p, u32 b, i64 h, i64 q0) {
   return (u32 *)p.sem + ((i64)b * p.heads_q + h) * sems_per_head(p) + q0 / SEM_ROWS;

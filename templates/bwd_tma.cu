@@ -191,6 +191,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
       // semaphore counts NDQ per key block; a key block adds once those before it in the tile's
       // order have added all their parts, and passes the tile on once its additions are done.
       const bool alt = NDQ == 1 || (NBUF == NDQ && p.deterministic);
+      constexpr u32 DET_PARTS = NDQ == 1 || NBUF == NDQ ? NDQ : 1;  // nw in deterministic mode
       const int w0 = alt ? 0 : warp - 2, nw = alt ? NDQ : 1;
       const int first = alt ? warp - 2 : 0, step = alt ? NBUF : 1;
       for (int it = first; it < sp.n_items; it += step) {
@@ -216,16 +217,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
             bulk_reduce_add_f32(acc + lane * DQ_PART, s_dq + (u32)lane * DQ_PART, DQ_PART);
         }
         bulk_commit();
-        bulk_wait_read0();  // shared memory read: the consumers may write the next tile
-        __syncwarp();
-        if (lane == 0)
-          for (int w = w0; w < w0 + nw; ++w) mbar_arrive(bars + bar_dq_empty(w, slot));
-        if (p.deterministic) {
+        auto free_slots = [&]() {  // once shared memory is read, the consumers may write again
+          bulk_wait_read0();
+          __syncwarp();
+          if (lane == 0)
+            for (int w = w0; w < w0 + nw; ++w) mbar_arrive(bars + bar_dq_empty(w, slot));
+        };
+        // (free_slots in each branch, not before the test: so the d = 128 kernel compiles as before)
+        if (!p.deterministic) {
+          free_slots();
+        } else {
+          free_slots();
           bulk_wait0();  // the additions done, not only read, before the tile passes on
           fence_proxy_async_global();
           __threadfence();
           __syncwarp();
-          if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(sem), "r"((u32)nw) : "memory");
+          if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(sem), "n"(DET_PARTS) : "memory");
         }
       }
       bulk_wait0();
