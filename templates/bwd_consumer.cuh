@@ -42,6 +42,13 @@ FG_DEV u64 fresh(u64 x) {
   return r;
 }
 FG_DEV void st_shared_u32(u32 a, u32 x) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(x) : "memory"); }
+// Four 8 x 8 matrices of 16-bit elements from a warp's mma fragments (x[j]: matrix j, this lane's
+// row lane / 4, columns 2 (lane % 4) ...) into shared memory, lane l giving the address of row l % 8
+// of matrix l / 8 (sm_90+).
+FG_DEV void stsm_x4(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x0), "r"(x1), "r"(x2), "r"(x3)
+               : "memory");
+}
 {% end %}
 {% function bwd_sdp() %}
     float s[BR / 2], dp[BR / 2];
@@ -66,6 +73,13 @@ FG_DEV void st_shared_u32(u32 a, u32 x) { asm volatile("st.shared.b32 [%0], %1;\
     const i64 dq_off = q0 + diag - k0i;
     const int dlim = (int)(dq_off > BC ? BC : (dq_off < -BR ? -BR : dq_off));
     const bool need_mask = kv_left < BC || (CAUSAL && dlim < BC - 1);
+    // dS^T leaves by stmatrix, four 8 x 8 matrices (n8 tiles nt, nt + 1 x row halves) per
+    // instruction: lane l addresses row l % 8 of matrix l / 8, i.e. key row wr + l % 8 + 8 ((l / 8) % 2)
+    // of the warpgroup's and 16-byte chunk nt + l / 16, swizzled by the row (chunk ^ row % 8; nt is
+    // even, so (nt + l / 16) ^ (l % 8) = nt ^ ds_sw). Before: one 4-byte store per tile and row half
+    // (NT_S x 2 per thread per query block).
+    const int ds_r = wg * 64 + wr + lane % 8 + 8 * ((lane / 8) % 2), ds_sw = (lane / 16) ^ (lane % 8);
+    u32 dsx[4];
 #pragma unroll
     for (int nt = 0; nt < NT_S; ++nt) {
       float l2[2], dd[2];
@@ -83,9 +97,11 @@ FG_DEV void st_shared_u32(u32 a, u32 x) { asm volatile("st.shared.b32 [%0], %1;\
           ds[e] = pv[e] * (dp[i] - dd[e]);
         }
         pa[nt / 2][(nt % 2) * 2 + hh] = pack2<BF16>(pv[0], pv[1]);
-        st_shared_u32({{ ds }} + (u32)((nt / 8) * BC * 128 + r * 128 + (((nt % 8) ^ (r % 8)) * 16) + 4 * t),
-                      pack2<BF16>(ds[0], ds[1]));
+        dsx[(nt % 2) * 2 + hh] = pack2<BF16>(ds[0], ds[1]);
       }
+      if (nt % 2 == 1)
+        stsm_x4({{ ds }} + (u32)(((nt - 1) / 8) * BC * 128 + ds_r * 128 + ((((nt - 1) % 8) ^ ds_sw) * 16)), dsx[0], dsx[1],
+                dsx[2], dsx[3]);
     }
 {% end %}
 {% function bwd_dv() %}
