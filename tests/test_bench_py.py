@@ -4,7 +4,8 @@
 ANCHORS.md for every pass (--pass fwd|bwd|fwdbwd|all), the FLOP formulas (backward 2.5x and
 forward + backward 3.5x the forward, causal halves), and the Markdown report renders forward
 and backward rows from synthetic results.json files, merged with --from-json A B; every name
-bench.py's modules use is defined (the measuring code runs only on a GPU).
+bench.py's modules (and peer_kernels.py) use is defined, peer_kernels.py's arguments and trace
+parsing (the measuring code runs only on a GPU).
 
     python3 tests/test_bench_py.py
 """
@@ -483,9 +484,36 @@ class BenchNames(unittest.TestCase):
         return sorted(bad)
 
     def test_modules_define_what_they_use(self):
-        for name in ("bench.py", "bench_grid.py", "bench_report.py", "bench_measure.py", "plot.py"):
+        for name in ("bench.py", "bench_grid.py", "bench_report.py", "bench_measure.py", "plot.py",
+                     "peer_kernels.py"):
             path = os.path.join(ROOT, "bench", name)
             self.assertEqual(self.undefined(path), [], name)
+
+    def test_peer_kernels_arguments_and_trace(self):
+        pk = load_module("peer_kernels", os.path.join(ROOT, "bench", "peer_kernels.py"))
+        a = pk.parse_args([])
+        self.assertEqual(a.problems, pk.DEFAULT_PROBLEMS)
+        self.assertEqual(a.backends, ["cudnn", "flash", "flashgen"])
+        a = pk.parse_args(["--pass", "bwd", "--d", "64", "--n", "1024", "--causal", "1",
+                           "--backends", "cudnn"])
+        self.assertEqual((a.problems, a.backends), ([("bwd", 64, 1, 1024)], ["cudnn"]))
+        for bad in (["--backends", "triton"], ["--pass", "bwd", "--n", "1000"]):
+            with self.assertRaises(SystemExit):
+                pk.parse_args(bad)
+        # A chrome trace as torch.profiler writes it: kernels grouped by name, mean durations.
+        events = [{"cat": "kernel", "name": "k1", "dur": 10.0,
+                   "args": {"grid": [132, 1, 1], "block": [384, 1, 1],
+                            "registers per thread": 168, "shared memory": 216064}},
+                  {"cat": "cpu_op", "name": "aten::add", "dur": 5.0},
+                  {"cat": "kernel", "name": "k1", "dur": 30.0, "args": {}},
+                  {"cat": "kernel", "name": "k0", "dur": 2.0, "args": {"grid": [8, 1, 1]}}]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "t.json")
+            with open(path, "w") as f:
+                json.dump({"traceEvents": events}, f)
+            rows = pk.kernel_table(path)
+        self.assertEqual(rows, [("k1", 2, 20.0, [132, 1, 1], [384, 1, 1], 168, 216064),
+                                ("k0", 1, 2.0, [8, 1, 1], None, None, None)])
 
     def test_the_check_sees_a_missing_name(self):
         with tempfile.TemporaryDirectory() as tmp:
