@@ -144,7 +144,8 @@ static void check_usage(FILE *f) {
           "launched (a kernel that hangs: the process cannot go on).\n\n"
           "  --quick         a subset that runs in under a minute\n"
           "  --filter S      only the cases whose name contains S (S1,S2,...: any of them, run in\n"
-          "                  the full run's order)\n"
+          "                  the full run's order; !S: none whose name contains S, e.g.\n"
+          "                  bwd/,!bwd/portable/)\n"
           "  --list          print the case names and exit\n"
           "  --device N      CUDA device (default 0)\n"
           "  --seed N        base seed of the random inputs (default 1)\n"
@@ -157,16 +158,24 @@ static void check_usage(FILE *f) {
 
 int fg_check_selected(const char *name, int is_quick, const char *filter, int quick) {
   if (quick && !is_quick) return 0;
-  if (!filter) return 1;
+  if (!filter || !*filter) return 1; /* "" selects all, as strstr did */
+  int wanted = 0, hit = 0;           /* any plain alternative; one that name contains */
   for (const char *f = filter;;) {
     const char *comma = strchr(f, ',');
-    const size_t n = comma ? (size_t)(comma - f) : strlen(f);
-    /* a substring of n bytes, searched without copying (names are short) */
-    for (const char *s = name; n && *s; s++)
-      if (!strncmp(s, f, n)) return 1;
-    if (!comma) return n == 0 && f == filter; /* "" selects all, as strstr did */
+    size_t n = comma ? (size_t)(comma - f) : strlen(f);
+    const int exclude = n > 0 && *f == '!';
+    const char *sub = f + exclude;
+    n -= (size_t)exclude;
+    /* a substring of n bytes, searched without copying (names are short); empty alternatives,
+     * and "!" alone, select nothing by themselves */
+    int found = 0;
+    for (const char *s = name; n && *s && !found; s++) found = !strncmp(s, sub, n);
+    if (exclude && found) return 0;
+    if (!exclude && n) wanted = 1, hit |= found;
+    if (!comma) break;
     f = comma + 1;
   }
+  return wanted ? hit : 1; /* only exclusions: every case but theirs */
 }
 
 int fg_cmd_check(int argc, char **argv) {

@@ -270,3 +270,23 @@ Test(cli_inputs, check_filter_takes_alternatives_in_the_full_order) {
   cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
   cr_assert_str_eq(fg_test_out, "bwd/bad/d_o_null\n");
 }
+
+/* `!S` leaves out the cases whose names contain S: with plain alternatives, from what they
+ * select; alone, from every case. */
+Test(cli_inputs, check_filter_excludes_with_a_bang) {
+  int rc = fg_test_run_cli(NULL, NULL, "check --list --filter bwd/,!bwd/portable/,!bwd/head_dim/");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
+  cr_assert(strstr(fg_test_out, "bwd/hopper/") && strstr(fg_test_out, "bwd/big/"), "%s", fg_test_out);
+  cr_assert_null(strstr(fg_test_out, "bwd/portable/"), "%s", fg_test_out);
+  cr_assert_null(strstr(fg_test_out, "bwd/head_dim/"), "%s", fg_test_out);
+  for (const char *p = fg_test_out; *p; p = strchr(p, '\n') + 1)
+    cr_assert(!strncmp(p, "bwd/", 4), "a case outside bwd/: %.60s", p);
+  /* Only exclusions: every case but theirs (the forward's included). */
+  rc = fg_test_run_cli(NULL, NULL, "check --list --filter !bwd/");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
+  cr_assert(fg_test_out[0] && !strstr(fg_test_out, "bwd/"), "%.300s", fg_test_out);
+  /* An exclusion wins over a plain alternative that selects the same case. */
+  rc = fg_test_run_cli(NULL, NULL, "check --list --filter bwd/bad/d_o_null,!d_o_null");
+  cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
+  cr_assert_str_eq(fg_test_out, "");
+}
