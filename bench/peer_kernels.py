@@ -13,7 +13,7 @@ use bench.py, which times every backend the same way.
   python3 bench/peer_kernels.py --pass bwd --d 128 --n 4096 --causal 1
   python3 bench/peer_kernels.py --backends cudnn --min-us 50
 
-Problems are bench.py's grid rows: B N = 16384 tokens, H d = 2048, bf16, (B, H, N, d) tensors.
+Problems are bench.py's grid rows: B N = 16384 tokens, H = 2048 // d, bf16, (B, H, N, d) tensors.
 """
 import argparse
 import json
@@ -44,8 +44,9 @@ def parse_args(argv):
     if bad:
         ap.error("--backends: unknown %s (known: %s)" % (", ".join(bad), ", ".join(BACKENDS)))
     a.backends = names
-    if a.n < 1 or 16384 % a.n or a.d < 8 or 2048 % a.d:
-        ap.error("--n must divide 16384 and --d 2048 (the grid's B N = 16384, H d = 2048)")
+    if a.n < 1 or 16384 % a.n or a.d < 8 or a.d > 256 or a.d % 8:
+        ap.error("--n must divide 16384 (the grid's B N = 16384) and --d be a multiple of 8 "
+                 "from 8 to 256 (H = 2048 // d, as bench.py's grid)")
     a.problems = [(a.pass_, a.d, a.causal, a.n)] if a.pass_ else DEFAULT_PROBLEMS
     return a
 

@@ -497,7 +497,9 @@ class BenchNames(unittest.TestCase):
         a = pk.parse_args(["--pass", "bwd", "--d", "64", "--n", "1024", "--causal", "1",
                            "--backends", "cudnn"])
         self.assertEqual((a.problems, a.backends), ([("bwd", 64, 1, 1024)], ["cudnn"]))
-        for bad in (["--backends", "triton"], ["--pass", "bwd", "--n", "1000"]):
+        self.assertEqual(pk.parse_args(["--pass", "fwd", "--d", "96"]).problems,
+                         [("fwd", 96, 0, 4096)])
+        for bad in (["--backends", "triton"], ["--pass", "bwd", "--n", "1000"], ["--d", "100"]):
             with self.assertRaises(SystemExit):
                 pk.parse_args(bad)
         # A chrome trace as torch.profiler writes it: kernels grouped by name, mean durations.
