@@ -16,10 +16,16 @@ use bench.py, which times every backend the same way.
 Problems are bench.py's grid rows: B N = 16384 tokens, H = 2048 // d, bf16, (B, H, N, d) tensors.
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+from bench_grid import SDPA_BACKEND_NAMES  # noqa: E402  (the names bench.py uses)
 
 DEFAULT_PROBLEMS = [("fwd", 128, 1, 512), ("fwd", 64, 1, 1024), ("bwd", 128, 0, 4096),
                     ("bwd", 128, 1, 4096), ("bwd", 64, 0, 4096), ("bwd", 64, 0, 1024)]
@@ -76,12 +82,11 @@ def main(argv=None):
         sys.exit("peer_kernels.py: needs a CUDA GPU")
     fg = None
     if "flashgen" in a.backends:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+        sys.path.insert(0, os.path.join(HERE, "..", "python"))
         try:
             import flashgen as fg
         except Exception as e:  # the library not built, or not found: say so, go on without it
             print("flashgen not measured: %s" % e)
-    sdpa = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
     tmp = tempfile.mkdtemp(prefix="peer_kernels_")
     for pass_, d, causal, n in a.problems:
         B, H = 16384 // n, 2048 // d
@@ -93,10 +98,10 @@ def main(argv=None):
                 continue
             if be == "flashgen":
                 fwd = lambda: fg.attention(q, k, v, causal=bool(causal))  # noqa: E731
-                ctx = None
+                ctx = contextlib.nullcontext()
             else:
                 fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))  # noqa: E731
-                ctx = sdpa[be]
+                ctx = sdpa_kernel([getattr(SDPBackend, SDPA_BACKEND_NAMES[be])])
 
             def step():
                 o = fwd()
@@ -105,7 +110,7 @@ def main(argv=None):
 
             print("== %s d=%d causal=%d N=%d B=%d H=%d %s" % (pass_, d, causal, n, B, H, be))
             try:
-                with (sdpa_kernel([ctx]) if ctx is not None else _null()):
+                with ctx:
                     for _ in range(2):
                         step()
                     torch.cuda.synchronize()
@@ -122,14 +127,6 @@ def main(argv=None):
                 if us >= a.min_us:
                     print("   %9.1f us x%-2d grid %s block %s regs %s smem %s  %s"
                           % (us, c // a.calls if c >= a.calls else c, g, b, r, sm, name[:160]))
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 if __name__ == "__main__":
