@@ -123,22 +123,31 @@ local function tma_consumer_regs(v)
   return tma_regs_without_copy(v) + copy
 end
 -- q_tma_p is q_tma on a persistent grid (one block per SM looping over the tiles, fwd_tma.cu):
--- its producer loads the next tile's Q while this tile's O, staged in its own Q buffer, is
--- stored, so it takes two Q buffers where they fit in the 227 KB a Hopper block may have (one
--- else: the next Q then waits for the store).
+-- its producer loads the next tile's Q while this tile is computed, so it takes two Q buffers
+-- where they fit in the 227 KB a Hopper block may have (one else: the next Q then waits for this
+-- tile's O, staged in its Q buffer, to be stored), and with two, for causal tiles of 128 columns
+-- (d = 72-128) on two consumers, a buffer of its own for O where that fits too (o_buf: a Q
+-- buffer is then free as soon as its tile's products are done, not once its O store has read
+-- it). Measured (H100, fg_ab, bf16; bench/NOTES.md session 17): d = 128 causal 1.016x at N = 512,
+-- 1.015x at 16k, d = 96 causal 512 1.02x; but d = 64 causal 1k 0.98x and d = 128 without a mask
+-- 0.99-1.00x, so not there; with three consumers their 160 registers spilled 40 B.
 local SM90_SMEM = 232448  -- shared memory one block may opt into on sm_90 (227 KB; as bwd.lua)
-local function tma_smem(v, q_bufs)
-  return (q_bufs * v.br + 2 * v.stages * v.bc) * tma_dp(v) * 2 + 1024 + 256
+local function tma_smem(v, q_bufs, o_buf)
+  return ((q_bufs + (o_buf and 1 or 0)) * v.br + 2 * v.stages * v.bc) * tma_dp(v) * 2 + 1024 + 256
 end
 local function tma_q_bufs(v)
   if v.loop ~= "q_tma_p" then return 1 end
   return tma_smem(v, 2) <= SM90_SMEM and 2 or 1
 end
+local function tma_o_buf(v)
+  return tma_q_bufs(v) == 2 and v.causal and tma_dp(v) == 128 and v.warps == 8 and
+         tma_smem(v, 2, true) <= SM90_SMEM
+end
 local function tma_resources(v)
   local consumers = v.warps // 4
   local regs = tma_consumer_regs(v)
   if consumers > 1 then regs = 65536 // (128 * (consumers + 1)) // 8 * 8 end
-  return { threads = 32 * v.warps + 128, smem = tma_smem(v, tma_q_bufs(v)), regs = regs }
+  return { threads = 32 * v.warps + 128, smem = tma_smem(v, tma_q_bufs(v), tma_o_buf(v)), regs = regs }
 end
 local function tma_loop(v) return v.loop == "q_tma" or v.loop == "q_tma_p" end
 local function tma_check(v)
@@ -240,7 +249,8 @@ function M.launch(v)
     local persist = v.loop == "q_tma_p"
     local t = one_step("fwd_tma.cu", M.entry(v), persist and "persistent" or "q_tiles", v.br,
                        r.threads, r.smem)
-    t.constants = { persist = persist, q_bufs = tma_q_bufs(v), mask_in_place = tma_mask_in_place(v) }
+    t.constants = { persist = persist, q_bufs = tma_q_bufs(v), o_buf = tma_o_buf(v),
+                    mask_in_place = tma_mask_in_place(v) }
     t.params = "fwd_tma"
     t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "k", rows = v.bc },
                 { tensor = "v", rows = v.bc }, { tensor = "o", rows = 64 } }

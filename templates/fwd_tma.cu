@@ -35,10 +35,13 @@ constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 240 : 160;
 constexpr float RESCALE_LOG2 = 8.f;  // lazy-max threshold: P <= 2^8 (fits f16 and bf16)
 constexpr bool CAUSAL = {{ causal }};
 // Persistent: a block per SM looping over tiles (q_tma_p); else a block per tile (q_tma). Q
-// buffers: 2 where they fit (fwd.lua), so the next tile's Q loads while this one's O, staged in
-// its own Q buffer, is stored.
+// buffers: 2 where they fit (fwd.lua), so the next tile's Q loads while this one is computed. O
+// is staged for its store in a buffer of its own (OBUF: fwd.lua's o_buf, causal tiles of 128
+// columns where it fits), else in its tile's Q buffer, which is then freed only once the store
+// has read it.
 constexpr bool PERSIST = {{ persist }};
 constexpr int QBUFS = {{ q_bufs }};
+constexpr bool OBUF = {{ o_buf }};
 constexpr bool BF16 = {{ dtype == "bf16" }};
 constexpr int CB = DP / 64;           // 64-column blocks of a tile (one TMA box each)
 // k-steps of S = Q K^T: those of the columns below D only (the columns past D are the TMA's
@@ -47,14 +50,15 @@ constexpr int KSTEPS = (D + 15) / 16;
 constexpr int NT_S = BC / 8, NT_O = DP / 8;
 static_assert(D % 8 == 0 && D <= DP && DP % 64 == 0 && BR == 64 * CONSUMERS && CONSUMERS >= 1 && CONSUMERS <= 3 &&
               BC % 16 == 0 && BC <= 256 && STAGES >= 2 && STAGES <= 4 &&
-              (QBUFS == 1 || (PERSIST && QBUFS == 2)), "tile shape (fwd.lua)");
+              (QBUFS == 1 || (PERSIST && QBUFS == 2)) && (!OBUF || QBUFS == 2), "tile shape (fwd.lua)");
 // Shared memory, from a 1024-byte aligned base: QBUFS Q tiles (BR rows), STAGES K blocks, STAGES
-// V blocks (BC rows each), then the mbarriers. A tile of R rows is CB column blocks of R rows x
-// 128 bytes.
+// V blocks (BC rows each), the O tile (OBUF), then the mbarriers. A tile of R rows is CB column
+// blocks of R rows x 128 bytes.
 constexpr u32 Q_BYTES = BR * DP * 2, STAGE_BYTES = BC * DP * 2;  // whole boxes, zeros included
 constexpr u32 K_OFF = QBUFS * Q_BYTES, V_OFF = K_OFF + STAGES * STAGE_BYTES;
-constexpr u32 BAR_OFF = V_OFF + STAGES * STAGE_BYTES;
-// mbarriers, 8 bytes each: per Q buffer full, and (persistent only) empty once its O is stored;
+constexpr u32 O_OFF = V_OFF + STAGES * STAGE_BYTES, BAR_OFF = O_OFF + (OBUF ? Q_BYTES : 0u);
+// mbarriers, 8 bytes each: per Q buffer full, and (persistent only) empty once its tile's S
+// products are done (OBUF) or its O is stored;
 // then per stage K full, V full, K empty, V empty.
 constexpr int NQBAR = PERSIST ? 2 * QBUFS : 1;
 FG_DEV u32 bar_qfull(int i) { return 8u * i; }
@@ -205,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       release_k(0);
       softmax(0, [] {});
     }
-    if constexpr (QBUFS > 1) {
+    if constexpr (QBUFS > 1 && !OBUF) {
       // The previous tile's O has been stored from the other Q buffer by now (its store was issued
       // a block ago): once the store has read it, the producer may load the tile after this one there.
       if (k > 0 && ctid % 128 == 0) {
@@ -228,10 +232,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       release_v(j);
     }
 
-    // Epilogue: O normalised into this warpgroup's 64 rows of the Q tile (their S products are done,
-    // so Q is no longer read there), in the 128-byte-swizzled layout of the loads, then stored by one
-    // thread with a tensor-map store per 64-column block (the TMA clips rows past Nq); the
-    // log-sum-exp directly. o[4 nt + 2 hh + e] is row wrow + g + 8 hh, column 8 nt + 2 t + e.
+    // Epilogue: O normalised into this warpgroup's 64 rows of the O tile (OBUF; once the last tile's
+    // store has read them) or of the Q tile (their S products are done, so Q is no longer read
+    // there), in the 128-byte-swizzled layout of the loads, then stored by one thread with a
+    // tensor-map store per 64-column block (the TMA clips rows past Nq); the log-sum-exp directly.
+    // o[4 nt + 2 hh + e] is row wrow + g + 8 hh, column 8 nt + 2 t + e.
+    const u32 o_base = OBUF ? sbase + O_OFF + (u32)(wg * 64 * 128) : q_base;
+    if constexpr (OBUF) {
+      if (k > 0) {
+        if (ctid % 128 == 0) bulk_wait_read0();
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+      }
+    }
     const int e_rows = (int)(Nq - q0 < BR ? Nq - q0 : BR);  // rows of this block that exist
     float *lse = (float *)p.lse;
   #pragma unroll
@@ -241,7 +253,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       const int r = wrow + g + hh * 8, rw = r - wg * 64;  // in the block; in the warpgroup's rows
   #pragma unroll
       for (int nt = 0; nt < NT_O; ++nt)
-        st_shared_b32(q_base + (u32)((nt / 8) * BR * 128 + rw * 128 + (((nt % 8) ^ (rw % 8)) * 16) + 4 * t),
+        st_shared_b32(o_base + (u32)((nt / 8) * BR * 128 + rw * 128 + (((nt % 8) ^ (rw % 8)) * 16) + 4 * t),
                       pack2<BF16>(o[4 * nt + 2 * hh] * inv, o[4 * nt + 2 * hh + 1] * inv));
       if (lse != nullptr && t == 0 && r < e_rows)
         lse[bh * p.seqlen_q + q0 + r] = lsum > 0.f ? m[hh] * (float)p.scale + logf(lsum) : FG_NEG_INF;
@@ -251,8 +263,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     if (ctid % 128 == 0) {
   #pragma unroll
       for (int c = 0; c < CB; ++c)
-        tma_store_4d(&P.tmap[3], q_base + (u32)c * BR * 128, 64 * c, (int)q0 + wg * 64, (int)h, (int)b);
+        tma_store_4d(&P.tmap[3], o_base + (u32)c * BR * 128, 64 * c, (int)q0 + wg * 64, (int)h, (int)b);
       bulk_commit();
+      // Past the barrier every warp of this warpgroup has waited for its last product: its rows
+      // of this Q buffer are read, and the producer may load a later tile's Q there.
+      if constexpr (OBUF) mbar_arrive(bars + bar_qempty(qs));
       if constexpr (QBUFS == 1) {
         bulk_wait_read0();  // shared memory must outlive the store's reads
         if constexpr (PERSIST) mbar_arrive(bars + bar_qempty(0));  // the next tile's Q may come

@@ -137,17 +137,22 @@ Test(render, tma_backward_tiles_the_dq_accumulator) {
 }
 
 /* q_tma_p is fwd_tma.cu on the persistent grid: the same template with PERSIST on, two Q buffers
- * where they fit (the next tile's Q loads while this one's O leaves from its own), one where not
- * (d = 256, Bc 80: 225 KB with one); q_tma renders PERSIST off with one Q buffer. */
+ * where they fit (the next tile's Q loads while this one is computed), one where not (d = 256,
+ * Bc 80: 225 KB with one), and with two, causal, 128 columns and two consumers, an O buffer where
+ * it fits (o_buf: d = 128 Bc 128 takes 225 KB with it; not without a mask, at d = 64, nor on three
+ * consumers); q_tma renders PERSIST off with one Q buffer. */
 Test(render, tma_persistent_is_the_tma_template_on_a_persistent_grid) {
   fg_generator *g = fgt_generator();
   static const struct {
     const char *name;
-    int persist, qbufs, d, br, bc;
-  } c[] = {{"fwd_d128_br128_bc128_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 2, 128, 128, 128},
-           {"fwd_d64_br192_bc64_f16_causal_qtmap_w12_s2_sm90a", 1, 2, 64, 192, 64},
-           {"fwd_d256_br128_bc80_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 1, 256, 128, 80},
-           {"fwd_d128_br128_bc128_bf16_noncausal_qtma_w8_s2_sm90a", 0, 1, 128, 128, 128}};
+    int persist, qbufs, obuf, d, br, bc;
+  } c[] = {{"fwd_d128_br128_bc128_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 2, 0, 128, 128, 128},
+           {"fwd_d64_br192_bc64_f16_causal_qtmap_w12_s2_sm90a", 1, 2, 0, 64, 192, 64},
+           {"fwd_d256_br128_bc80_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 1, 0, 256, 128, 80},
+           {"fwd_d128_br128_bc128_bf16_causal_qtmap_w8_s2_sm90a", 1, 2, 1, 128, 128, 128},
+           {"fwd_d128_br128_bc112_f16_causal_qtmap_w8_s2_sm90a", 1, 2, 1, 128, 128, 112},
+           {"fwd_d64_br128_bc128_bf16_causal_qtmap_w8_s2_sm90a", 1, 2, 0, 64, 128, 128},
+           {"fwd_d128_br128_bc128_bf16_noncausal_qtma_w8_s2_sm90a", 0, 1, 0, 128, 128, 128}};
   for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
     fg_variant v = fgt_variant(c[i].name);
     char *src = NULL, err[4096];
@@ -158,11 +163,14 @@ Test(render, tma_persistent_is_the_tma_template_on_a_persistent_grid) {
     cr_assert_eq(fg_kernel_main(&meta)->br, c[i].br, "%s", c[i].name);
     cr_assert_eq(meta.params, FG_PARAMS_FWD_TMA, "%s", c[i].name);
     cr_assert_eq(fg_kernel_main(&meta)->smem_bytes,
-                 (c[i].qbufs * c[i].br + 4 * c[i].bc) * c[i].d * 2 + 1024 + 256, "%s", c[i].name);
+                 ((c[i].qbufs + c[i].obuf) * c[i].br + 4 * c[i].bc) * c[i].d * 2 + 1024 + 256, "%s",
+                 c[i].name);
     char want[64];
     snprintf(want, sizeof want, "PERSIST = %s;", c[i].persist ? "true" : "false");
     cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
     snprintf(want, sizeof want, "QBUFS = %d;", c[i].qbufs);
+    cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
+    snprintf(want, sizeof want, "OBUF = %s;", c[i].obuf ? "true" : "false");
     cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
     free(src);
   }
