@@ -207,7 +207,10 @@ struct kv_pos {
 };
 FG_DEV kv_pos det_kv_pos() {
   const u32 nkb = nctaid_x(), nbh = nctaid_y(), L = ctaid_y() * nkb + ctaid_x();
-  const u32 kbg = nkb >= 64 ? 16 : 8, full = nkb / kbg * kbg;  // key blocks in whole groups (det_kbg)
+  // key blocks in whole groups; det_kbg's rule written out, not called: with the call ptxas
+  // compiles d = 64 and 128's kv_tma main kernels differently (their .text changes), and d = 128's
+  // is kept as it was measured (ff7c2d2, bench/NOTES.md session 16)
+  const u32 kbg = nkb >= 64 ? 16 : 8, full = nkb / kbg * kbg;
   if (L < full * nbh) {
     const u32 r = L % (kbg * nbh);
     return {L / (kbg * nbh) * kbg + r % kbg, r / kbg};

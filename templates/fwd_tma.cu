@@ -237,11 +237,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     // there), in the 128-byte-swizzled layout of the loads, then stored by one thread with a
     // tensor-map store per 64-column block (the TMA clips rows past Nq); the log-sum-exp directly.
     // o[4 nt + 2 hh + e] is row wrow + g + 8 hh, column 8 nt + 2 t + e.
+    auto warpgroup_sync = [&] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); };
     const u32 o_base = OBUF ? sbase + O_OFF + (u32)(wg * 64 * 128) : q_base;
     if constexpr (OBUF) {
       if (k > 0) {
         if (ctid % 128 == 0) bulk_wait_read0();
-        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+        warpgroup_sync();
       }
     }
     const int e_rows = (int)(Nq - q0 < BR ? Nq - q0 : BR);  // rows of this block that exist
@@ -259,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
         lse[bh * p.seqlen_q + q0 + r] = lsum > 0.f ? m[hh] * (float)p.scale + logf(lsum) : FG_NEG_INF;
     }
     fence_async_smem();  // the generic stores, visible to the TMA
-    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // this warpgroup's rows written
+    warpgroup_sync();  // this warpgroup's rows written
     if (ctid % 128 == 0) {
   #pragma unroll
       for (int c = 0; c < CB; ++c)
