@@ -441,8 +441,8 @@ def merge_results(loaded):
     """Merges [(meta, rows), ...] from several results.json into one (meta, rows): rows in the
     order first seen, a later file's row replacing an earlier one's of the same pass,
     configuration and backend; meta of the first file, with the lists (backends, dtypes, passes,
-    grad_backends) united, passes those of the rows, and meta["runs"] listing each file's
-    command, date and passes."""
+    grad_backends) united, passes those of the rows, and meta["runs"] listing the command, date
+    and passes of each run that still gives rows (a merged file brings its own runs along)."""
     if len(loaded) == 1:
         return loaded[0]
     merged, meta = {}, dict(loaded[0][0])
@@ -451,15 +451,19 @@ def merge_results(loaded):
         for m, _ in loaded:
             vals += [v for v in (m.get(key) or []) if v not in vals]
         meta[key] = vals
-    meta["runs"] = []
-    gpus = set()
-    for m, rows in loaded:
+    runs, origin, gpus = [], {}, set()
+    for i, (m, rows) in enumerate(loaded):
         passes = m.get("passes") or sorted({row_pass(r) for r in rows}, key=ALL_PASSES.index)
-        meta["runs"].append({"command": m.get("command"), "date": m.get("date"),
-                             "passes": passes, "wall_s": m.get("wall_s")})
+        own = [{"command": m.get("command"), "date": m.get("date"), "passes": passes,
+                "wall_s": m.get("wall_s")}]
+        runs += [(run, i) for run in (m.get("runs") or own)]  # a merged file keeps its runs
         gpus.add(m.get("gpu"))
         for r in rows:
             merged[_row_key(r)] = r
+            origin[_row_key(r)] = i
+    # A run whose every row a later file replaced is no longer listed.
+    live = {(origin[k], row_pass(r)) for k, r in merged.items()}
+    meta["runs"] = [run for run, i in runs if any((i, p) in live for p in run.get("passes") or [])]
     meta["passes"] = [p for p in ALL_PASSES if any(row_pass(r) == p for r in merged.values())]
     if len(gpus) > 1:
         print("bench.py: warning: the merged results come from different GPUs (%s); compare "

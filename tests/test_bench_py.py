@@ -439,6 +439,22 @@ class BenchBackwardReport(unittest.TestCase):
             self.assertIn("Attention (forward, backward), flashgen against PyTorch's SDPA", text)
             self.assertIn("`python3 again` (2026-01-02)", text)
             self.assertIn("## Backward TFLOP/s (Test GPU)", text)
+            # Merging the merged file again keeps its runs; a run all of whose rows a later
+            # file replaces (the whole forward grid rerun) is no longer listed.
+            newfwd = os.path.join(tmp, "newfwd.json")
+            with open(newfwd, "w") as f:
+                json.dump({"meta": dict(fwd_meta, command="python3 fwd again",
+                                        date="2026-01-03"), "rows": fwd_rows}, f)
+            out2 = os.path.join(tmp, "merged2")
+            r = run_bench("--from-json", os.path.join(out, "results.json"), newfwd, "--out",
+                          out2, "--no-plot")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(os.path.join(out2, "results.json")) as f:
+                merged2 = json.load(f)
+            self.assertEqual(len(merged2["rows"]), len(fwd_rows) + len(grad))
+            self.assertEqual([x["command"] for x in merged2["meta"]["runs"]],
+                             ["python3 bench/bench.py --pass bwd,fwdbwd", "python3 again",
+                              "python3 fwd again"])
             r = run_bench("--from-json", paths[0], os.path.join(tmp, "missing.json"))
             self.assertEqual(r.returncode, 1)
             self.assertIn("cannot read", r.stderr)
