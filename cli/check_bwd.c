@@ -125,6 +125,11 @@ static void build(bwd_list *l) {
             "bwd/seqlen/d%d_nq%" PRId64 "_nk%" PRId64 "_%s", d, nn[i][0], nn[i][1], cw(c));
   add(l, B_RUN, FG_DTYPE_BF16, 1, 64, 1, 1, 1, 4097, 4097, 0,
       "bwd/seqlen/d64_nq4097_nk4097_causal");
+  /* 64 (batch, KV head)s of 17 key blocks, causal: on sm_90a the blocks go in two groups of 32
+   * heads, longest key blocks first (bwd_aux.cuh, causal_kv_pos_store; 16 key blocks or more),
+   * every (key block, head) once; most key blocks see no query row (dK = dV = 0). */
+  add(l, B_RUN, FG_DTYPE_BF16, 1, 128, 4, 16, 16, 300, 2100, 0,
+      "bwd/seqlen/d128_b4_h16_nq300_nk2100_causal");
   /* GQA and MQA: dK, dV sum over the query heads of a KV head. */
   add(l, B_RUN, FG_DTYPE_BF16, 0, 128, 2, 8, 2, 257, 257, 1, "bwd/gqa/hq8_hkv2_d128");
   add(l, B_RUN, FG_DTYPE_F16, 1, 64, 2, 8, 1, 200, 300, 0, "bwd/gqa/mqa_hq8_d64_causal");

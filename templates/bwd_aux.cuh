@@ -218,7 +218,46 @@ FG_DEV kv_pos det_kv_pos() {
   const u32 r = L - full * nbh, n = nkb - full;
   return {full + r % n, r / n};
 }
+#endif
+#ifdef BWD_CAUSAL_ORDER
+// (BWD_CAUSAL_ORDER, which bwd_tma.cu defines with bwd_slot().) Causal, not deterministic: key
+// block kb of a head sees the query rows from its diagonal on, so the first key blocks are the
+// longest, and in launch order (x, the key block, fastest: one head after another) the last
+// heads' longest blocks start late and the grid ends on a tail (a host simulation of the list
+// schedule: 0.93-0.95 of the ideal at d = 128 N = 1k-8k). Here the heads go in groups of about
+// three waves of blocks (the heads split evenly), and within a group the key blocks slow and the
+// heads fast, so each group runs longest first (0.985-0.998) while its blocks still share their
+// heads' Q, dO and dQ in L2. Thread 0 works the block's place out once (causal_kv_pos_store) into
+// bwd_slot() before the block's barrier; key_block and KV_HEAD_BLOCK read it there, anew at
+// every call (volatile: nothing held across the query-block loop).
+// (Deterministic causal calls keep the launch order with the key blocks reversed, as key_block
+// says, in the same slot.)
+FG_DEV void causal_kv_pos_store(const fg_bwd_params &p) {
+  const u32 nkb = nctaid_x(), nbh = nctaid_y(), L = ctaid_y() * nkb + ctaid_x();
+  if (p.deterministic) {
+    asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(bwd_slot()), "r"(nkb - 1 - ctaid_x()), "r"(ctaid_y()) : "memory");
+    return;
+  }
+  // 32-bit: nbh (gridDim.y) is at most 65535, so (hl + 1) ng and gi nbh are below 2^32.
+  // Under 16 key blocks, one group per head (launch order): at d = 128 N = 1k (8) the order lost
+  // 6-7% (fg_ab, H100; its blocks are short, and a head's few key blocks, dealt far apart, read
+  // its Q and dO from DRAM again), where it gained 2-5% from 2k (bench/NOTES.md session 18).
+  const u32 ng0 = nkb < 16 ? nbh : nbh * nkb / (3u * nsmid());
+  const u32 ng = ng0 < 1 ? 1 : (ng0 > nbh ? nbh : ng0);  // groups of heads
+  const u32 hl = L / nkb, gi = ((hl + 1) * ng - 1) / nbh;  // the group of the head in launch order
+  const u32 h0 = gi * nbh / ng, gs = (gi + 1) * nbh / ng - h0, r = L - h0 * nkb;
+  asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(bwd_slot()), "r"(r / gs), "r"(h0 + r % gs) : "memory");
+}
+FG_DEV u32 causal_slot(int i) {
+  u32 r;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(r) : "r"(bwd_slot() + 4u * (u32)i));
+  return r;
+}
+#endif
 // The (batch, KV head) of this block.
+#if defined(BWD_DET_GROUPS) && defined(BWD_CAUSAL_ORDER)
+#define KV_HEAD_BLOCK(p) (CAUSAL ? causal_slot(1) : (p).deterministic ? det_kv_pos().bhk : blockIdx.y)
+#elif defined(BWD_DET_GROUPS)
 #define KV_HEAD_BLOCK(p) (!CAUSAL && (p).deterministic ? det_kv_pos().bhk : blockIdx.y)
 #else
 #define KV_HEAD_BLOCK(p) blockIdx.y
@@ -226,13 +265,17 @@ FG_DEV kv_pos det_kv_pos() {
 // The key block (of BC keys) this thread block computes: blockIdx.x, but in deterministic causal
 // mode the blocks go in reverse (the last key block first), because there the dQ tiles are
 // passed from the last key block down (dq_rank): a block then waits only for blocks before it
-// in x, which the GPU starts first; and deterministic without a mask, det_kv_pos's.
+// in x, which the GPU starts first; deterministic without a mask, det_kv_pos's; causal without
+// deterministic mode where BWD_CAUSAL_ORDER is defined, causal_kv_pos_store's.
 // Read anew at every call (volatile ctaid_x): the kernels call it where they need the block's
 // first key (k0_of) rather than keep a value derived from it live across the query-block loop,
 // which spilled at d = 184..240.
 FG_DEV int key_block(const fg_bwd_params &p) {
 #ifdef BWD_DET_GROUPS
   if (!CAUSAL && p.deterministic) return (int)det_kv_pos().kb;
+#endif
+#ifdef BWD_CAUSAL_ORDER
+  if (CAUSAL) return (int)causal_slot(0);
 #endif
   if (CAUSAL && p.deterministic) return (int)(nctaid_x() - 1 - ctaid_x());
   return (int)ctaid_x();

@@ -62,8 +62,8 @@ constexpr u32 DQ_ROWS = BR / NDQ, DQ_BYTES = DQ_ROWS * D * 4, DQ_PART = 64 * DQ_
 constexpr u32 K_OFF = 0, V_OFF = KV_BYTES, Q_OFF = 2 * KV_BYTES;
 constexpr u32 DS_OFF = Q_OFF + STAGES * 2 * QT_BYTES, DQ_OFF = DS_OFF + NDS * DS_BYTES;
 constexpr u32 L_OFF = DQ_OFF + NDQ * NBUF * DQ_BYTES, BAR_OFF = L_OFF + STAGES * 2 * BR * 4;
-// mbarriers (8 bytes each): K/V full; per stage full (the TMA's bytes and the 32 lanes of the
-// LSE/D warp) and empty (every consumer thread: each arrives after its own reads, which one lane
+// mbarriers (8 bytes each; bytes 8-15 hold the block's place instead, bwd_slot): K/V full; per
+// stage full (the TMA's bytes and the 32 lanes of the LSE/D warp) and empty (every consumer thread: each arrives after its own reads, which one lane
 // per warp could not vouch for; compute-sanitizer's racecheck flagged the LSE/D rewrites); per
 // dS^T buffer full and empty; per dQ buffer (part w, slot s: w * NBUF + s < 4) full (the consumer
 // threads that write it) and empty (its dQ warp).
@@ -103,6 +103,18 @@ FG_DEV void st_shared_f4(u32 a, float x, float y, float z, float w) {
 // N = 512 without deterministic mode (fg_ab, H100, bench/NOTES.md session 15), so not there.
 constexpr bool DET_ROTATE = NDQ == 2;
 #define DQ_TILED 1        // the dQ accumulator in fragment order (bwd_aux.cuh)
+// The mbarriers' address: before the 1024-byte aligned base where the alignment left BAR_BYTES
+// there, else after the layout (the 1024 bytes' rest, at least 1024 - BAR_BYTES).
+FG_DEV u32 bars_addr() {
+  extern __shared__ __align__(1024) u16 smem_raw[];
+  const u32 raw = smem_addr(smem_raw), sbase = (raw + 1023u) & ~1023u;
+  return sbase - raw >= BAR_BYTES ? raw : sbase + BAR_OFF;
+}
+// Causal without deterministic mode: the blocks' order by groups of heads, longest key blocks
+// first (bwd_aux.cuh), each block's key block and (batch, KV head) in the mbarriers' unused bytes
+// 8-15.
+#define BWD_CAUSAL_ORDER 1
+FG_DEV u32 bwd_slot() { return bars_addr() + 8u; }
 {% include("bwd_aux.cuh") %}
 
 // The main kernel. Grid (ceil(Nk / BC), B * Hkv, splits of the query blocks: bwd_span_of).
@@ -111,11 +123,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   extern __shared__ __align__(1024) u16 smem_raw[];
   const u32 sbase = (smem_addr(smem_raw) + 1023u) & ~1023u;  // 1024 B more are allocated (bwd.lua)
   char *const sgen = (char *)smem_raw + (sbase - smem_addr(smem_raw));  // sbase, as a pointer
-  // The mbarriers: before the base where the alignment left BAR_BYTES there, else after the
-  // layout (the 1024 bytes' rest, at least 1024 - BAR_BYTES).
-  const u32 bars = sbase - smem_addr(smem_raw) >= BAR_BYTES ? smem_addr(smem_raw) : sbase + BAR_OFF;
+  // The mbarriers (bars_addr; written out without a mask, where the call changes ptxas's code of
+  // the kernels from what was measured, and called with one, where writing it out does).
+  const u32 bars =
+      CAUSAL ? bars_addr() : sbase - smem_addr(smem_raw) >= BAR_BYTES ? smem_addr(smem_raw) : sbase + BAR_OFF;
   const int tid = threadIdx.x;
   if (tid == 0) {
+    if (CAUSAL) causal_kv_pos_store(p);
     mbar_init(bars + BAR_KV, 1);
 #pragma unroll
     for (int w = 0; w < NDQ; ++w) {
