@@ -198,6 +198,11 @@ static void add_tma_cases(fg_check_list *l, fg_arch arch) {
     force(c, tma(ps[i].d, FG_DTYPE_BF16, ps[i].causal, arch, d64 ? 12 : 8,
                  d64 ? (ps[i].causal ? 64 : 128) : (ps[i].causal ? 112 : 128), 2));
   }
+  /* Causal, 17 query blocks of 128 and 32 (batch, head)s: the blocks go in two groups of 16 heads,
+   * longest query blocks first (fwd_tma.cu next_tile, common.cuh deal_grouped), GQA. */
+  force(add(l, FG_CHECK_RUN, FG_DTYPE_BF16, 1, 256, 2, 16, 4, 2100, 2100, 0,
+            "tma/grouped_d256_b2_hq16_hkv4_nq2100_causal"),
+        tma(256, FG_DTYPE_BF16, 1, arch, 8, 64, 2));
 }
 
 /* Causal TMA kernels whose blocks are too large for a masked copy of S (fwd.lua,

@@ -131,10 +131,7 @@ struct bwd_span {
 // H100's 50 MB L2) and either the head has one group or a round of the deal (8 blocks of every
 // head) is at least twice the SMs (the GPU finishes a group before the next of its head starts);
 // else the ascending order, each group close behind the last.
-FG_DEV u32 ctaid_y() { u32 r; asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r)); return r; }
-FG_DEV u32 nctaid_y() { u32 r; asm volatile("mov.u32 %0, %%nctaid.y;" : "=r"(r)); return r; }
 FG_DEV u32 det_kbg(u32 nkb) { return nkb >= 64 ? 16 : 8; }
-FG_DEV u32 nsmid() { u32 r; asm volatile("mov.u32 %0, %%nsmid;" : "=r"(r)); return r; }
 FG_DEV bool det_rotate(const fg_bwd_params &p, u32 nkb) {
   const u32 kbg = det_kbg(nkb);
   return DET_ROTATE && kbg == 8 && p.hq_per_hkv * p.seqlen_q * D <= ((i64)1 << 18) &&
@@ -238,15 +235,13 @@ FG_DEV void causal_kv_pos_store(const fg_bwd_params &p) {
     asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(bwd_slot()), "r"(nkb - 1 - ctaid_x()), "r"(ctaid_y()) : "memory");
     return;
   }
-  // 32-bit: nbh (gridDim.y) is at most 65535, so (hl + 1) ng and gi nbh are below 2^32.
   // Under 16 key blocks, one group per head (launch order): at d = 128 N = 1k (8) the order lost
   // 6-7% (fg_ab, H100; its blocks are short, and a head's few key blocks, dealt far apart, read
   // its Q and dO from DRAM again), where it gained 2-5% from 2k (bench/NOTES.md session 18).
   const u32 ng0 = nkb < 16 ? nbh : nbh * nkb / (3u * nsmid());
-  const u32 ng = ng0 < 1 ? 1 : (ng0 > nbh ? nbh : ng0);  // groups of heads
-  const u32 hl = L / nkb, gi = ((hl + 1) * ng - 1) / nbh;  // the group of the head in launch order
-  const u32 h0 = gi * nbh / ng, gs = (gi + 1) * nbh / ng - h0, r = L - h0 * nkb;
-  asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(bwd_slot()), "r"(r / gs), "r"(h0 + r % gs) : "memory");
+  u32 kb, bhk;
+  deal_grouped(L, nkb, nbh, ng0 < 1 ? 1 : (ng0 > nbh ? nbh : ng0), kb, bhk);  // common.cuh
+  asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(bwd_slot()), "r"(kb), "r"(bhk) : "memory");
 }
 FG_DEV u32 causal_slot(int i) {
   u32 r;

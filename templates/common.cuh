@@ -22,6 +22,22 @@ FG_DEV u32 ctaid_x() { u32 r; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r)); 
 FG_DEV u32 ctaid_y() { u32 r; asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r)); return r; }
 FG_DEV u32 tid_x() { u32 r; asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r)); return r; }
 FG_DEV u32 nctaid_x() { u32 r; asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(r)); return r; }
+FG_DEV u32 nctaid_y() { u32 r; asm volatile("mov.u32 %0, %%nctaid.y;" : "=r"(r)); return r; }
+FG_DEV u32 nsmid() { u32 r; asm volatile("mov.u32 %0, %%nsmid;" : "=r"(r)); return r; }
+
+// A grid of nx x ny blocks (x fastest: the GPU starts the blocks in the order of L = y nx + x)
+// where x = 0 is each row's longest block (a causal grid: query or key blocks by cost) ends on a
+// tail when the rows go one after another: the last rows' longest blocks start last. Dealt
+// instead in ng groups of rows (the ny rows split evenly), within a group x slow and y fast, each
+// group runs longest first while its blocks still come from few rows (sharing them in L2): block
+// L takes (*x, *y). 32-bit: ny (gridDim.y) is at most 65535, so (yl + 1) ng and gi ny fit.
+// Host copy and tests: tests/test_tile_order.c.
+FG_DEV void deal_grouped(u32 L, u32 nx, u32 ny, u32 ng, u32 &x, u32 &y) {
+  const u32 yl = L / nx, gi = ((yl + 1) * ng - 1) / ny;  // the group of row yl in launch order
+  const u32 y0 = gi * ny / ng, gs = (gi + 1) * ny / ng - y0, r = L - y0 * nx;
+  x = r / gs;
+  y = y0 + r % gs;
+}
 
 // Shared-memory address of a generic pointer into shared memory.
 FG_DEV u32 smem_addr(const void *p) {

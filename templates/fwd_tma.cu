@@ -40,6 +40,12 @@ constexpr bool CAUSAL = {{ causal }};
 // columns where it fits), else in its tile's Q buffer, which is then freed only once the store
 // has read it.
 constexpr bool PERSIST = {{ persist }};
+// Causal without the persistent grid: the blocks in groups of heads of about GROUP_HALF_WAVES / 2
+// waves each (next_tile; 1.5 waves: d = 256 causal 4k 1.087x, 1 wave 1.050x). Not with three
+// consumers (Br 192, d <= 64): there it lost 1-3% at d = 64 16k and gained 1-2% at 8k (fg_ab,
+// H100, bench/NOTES.md session 18).
+constexpr bool GROUPED = CAUSAL && !PERSIST && CONSUMERS < 3;
+constexpr u32 GROUP_HALF_WAVES = 3;
 constexpr int QBUFS = {{ q_bufs }};
 constexpr bool OBUF = {{ o_buf }};
 constexpr bool BF16 = {{ dtype == "bf16" }};
@@ -94,7 +100,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       fb = fwd_block_at<BR, CAUSAL>(p, q_tile, bh);
     } else {
       if (k > 0) return false;
-      fb = fwd_block_of<BR, CAUSAL>(p);
+      if constexpr (GROUPED) {
+        // Groups of heads of about GROUP_HALF_WAVES / 2 waves of blocks each, longest query
+        // blocks first over the group (common.cuh, deal_grouped): launched head after head, the
+        // grid ended on the last heads' longest blocks. Under 16 query blocks a head, the launch
+        // order (one group per head): at d = 256 N = 512 the groups lost 9% (short blocks
+        // that read K and V from DRAM: a head's blocks dealt apart), 1k -1%; from 2k +5-9%
+        // (fg_ab, H100, bench/NOTES.md session 18).
+        const u32 nq = nctaid_x(), nbh = nctaid_y();
+        const u32 ng0 = nq < 16 ? nbh : nbh * nq * 2u / (GROUP_HALF_WAVES * nsmid());
+        u32 qi, bh;
+        deal_grouped(ctaid_y() * nq + ctaid_x(), nq, nbh, ng0 < 1 ? 1 : (ng0 > nbh ? nbh : ng0), qi, bh);
+        fb = fwd_block_at<BR, CAUSAL>(p, (i64)(nq - 1 - qi), bh);
+      } else {
+        fb = fwd_block_of<BR, CAUSAL>(p);
+      }
     }
     fwd_block_span<BR, BC, CAUSAL>(fb, p);
     return true;
