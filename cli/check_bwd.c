@@ -130,6 +130,11 @@ static void build(bwd_list *l) {
    * every (key block, head) once; most key blocks see no query row (dK = dV = 0). */
   add(l, B_RUN, FG_DTYPE_BF16, 1, 128, 4, 16, 16, 300, 2100, 0,
       "bwd/seqlen/d128_b4_h16_nq300_nk2100_causal");
+  /* 128 (batch, KV head)s of 2 key blocks, causal: on sm_90a the first 62 heads in launch order,
+   * the last 66 (a wave of blocks) as one group, longest key blocks first (common.cuh, deal_tail;
+   * under 16 key blocks). */
+  add(l, B_RUN, FG_DTYPE_BF16, 1, 128, 8, 16, 16, 200, 200, 0,
+      "bwd/seqlen/d128_b8_h16_nq200_nk200_causal");
   /* GQA and MQA: dK, dV sum over the query heads of a KV head. */
   add(l, B_RUN, FG_DTYPE_BF16, 0, 128, 2, 8, 2, 257, 257, 1, "bwd/gqa/hq8_hkv2_d128");
   add(l, B_RUN, FG_DTYPE_F16, 1, 64, 2, 8, 1, 200, 300, 0, "bwd/gqa/mqa_hq8_d64_causal");

@@ -203,6 +203,11 @@ static void add_tma_cases(fg_check_list *l, fg_arch arch) {
   force(add(l, FG_CHECK_RUN, FG_DTYPE_BF16, 1, 256, 2, 16, 4, 2100, 2100, 0,
             "tma/grouped_d256_b2_hq16_hkv4_nq2100_causal"),
         tma(256, FG_DTYPE_BF16, 1, arch, 8, 64, 2));
+  /* ... and 3 query blocks of 128 a head, 128 (batch, head)s: the first 84 heads in launch order,
+   * the last 44 (a wave of blocks) as one group (common.cuh, deal_tail). */
+  force(add(l, FG_CHECK_RUN, FG_DTYPE_BF16, 1, 256, 8, 16, 16, 300, 300, 0,
+            "tma/tail_grouped_d256_b8_h16_nq300_causal"),
+        tma(256, FG_DTYPE_BF16, 1, arch, 8, 64, 2));
 }
 
 /* Causal TMA kernels whose blocks are too large for a masked copy of S (fwd.lua,

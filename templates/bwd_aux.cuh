@@ -235,12 +235,17 @@ FG_DEV void causal_kv_pos_store(const fg_bwd_params &p) {
     asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(bwd_slot()), "r"(nkb - 1 - ctaid_x()), "r"(ctaid_y()) : "memory");
     return;
   }
-  // Under 16 key blocks, one group per head (launch order): at d = 128 N = 1k (8) the order lost
-  // 6-7% (fg_ab, H100; its blocks are short, and a head's few key blocks, dealt far apart, read
-  // its Q and dO from DRAM again), where it gained 2-5% from 2k (bench/NOTES.md session 18).
-  const u32 ng0 = nkb < 16 ? nbh : nbh * nkb / (3u * nsmid());
+  // Under 16 key blocks only the last wave's heads are dealt so (deal_tail), the rest in launch
+  // order: at d = 128 N = 1k (8) the groups lost 6-7% (fg_ab, H100; short blocks, and a head's
+  // few key blocks, dealt far apart, read its Q and dO from DRAM again) where the tail alone
+  // gained 4% (512: 1.8%); the groups gained 2-6% from 2k (bench/NOTES.md session 18).
   u32 kb, bhk;
-  deal_grouped(L, nkb, nbh, ng0 < 1 ? 1 : (ng0 > nbh ? nbh : ng0), kb, bhk);  // common.cuh
+  if (nkb < 16) {
+    deal_tail(L, nkb, nbh, kb, bhk);  // common.cuh
+  } else {
+    const u32 ng0 = nbh * nkb / (3u * nsmid());
+    deal_grouped(L, nkb, nbh, ng0 < 1 ? 1 : (ng0 > nbh ? nbh : ng0), kb, bhk);
+  }
   asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(bwd_slot()), "r"(kb), "r"(bhk) : "memory");
 }
 FG_DEV u32 causal_slot(int i) {

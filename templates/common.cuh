@@ -38,6 +38,20 @@ FG_DEV void deal_grouped(u32 L, u32 nx, u32 ny, u32 ng, u32 &x, u32 &y) {
   x = r / gs;
   y = y0 + r % gs;
 }
+// Where rows are short (few blocks each) and their blocks must stay together to share them in L2,
+// only the grid's tail is dealt so: the rows in launch order but for the last g (about one wave of
+// blocks: ceil(SMs / nx)), which go as one group, x slow, so the grid ends on short blocks.
+FG_DEV void deal_tail(u32 L, u32 nx, u32 ny, u32 &x, u32 &y) {
+  const u32 g0 = (nsmid() + nx - 1) / nx, g = g0 < ny ? g0 : ny, y0 = ny - g;
+  if (L < y0 * nx) {
+    x = L % nx;
+    y = L / nx;
+  } else {
+    const u32 r = L - y0 * nx;
+    x = r / g;
+    y = y0 + r % g;
+  }
+}
 
 // Shared-memory address of a generic pointer into shared memory.
 FG_DEV u32 smem_addr(const void *p) {
