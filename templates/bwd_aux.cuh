@@ -240,12 +240,7 @@ FG_DEV void causal_kv_pos_store(const fg_bwd_params &p) {
   // few key blocks, dealt far apart, read its Q and dO from DRAM again) where the tail alone
   // gained 4% (512: 1.8%); the groups gained 2-6% from 2k (bench/NOTES.md session 18).
   u32 kb, bhk;
-  if (nkb < 16) {
-    deal_tail(L, nkb, nbh, kb, bhk);  // common.cuh
-  } else {
-    const u32 ng0 = nbh * nkb / (3u * nsmid());
-    deal_grouped(L, nkb, nbh, ng0 < 1 ? 1 : (ng0 > nbh ? nbh : ng0), kb, bhk);
-  }
+  deal_causal<6>(L, nkb, nbh, kb, bhk);  // common.cuh: groups of about three waves
   asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(bwd_slot()), "r"(kb), "r"(bhk) : "memory");
 }
 FG_DEV u32 causal_slot(int i) {

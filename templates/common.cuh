@@ -52,6 +52,18 @@ FG_DEV void deal_tail(u32 L, u32 nx, u32 ny, u32 &x, u32 &y) {
     y = y0 + r % g;
   }
 }
+// The causal grids' order (kv_tma's backward, fwd_tma.cu's forward without the persistent grid):
+// under 16 blocks a row deal_tail, else deal_grouped in groups of about HALF_WAVES / 2 waves of
+// blocks (the rows split evenly). Host copy: tests/test_tile_order.c, causal_pos.
+template <u32 HALF_WAVES>
+FG_DEV void deal_causal(u32 L, u32 nx, u32 ny, u32 &x, u32 &y) {
+  if (nx < 16) {
+    deal_tail(L, nx, ny, x, y);
+  } else {
+    const u32 ng0 = ny * nx * 2u / (HALF_WAVES * nsmid());
+    deal_grouped(L, nx, ny, ng0 < 1 ? 1 : (ng0 > ny ? ny : ng0), x, y);
+  }
+}
 
 // Shared-memory address of a generic pointer into shared memory.
 FG_DEV u32 smem_addr(const void *p) {

@@ -108,14 +108,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
         // (d = 256 N = 512 9%, 1k 1%: short blocks that read K and V from DRAM, a head's blocks
         // dealt apart) where the tail alone gained 2.7% and 7.6%; the groups gained 5-9% from 2k
         // (fg_ab, H100, bench/NOTES.md session 18).
-        const u32 nq = nctaid_x(), nbh = nctaid_y(), L = ctaid_y() * nq + ctaid_x();
+        const u32 nq = nctaid_x();
         u32 qi, bh;
-        if (nq < 16) {
-          deal_tail(L, nq, nbh, qi, bh);  // only the last wave's heads so
-        } else {
-          const u32 ng0 = nbh * nq * 2u / (GROUP_HALF_WAVES * nsmid());
-          deal_grouped(L, nq, nbh, ng0 < 1 ? 1 : (ng0 > nbh ? nbh : ng0), qi, bh);
-        }
+        deal_causal<GROUP_HALF_WAVES>(ctaid_y() * nq + ctaid_x(), nq, nctaid_y(), qi, bh);
         fb = fwd_block_at<BR, CAUSAL>(p, (i64)(nq - 1 - qi), bh);
       } else {
         fb = fwd_block_of<BR, CAUSAL>(p);

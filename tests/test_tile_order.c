@@ -164,10 +164,10 @@ static void deal_tail(unsigned L, unsigned nx, unsigned ny, unsigned nsm, unsign
   }
 }
 
-/* The causal grids' order (x: the row's blocks, longest first): under 16 blocks a row deal_tail,
- * else deal_grouped over rows / (waves2 / 2 waves of nsm blocks) groups; the causal backward's
- * (templates/bwd_aux.cuh, causal_kv_pos_store: waves2 = 6) and the non-persistent causal
- * forward's (fwd_tma.cu next_tile: GROUP_HALF_WAVES = 3). */
+/* deal_causal of templates/common.cuh, the causal grids' order (x: the row's blocks, longest
+ * first): under 16 blocks a row deal_tail, else deal_grouped over rows / (waves2 / 2 waves of nsm
+ * blocks) groups; the causal backward's (bwd_aux.cuh, causal_kv_pos_store: waves2 = 6) and the
+ * non-persistent causal forward's (fwd_tma.cu next_tile: GROUP_HALF_WAVES = 3). */
 static void causal_pos(unsigned L, unsigned nx, unsigned ny, unsigned nsm, unsigned waves2,
                        unsigned *x, unsigned *y) {
   if (nx < 16) {
