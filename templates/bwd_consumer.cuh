@@ -6,7 +6,8 @@
 // the stores); and the constants D, BR, BC, KSTEPS, NT_S, NT_D, CAUSAL, BF16.
 //   {% bwd_wgmma_decls() %}      the wgmma instructions of the four products (wgmma.cuh) and the
 //                                shared-memory helpers both kernels use
-//   {% bwd_sdp() %}              S^T = K Q^T and dP^T = V dO^T into s, dp, issued and waited for
+//   {% bwd_sdp(after) %}         S^T = K Q^T and dP^T = V dO^T into s, dp, issued and waited for
+//                                (after: code run between the commit and the wait, "" for none)
 //   {% bwd_pds("ds") %}          P^T packed into pa, dS^T stored at shared address ds (swizzled)
 //   {% bwd_dv() %}               dV += P^T dO issued (committed, not waited for)
 //   {% bwd_dk("ds") %}           dK += dS^T Q issued, this warpgroup's rows of the dS^T at ds
@@ -50,7 +51,7 @@ FG_DEV void stsm_x4(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
                : "memory");
 }
 {% end %}
-{% function bwd_sdp() %}
+{% function bwd_sdp(after) %}
     float s[BR / 2], dp[BR / 2];
     const u64 dk_a = fresh(sw128_desc(k_wg, 16, 1024)), dv_a = fresh(sw128_desc(v_wg, 16, 1024));
     const u64 dq_b = fresh(sw128_desc(s_q, 16, 1024)), ddo_b = fresh(sw128_desc(s_do, 16, 1024));
@@ -62,7 +63,7 @@ FG_DEV void stsm_x4(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
     for (int ks = 0; ks < KSTEPS; ++ks)
       wgmma_sdp(dp, dv_a + ((ks / 4) * BC * 128 + (ks % 4) * 32) / 16, ddo_b + ((ks / 4) * BR * 128 + (ks % 4) * 32) / 16, ks > 0);
     wg_commit();
-    wg_wait<0>();
+{{ after }}    wg_wait<0>();
     fence_regs<BR / 2>(s);
     fence_regs<BR / 2>(dp);
 {% end %}

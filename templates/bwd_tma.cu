@@ -87,6 +87,22 @@ constexpr int CONSUMER_THREADS = 128 * NWG;
 // warpgroup's own (named barriers 2, 3).
 FG_DEV void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMER_THREADS) : "memory"); }
 FG_DEV void warpgroup_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory"); }
+// The consumer warpgroups take turns at issuing products (FlashAttention-3's ping-pong, here on
+// the backward's two phases: S^T and dP^T; then dV, dK and the last block's dQ): warpgroup wg
+// waits for its turn on named barrier 4 + wg, issues, and hands the turn to the other (an arrival
+// on 5 - wg), so one's element-wise work runs under the other's products instead of both
+// warpgroups drifting into the same phase. Warpgroup 1 hands the first turn to 0 and keeps its
+// last one (every turn a warpgroup waits for is handed to it exactly once). At Br 64 (d = 128)
+// only: fg_ab, H100, d = 128 4k +2.4-3.1%, 16k +2-6%, causal 4k +6%; at Br 128 (d = 64), where
+// each thread's element-wise share is twice as long as the other warpgroup's S^T/dP^T products,
+// the turns made the warpgroups wait for each other: -1.5% to -3.5% (bench/NOTES.md, session 19).
+constexpr bool PINGPONG = BR == 64;
+FG_DEV void turn_wait(int wg) {
+  if (PINGPONG) asm volatile("bar.sync %0, %1;\n" ::"r"(4 + wg), "n"(CONSUMER_THREADS) : "memory");
+}
+FG_DEV void turn_pass(int wg) {
+  if (PINGPONG) asm volatile("bar.arrive %0, %1;\n" ::"r"(5 - wg), "n"(CONSUMER_THREADS) : "memory");
+}
 FG_DEV void st_shared_f4(u32 a, float x, float y, float z, float w) {
   asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
 }
@@ -285,9 +301,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     const u32 s_l = sbase + L_OFF + (u32)st * 2 * BR * 4;
     const u32 s_ds = sbase + DS_OFF + (u32)(it % NDS) * DS_BYTES;
 
-    // S^T = K Q^T and dP^T = V dO^T: k-step ks reads 16 columns, 32 bytes into the 128-byte
-    // rows of column block ks / 4.
-{% bwd_sdp() %}
+    // S^T = K Q^T and dP^T = V dO^T (this warpgroup's turn): k-step ks reads 16 columns, 32 bytes
+    // into the 128-byte rows of column block ks / 4.
+    turn_wait(wg);
+{% bwd_sdp("    turn_pass(wg);\n") %}
     // This dS^T buffer held block it - NDS: both warpgroups' dQ of it are done with it.
     if (it >= NDS) mbar_wait(bars + bar_ds_empty(it % NDS), (u32)(it / NDS + 1) & 1);
 
@@ -296,7 +313,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     // packed as wgmma A fragments, dS^T to this block's buffer (swizzled as the loads).
 {% bwd_pds("s_ds") %}
 
-    // dV += P^T dO (dO D-major: 8-row groups 1024 bytes apart, 64-column blocks BR x 128 apart).
+    // dV += P^T dO (dO D-major: 8-row groups 1024 bytes apart, 64-column blocks BR x 128 apart),
+    // dK and the last block's dQ in this warpgroup's next turn, handed on after them (the loop).
+    turn_wait(wg);
 {% bwd_dv() %}
     fence_async_smem();
     warpgroup_sync(wg);                       // this warpgroup's dS^T rows, for its dK
@@ -337,7 +356,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     fence_regs<D / 2>(dk);
   };
   if (n_items > 0) {
+    if (wg == 1) turn_pass(wg);  // warpgroup 0 issues first
     front(0);
+    turn_pass(wg);
     wait_all();
     mbar_arrive(bars + bar_empty(0));  // Q, dO, LSE and D of this stage read
   }
@@ -345,6 +366,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     front(it);
     float dq[DQ_N / 2];
     dq_issue(it - 1, dq);
+    turn_pass(wg);
     wait_all();
     fence_regs<DQ_N / 2>(dq);
     mbar_arrive(bars + bar_empty(it % STAGES));
@@ -352,7 +374,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   }
   if (n_items > 0) {
     float dq[DQ_N / 2];
+    turn_wait(wg);
     dq_issue(n_items - 1, dq);
+    if (wg == 0) turn_pass(wg);  // warpgroup 1's last turn is the last
     wait_all();
     fence_regs<DQ_N / 2>(dq);
     dq_out(n_items - 1, dq);

@@ -89,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 
     // S^T = K Q^T and dP^T = V dO^T: k-step ks reads 16 columns, 32 bytes into the 128-byte rows
     // of column block ks / 4.
-{% bwd_sdp() %}
+{% bwd_sdp("") %}
 
     // P^T and dS^T: s[4 nt + 2 hh + e] is key 64 wg + wr + g + 8 hh, query 8 nt + 2 t + e of the
     // block. Masked: keys past Nk, and (causal) key k0 + r unseen by query q0 + c unless
