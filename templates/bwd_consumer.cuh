@@ -67,20 +67,9 @@ FG_DEV void stsm_x4(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
     fence_regs<BR / 2>(s);
     fence_regs<BR / 2>(dp);
 {% end %}
-{% function bwd_pds(ds) %}
-    u32 pa[BR / 16][4];
-    const i64 k0i = k0_of(p);  // k0, read anew (see key_block)
-    const int kv_left = (int)(Nk - k0i < BC ? Nk - k0i : BC);
-    const i64 dq_off = q0 + diag - k0i;
-    const int dlim = (int)(dq_off > BC ? BC : (dq_off < -BR ? -BR : dq_off));
-    const bool need_mask = kv_left < BC || (CAUSAL && dlim < BC - 1);
-    // dS^T leaves by stmatrix, four 8 x 8 matrices (n8 tiles nt, nt + 1 x row halves) per
-    // instruction: lane l addresses row l % 8 of matrix l / 8, i.e. key row wr + l % 8 + 8 ((l / 8) % 2)
-    // of the warpgroup's and 16-byte chunk nt + l / 16, swizzled by the row (chunk ^ row % 8; nt is
-    // even, so (nt + l / 16) ^ (l % 8) = nt ^ ds_sw). Before: one 4-byte store per tile and row half
-    // (NT_S x 2 per thread per query block).
-    const int ds_r = wg * 64 + wr + lane % 8 + 8 * ((lane / 8) % 2), ds_sw = (lane / 16) ^ (lane % 8);
-    u32 dsx[4];
+// bwd_pds's loop over the n8 tiles of S^T / dP^T; masked: true (the mask applied), false (none),
+// or "uniform" (applied where need_mask holds).
+{% function bwd_pds_tiles(ds, masked) %}
 #pragma unroll
     for (int nt = 0; nt < NT_S; ++nt) {
       float l2[2], dd[2];
@@ -94,7 +83,11 @@ FG_DEV void stsm_x4(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
         for (int e = 0; e < 2; ++e) {
           const int i = 4 * nt + 2 * hh + e;
           pv[e] = fast_exp2(fmaf(s[i], sl2, -l2[e]));
+{% if masked == "uniform" then %}
           if (need_mask && !(r < kv_left && (!CAUSAL || r <= 8 * nt + 2 * t + e + dlim))) pv[e] = 0.f;
+{% elseif masked then %}
+          if (!(r < kv_left && (!CAUSAL || r <= 8 * nt + 2 * t + e + dlim))) pv[e] = 0.f;
+{% end %}
           ds[e] = pv[e] * (dp[i] - dd[e]);
         }
         pa[nt / 2][(nt % 2) * 2 + hh] = pack2<BF16>(pv[0], pv[1]);
@@ -104,6 +97,35 @@ FG_DEV void stsm_x4(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
         stsm_x4({{ ds }} + (u32)(((nt - 1) / 8) * BC * 128 + ds_r * 128 + ((((nt - 1) % 8) ^ ds_sw) * 16)), dsx[0], dsx[1],
                 dsx[2], dsx[3]);
     }
+{% end %}
+{% function bwd_pds(ds) %}
+    u32 pa[BR / 16][4];
+    const i64 k0i = k0_of(p);  // k0, read anew (see key_block)
+    const int kv_left = (int)(Nk - k0i < BC ? Nk - k0i : BC);
+    const i64 dq_off = q0 + diag - k0i;
+    const int dlim = (int)(dq_off > BC ? BC : (dq_off < -BR ? -BR : dq_off));
+    const bool need_mask = kv_left < BC || (CAUSAL && dlim < BC - 1);
+    const int ds_r = wg * 64 + wr + lane % 8 + 8 * ((lane / 8) % 2), ds_sw = (lane / 16) ^ (lane % 8);
+    // dS^T leaves by stmatrix, four 8 x 8 matrices (n8 tiles nt, nt + 1 x row halves) per
+    // instruction: lane l addresses row l % 8 of matrix l / 8, i.e. key row wr + l % 8 + 8 ((l / 8) % 2)
+    // of the warpgroup's and 16-byte chunk nt + l / 16, swizzled by the row (chunk ^ row % 8; nt is
+    // even, so (nt + l / 16) ^ (l % 8) = nt ^ ds_sw). Before: one 4-byte store per tile and row half
+    // (NT_S x 2 per thread per query block).
+    u32 dsx[4];
+    // At Br 64, two copies of the tiles' loop: blocks that need no mask (every key of the block
+    // present and, causal, the whole block below the diagonal) skip the select per element (32 per
+    // thread and query block). With kv_tma's turns the element-wise phase decides how long the
+    // tensor pipe waits: d = 128 4k-16k +0.5-1%, causal 8k +3% (fg_ab, session 19). At Br 128
+    // (d = 64) two copies spilled 60-64 B (session 17): one loop there, its .text unchanged.
+{% if br == 64 then %}
+    if (need_mask) {
+{% bwd_pds_tiles(ds, true) %}
+    } else {
+{% bwd_pds_tiles(ds, false) %}
+    }
+{% else %}
+{% bwd_pds_tiles(ds, "uniform") %}
+{% end %}
 {% end %}
 {% function bwd_dv() %}
     fence_regs<D / 2>(dv);

@@ -93,9 +93,10 @@ FG_DEV void warpgroup_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 
 // on 5 - wg), so one's element-wise work runs under the other's products instead of both
 // warpgroups drifting into the same phase. Warpgroup 1 hands the first turn to 0 and keeps its
 // last one (every turn a warpgroup waits for is handed to it exactly once). At Br 64 (d = 128)
-// only: fg_ab, H100, d = 128 4k +2.4-3.1%, 16k +2-6%, causal 4k +6%; at Br 128 (d = 64), where
-// each thread's element-wise share is twice as long as the other warpgroup's S^T/dP^T products,
-// the turns made the warpgroups wait for each other: -1.5% to -3.5% (bench/NOTES.md, session 19).
+// only (fg_ab, H100, with the loop below and bwd_pds's unmasked copy: d = 128 4k +6%, 16k +7%,
+// causal 8k +10%); at Br 128 (d = 64), where each thread's element-wise share is twice as long
+// as the other warpgroup's S^T/dP^T products, the turns made the warpgroups wait for each other:
+// -1.5% to -3.5% (bench/NOTES.md, session 19).
 constexpr bool PINGPONG = BR == 64;
 FG_DEV void turn_wait(int wg) {
   if (PINGPONG) asm volatile("bar.sync %0, %1;\n" ::"r"(4 + wg), "n"(CONSUMER_THREADS) : "memory");
@@ -287,43 +288,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
   mbar_wait(bars + BAR_KV, 0);  // also when there is no item: the loads land before the block ends
 
-  // Query block it: S^T, dP^T, P^T, dS^T, dV and dK issued (front); dQ of block it - 1 after them
-  // (both warpgroups' dS^T rows of it - 1 were written a whole block ago: its mbarrier has long
-  // completed, so the warpgroups need not run in step, and one's element-wise work overlaps the
-  // other's products). The loop is peeled (the first block has no dQ before it, the last one's dQ
-  // comes after the loop) so that no branch separates a wgmma from its wait: across one, ptxas
-  // serialized the pipeline (C7512).
-  auto front = [&](int it) {
-    const int st = it % STAGES;
-    mbar_wait(bars + bar_full(st), (u32)(it / STAGES) & 1);
-    const i64 q0 = (i64)(i0 + it % per_head) * BR;  // (the causal mask's: nothing rotates there)
-    const u32 s_q = sbase + Q_OFF + (u32)st * 2 * QT_BYTES, s_do = s_q + QT_BYTES;
-    const u32 s_l = sbase + L_OFF + (u32)st * 2 * BR * 4;
-    const u32 s_ds = sbase + DS_OFF + (u32)(it % NDS) * DS_BYTES;
-
-    // S^T = K Q^T and dP^T = V dO^T (this warpgroup's turn): k-step ks reads 16 columns, 32 bytes
-    // into the 128-byte rows of column block ks / 4.
-    turn_wait(wg);
-{% bwd_sdp("    turn_pass(wg);\n") %}
-    // This dS^T buffer held block it - NDS: both warpgroups' dQ of it are done with it.
-    if (it >= NDS) mbar_wait(bars + bar_ds_empty(it % NDS), (u32)(it / NDS + 1) & 1);
-
-    // P^T and dS^T (bwd_wgmma.cu): s[4 nt + 2 hh + e] is key 64 wg + wr + g + 8 hh, query
-    // 8 nt + 2 t + e of the block; masked keys past Nk and (causal) above the diagonal. P^T
-    // packed as wgmma A fragments, dS^T to this block's buffer (swizzled as the loads).
-{% bwd_pds("s_ds") %}
-
-    // dV += P^T dO (dO D-major: 8-row groups 1024 bytes apart, 64-column blocks BR x 128 apart),
-    // dK and the last block's dQ in this warpgroup's next turn, handed on after them (the loop).
-    turn_wait(wg);
-{% bwd_dv() %}
-    fence_async_smem();
-    warpgroup_sync(wg);                       // this warpgroup's dS^T rows, for its dK
-    mbar_arrive(bars + bar_ds_full(it % NDS));  // and for both warpgroups' dQ of this block
-
-    // dK += dS^T Q: this warpgroup's key rows of dS^T; Q D-major as dO above.
-{% bwd_dk("s_ds") %}
-  };
   // dQ of block j (this warpgroup's 64 x DQ_N) = dS K: dS^T query-major, K D-major (column block
   // n0 / 64, n0 % 64 columns into it).
   auto dq_issue = [&](int j, float *dq) {
@@ -355,31 +319,97 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     fence_regs<D / 2>(dv);
     fence_regs<D / 2>(dk);
   };
-  if (n_items > 0) {
-    if (wg == 1) turn_pass(wg);  // warpgroup 0 issues first
-    front(0);
-    turn_pass(wg);
-    wait_all();
-    mbar_arrive(bars + bar_empty(0));  // Q, dO, LSE and D of this stage read
-  }
-  for (int it = 1; it < n_items; ++it) {
-    front(it);
-    float dq[DQ_N / 2];
-    dq_issue(it - 1, dq);
-    turn_pass(wg);
-    wait_all();
-    fence_regs<DQ_N / 2>(dq);
-    mbar_arrive(bars + bar_empty(it % STAGES));
-    dq_out(it - 1, dq);
-  }
-  if (n_items > 0) {
-    float dq[DQ_N / 2];
+  // Query block it: S^T, dP^T, P^T, dS^T, dV and dK issued (front); dQ of block it - 1 after them
+  // (both warpgroups' dS^T rows of it - 1 were written a whole block ago: its mbarrier has long
+  // completed, so the warpgroups need not run in step, and one's element-wise work overlaps the
+  // other's products), or, with the turns (PINGPONG), before dV in the same turn (with_dq), out to
+  // its slot under dK, which the next block's S^T/dP^T wait takes. The loop is peeled (the first
+  // block has no dQ before it, the last one's dQ comes after the loop) so that no branch
+  // separates a wgmma from its wait: across one, ptxas serialized the pipeline (C7512).
+  auto front = [&](int it, bool with_dq) {
+    const int st = it % STAGES;
+    mbar_wait(bars + bar_full(st), (u32)(it / STAGES) & 1);
+    const i64 q0 = (i64)(i0 + it % per_head) * BR;  // (the causal mask's: nothing rotates there)
+    const u32 s_q = sbase + Q_OFF + (u32)st * 2 * QT_BYTES, s_do = s_q + QT_BYTES;
+    const u32 s_l = sbase + L_OFF + (u32)st * 2 * BR * 4;
+    const u32 s_ds = sbase + DS_OFF + (u32)(it % NDS) * DS_BYTES;
+
+    // S^T = K Q^T and dP^T = V dO^T (this warpgroup's turn): k-step ks reads 16 columns, 32 bytes
+    // into the 128-byte rows of column block ks / 4.
     turn_wait(wg);
-    dq_issue(n_items - 1, dq);
-    if (wg == 0) turn_pass(wg);  // warpgroup 1's last turn is the last
-    wait_all();
-    fence_regs<DQ_N / 2>(dq);
-    dq_out(n_items - 1, dq);
+{% bwd_sdp("    turn_pass(wg);\n") %}
+    // With the turns, block it - 1's dV and dK are waited for only here: its stage is free now.
+    if (PINGPONG && it > 0) mbar_arrive(bars + bar_empty((it - 1) % STAGES));
+    // This dS^T buffer held block it - NDS: both warpgroups' dQ of it are done with it.
+    if (it >= NDS) mbar_wait(bars + bar_ds_empty(it % NDS), (u32)(it / NDS + 1) & 1);
+
+    // P^T and dS^T (bwd_wgmma.cu): s[4 nt + 2 hh + e] is key 64 wg + wr + g + 8 hh, query
+    // 8 nt + 2 t + e of the block; masked keys past Nk and (causal) above the diagonal. P^T
+    // packed as wgmma A fragments, dS^T to this block's buffer (swizzled as the loads).
+{% bwd_pds("s_ds") %}
+
+    // This warpgroup's second turn: (with the turns) dQ of block it - 1, then dV += P^T dO (dO
+    // D-major: 8-row groups 1024 bytes apart, 64-column blocks BR x 128 apart), then dK; without
+    // them dQ of it - 1 follows dK in the loop below.
+    turn_wait(wg);
+    float dq[DQ_N / 2];  // (declared here: one held across the loop stays live through it)
+    if (PINGPONG && with_dq) dq_issue(it - 1, dq);  // the last block's dQ first, out below
+{% bwd_dv() %}
+    fence_async_smem();
+    warpgroup_sync(wg);                       // this warpgroup's dS^T rows, for its dK
+    mbar_arrive(bars + bar_ds_full(it % NDS));  // and for both warpgroups' dQ of this block
+
+    // dK += dS^T Q: this warpgroup's key rows of dS^T; Q D-major as dO above.
+{% bwd_dk("s_ds") %}
+    if (PINGPONG) {
+      turn_pass(wg);
+      wg_wait<1>();  // dQ of it - 1 and dV done (P^T's registers free), dK may still run
+      if (with_dq) {
+        fence_regs<DQ_N / 2>(dq);
+        dq_out(it - 1, dq);  // out to its slot under this block's dK
+      }
+    }
+  };
+  if (PINGPONG) {
+    // With the turns: block it's turns are S^T/dP^T, then dQ of it - 1, dV and dK (front), and
+    // nothing waits for the second before the warpgroup's next S^T/dP^T but the dQ tile, which
+    // leaves under that block's own dV and dK (before: after a wait for all three, 300-800 cycles
+    // while the other warpgroup's products ran out; clock64 stamps, bench/NOTES.md session 19).
+    if (n_items > 0) {
+      if (wg == 1) turn_pass(wg);  // warpgroup 0 issues first
+      front(0, false);
+      for (int it = 1; it < n_items; ++it) front(it, true);
+      float dq[DQ_N / 2];
+      turn_wait(wg);
+      dq_issue(n_items - 1, dq);
+      if (wg == 0) turn_pass(wg);  // warpgroup 1's last turn is the last
+      wait_all();
+      fence_regs<DQ_N / 2>(dq);
+      mbar_arrive(bars + bar_empty((n_items - 1) % STAGES));
+      dq_out(n_items - 1, dq);
+    }
+  } else {
+    if (n_items > 0) {
+      front(0, false);
+      wait_all();
+      mbar_arrive(bars + bar_empty(0));  // Q, dO, LSE and D of this stage read
+    }
+    for (int it = 1; it < n_items; ++it) {
+      front(it, false);
+      float dq[DQ_N / 2];
+      dq_issue(it - 1, dq);
+      wait_all();
+      fence_regs<DQ_N / 2>(dq);
+      mbar_arrive(bars + bar_empty(it % STAGES));
+      dq_out(it - 1, dq);
+    }
+    if (n_items > 0) {
+      float dq[DQ_N / 2];
+      dq_issue(n_items - 1, dq);
+      wait_all();
+      fence_regs<DQ_N / 2>(dq);
+      dq_out(n_items - 1, dq);
+    }
   }
 
   // dK = scale * sum dS^T Q and dV, in the element type, from the accumulators (bwd_wgmma.cu); or
