@@ -88,7 +88,7 @@ constexpr int CONSUMER_THREADS = 128 * NWG;
 FG_DEV void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMER_THREADS) : "memory"); }
 FG_DEV void warpgroup_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory"); }
 // The consumer warpgroups take turns at issuing products (FlashAttention-3's ping-pong, here on
-// the backward's two phases: S^T and dP^T; then dV, dK and the last block's dQ): warpgroup wg
+// the backward's two phases: S^T and dP^T; then the block before's dQ, dV and dK): warpgroup wg
 // waits for its turn on named barrier 4 + wg, issues, and hands the turn to the other (an arrival
 // on 5 - wg), so one's element-wise work runs under the other's products instead of both
 // warpgroups drifting into the same phase. Warpgroup 1 hands the first turn to 0 and keeps its
@@ -371,10 +371,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     }
   };
   if (PINGPONG) {
-    // With the turns: block it's turns are S^T/dP^T, then dQ of it - 1, dV and dK (front), and
-    // nothing waits for the second before the warpgroup's next S^T/dP^T but the dQ tile, which
-    // leaves under that block's own dV and dK (before: after a wait for all three, 300-800 cycles
-    // while the other warpgroup's products ran out; clock64 stamps, bench/NOTES.md session 19).
+    // With the turns: block it's turns are S^T/dP^T, then dQ of it - 1, dV and dK (front); the
+    // warpgroup waits for dQ and dV only, and the dQ tile leaves under its dK, which the next
+    // block's S^T/dP^T wait takes (before: a wait for all three, then 300-800 cycles storing the
+    // tile while the other warpgroup's products ran out; clock64 stamps, bench/NOTES.md session 19).
     if (n_items > 0) {
       if (wg == 1) turn_pass(wg);  // warpgroup 0 issues first
       front(0, false);
