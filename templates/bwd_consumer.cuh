@@ -6,9 +6,12 @@
 // the stores); and the constants D, BR, BC, KSTEPS, NT_S, NT_D, CAUSAL, BF16.
 //   {% bwd_wgmma_decls() %}      the wgmma instructions of the four products (wgmma.cuh) and the
 //                                shared-memory helpers both kernels use
-//   {% bwd_sdp(after) %}         S^T = K Q^T and dP^T = V dO^T into s, dp, issued and waited for
-//                                (after: code run between the commit and the wait, "" for none)
-//   {% bwd_pds("ds") %}          P^T packed into pa, dS^T stored at shared address ds (swizzled)
+//   {% bwd_sdp(after, split) %}  S^T = K Q^T and dP^T = V dO^T into s, dp, issued and waited for
+//                                (after: code run between the commit and the wait, "" for none;
+//                                split: two commit groups, only S^T waited for, bwd_pds waits
+//                                for dP^T between P^T and dS^T)
+//   {% bwd_pds("ds", split) %}   P^T packed into pa, dS^T stored at shared address ds (swizzled);
+//                                split as bwd_sdp's (then P^T in place of S^T, under dP^T)
 //   {% bwd_dv() %}               dV += P^T dO issued (committed, not waited for)
 //   {% bwd_dk("ds") %}           dK += dS^T Q issued, this warpgroup's rows of the dS^T at ds
 //   {% bwd_dkdv_split("tid") %}  a split's dK, dV added into dkv_accum, then return (tid: the
@@ -51,7 +54,7 @@ FG_DEV void stsm_x4(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
                : "memory");
 }
 {% end %}
-{% function bwd_sdp(after) %}
+{% function bwd_sdp(after, split) %}
     float s[BR / 2], dp[BR / 2];
     const u64 dk_a = fresh(sw128_desc(k_wg, 16, 1024)), dv_a = fresh(sw128_desc(v_wg, 16, 1024));
     const u64 dq_b = fresh(sw128_desc(s_q, 16, 1024)), ddo_b = fresh(sw128_desc(s_do, 16, 1024));
@@ -59,13 +62,21 @@ FG_DEV void stsm_x4(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks)
       wgmma_sdp(s, dk_a + ((ks / 4) * BC * 128 + (ks % 4) * 32) / 16, dq_b + ((ks / 4) * BR * 128 + (ks % 4) * 32) / 16, ks > 0);
+{% if split then %}
+    wg_commit();
+{% end %}
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks)
       wgmma_sdp(dp, dv_a + ((ks / 4) * BC * 128 + (ks % 4) * 32) / 16, ddo_b + ((ks / 4) * BR * 128 + (ks % 4) * 32) / 16, ks > 0);
     wg_commit();
+{% if split then %}
+{{ after }}    wg_wait<1>();
+    fence_regs<BR / 2>(s);
+{% else %}
 {{ after }}    wg_wait<0>();
     fence_regs<BR / 2>(s);
     fence_regs<BR / 2>(dp);
+{% end %}
 {% end %}
 // bwd_pds's loop over the n8 tiles of S^T / dP^T; masked: true (the mask applied), false (none),
 // or "uniform" (applied where need_mask holds).
@@ -98,7 +109,52 @@ FG_DEV void stsm_x4(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
                 dsx[2], dsx[3]);
     }
 {% end %}
-{% function bwd_pds(ds) %}
+// bwd_pds's tiles with S^T and dP^T waited for apart (bwd_sdp's split): P^T = exp2(...) in place
+// of S^T and packed for dV while dP^T's products run, then dS^T. kv_tma at Br 64 with its turns,
+// where the element-wise phase decides how long the tensor pipe waits: fg_ab, H100, d = 128 4k
+// +2-3%, 16k +3-5%, causal 2k +4%, 8k +7% (bench/NOTES.md, session 19; without the turns, in
+// session 7, the same split gained nothing).
+{% function bwd_pds_split(ds, masked) %}
+#pragma unroll
+    for (int nt = 0; nt < NT_S; ++nt) {
+      float l2[2];
+      ld_shared_f2(s_l + (u32)(8 * nt + 2 * t) * 4, l2[0], l2[1]);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = wg * 64 + wr + g + 8 * hh;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = 4 * nt + 2 * hh + e;
+          s[i] = fast_exp2(fmaf(s[i], sl2, -l2[e]));
+{% if masked then %}
+          if (!(r < kv_left && (!CAUSAL || r <= 8 * nt + 2 * t + e + dlim))) s[i] = 0.f;
+{% end %}
+        }
+        pa[nt / 2][(nt % 2) * 2 + hh] = pack2<BF16>(s[4 * nt + 2 * hh], s[4 * nt + 2 * hh + 1]);
+      }
+    }
+    wg_wait<0>();  // dP^T
+    fence_regs<BR / 2>(dp);
+#pragma unroll
+    for (int nt = 0; nt < NT_S; ++nt) {
+      float dd[2];
+      ld_shared_f2(s_l + (u32)(BR + 8 * nt + 2 * t) * 4, dd[0], dd[1]);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float ds[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = 4 * nt + 2 * hh + e;
+          ds[e] = s[i] * (dp[i] - dd[e]);
+        }
+        dsx[(nt % 2) * 2 + hh] = pack2<BF16>(ds[0], ds[1]);
+      }
+      if (nt % 2 == 1)
+        stsm_x4({{ ds }} + (u32)(((nt - 1) / 8) * BC * 128 + ds_r * 128 + ((((nt - 1) % 8) ^ ds_sw) * 16)), dsx[0], dsx[1],
+                dsx[2], dsx[3]);
+    }
+{% end %}
+{% function bwd_pds(ds, split) %}
     u32 pa[BR / 16][4];
     const i64 k0i = k0_of(p);  // k0, read anew (see key_block)
     const int kv_left = (int)(Nk - k0i < BC ? Nk - k0i : BC);
@@ -117,7 +173,13 @@ FG_DEV void stsm_x4(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
     // thread and query block). With kv_tma's turns the element-wise phase decides how long the
     // tensor pipe waits: d = 128 4k-16k +0.5-1%, causal 8k +3% (fg_ab, session 19). At Br 128
     // (d = 64) two copies spilled 60-64 B (session 17): one loop there, its .text unchanged.
-{% if br == 64 then %}
+{% if split then %}
+    if (need_mask) {
+{% bwd_pds_split(ds, true) %}
+    } else {
+{% bwd_pds_split(ds, false) %}
+    }
+{% elseif br == 64 then %}
     if (need_mask) {
 {% bwd_pds_tiles(ds, true) %}
     } else {

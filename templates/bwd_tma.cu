@@ -335,10 +335,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     const u32 s_ds = sbase + DS_OFF + (u32)(it % NDS) * DS_BYTES;
 
     // S^T = K Q^T and dP^T = V dO^T (this warpgroup's turn): k-step ks reads 16 columns, 32 bytes
-    // into the 128-byte rows of column block ks / 4.
+    // into the 128-byte rows of column block ks / 4. At Br 64 two commit groups: P^T's
+    // exponentials run under dP^T (bwd_consumer.cuh, bwd_pds_split).
     turn_wait(wg);
-{% bwd_sdp("    turn_pass(wg);\n") %}
-    // With the turns, block it - 1's dV and dK are waited for only here: its stage is free now.
+{% bwd_sdp("    turn_pass(wg);\n", br == 64) %}
+    // With the turns, block it - 1's dV and dK are waited for only here (S^T's wait, in order
+    // after them): its stage is free now.
     if (PINGPONG && it > 0) mbar_arrive(bars + bar_empty((it - 1) % STAGES));
     // This dS^T buffer held block it - NDS: both warpgroups' dQ of it are done with it.
     if (it >= NDS) mbar_wait(bars + bar_ds_empty(it % NDS), (u32)(it / NDS + 1) & 1);
@@ -346,7 +348,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     // P^T and dS^T (bwd_wgmma.cu): s[4 nt + 2 hh + e] is key 64 wg + wr + g + 8 hh, query
     // 8 nt + 2 t + e of the block; masked keys past Nk and (causal) above the diagonal. P^T
     // packed as wgmma A fragments, dS^T to this block's buffer (swizzled as the loads).
-{% bwd_pds("s_ds") %}
+{% bwd_pds("s_ds", br == 64) %}
 
     // This warpgroup's second turn: (with the turns) dQ of block it - 1, then dV += P^T dO (dO
     // D-major: 8-row groups 1024 bytes apart, 64-column blocks BR x 128 apart), then dK; without
