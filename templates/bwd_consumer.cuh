@@ -78,6 +78,12 @@ FG_DEV void stsm_x4(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
     fence_regs<BR / 2>(dp);
 {% end %}
 {% end %}
+// dS^T of n8 tiles nt - 1 and nt (dsx) to the buffer at ds after every odd tile (bwd_pds).
+{% function bwd_ds_pair(ds) %}
+      if (nt % 2 == 1)
+        stsm_x4({{ ds }} + (u32)(((nt - 1) / 8) * BC * 128 + ds_r * 128 + ((((nt - 1) % 8) ^ ds_sw) * 16)), dsx[0], dsx[1],
+                dsx[2], dsx[3]);
+{% end %}
 // bwd_pds's loop over the n8 tiles of S^T / dP^T; masked: true (the mask applied), false (none),
 // or "uniform" (applied where need_mask holds).
 {% function bwd_pds_tiles(ds, masked) %}
@@ -104,9 +110,7 @@ FG_DEV void stsm_x4(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
         pa[nt / 2][(nt % 2) * 2 + hh] = pack2<BF16>(pv[0], pv[1]);
         dsx[(nt % 2) * 2 + hh] = pack2<BF16>(ds[0], ds[1]);
       }
-      if (nt % 2 == 1)
-        stsm_x4({{ ds }} + (u32)(((nt - 1) / 8) * BC * 128 + ds_r * 128 + ((((nt - 1) % 8) ^ ds_sw) * 16)), dsx[0], dsx[1],
-                dsx[2], dsx[3]);
+{% bwd_ds_pair(ds) %}
     }
 {% end %}
 // bwd_pds's tiles with S^T and dP^T waited for apart (bwd_sdp's split): P^T = exp2(...) in place
@@ -149,9 +153,7 @@ FG_DEV void stsm_x4(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
         }
         dsx[(nt % 2) * 2 + hh] = pack2<BF16>(ds[0], ds[1]);
       }
-      if (nt % 2 == 1)
-        stsm_x4({{ ds }} + (u32)(((nt - 1) / 8) * BC * 128 + ds_r * 128 + ((((nt - 1) % 8) ^ ds_sw) * 16)), dsx[0], dsx[1],
-                dsx[2], dsx[3]);
+{% bwd_ds_pair(ds) %}
     }
 {% end %}
 {% function bwd_pds(ds, split) %}
