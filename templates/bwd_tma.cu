@@ -11,7 +11,8 @@
 // to the fp32 accumulator with bulk reductions (cp.reduce.async.bulk, one per warpgroup's part:
 // the accumulator is tiled in the consumers' fragment order), in deterministic mode behind the
 // tile's semaphore. The consumers wait only on mbarriers: dQ of a query block (which reads both
-// warpgroups' dS^T rows) is issued after the next block's dK, so the warpgroups need not run in
+// warpgroups' dS^T rows) is issued in the next block (after its dK; at Br 64, where the
+// warpgroups take turns at issuing products, before its dV), so the warpgroups need not run in
 // step. At the end dV, then dK, leave through the warpgroup's own V rows in shared memory, so
 // every row is written with 16-byte stores. The plan's other kernels ({{ entry }}_pre,
 // {{ entry }}_post) are bwd_aux.cuh's, taking the same parameter block. Tiles are 64-column blocks
