@@ -4,8 +4,10 @@
 //   {{ entry }}       one block per block of {{ bc }} keys and KV head: K and V stay in shared
 //                     memory while the block walks the query blocks of {{ br }} rows of every
 //                     query head of its group (GQA), recomputing P = exp(scale Q K^T - LSE) from
-//                     the forward's log-sum-exp; dV += P^T dO and dK += dS^T Q accumulate in
-//                     registers, dQ += dS K goes to the fp32 accumulator with atomic adds;
+//                     the forward's log-sum-exp (queries along the rows of S and dP, so each
+//                     thread holds LSE and D of 4 rows); P and dS go through shared memory;
+//                     dV += P^T dO and dK += dS^T Q accumulate in registers, dQ += dS K goes to
+//                     the fp32 accumulator with atomic adds;
 //   {{ entry }}_post  dQ = scale * accumulator, converted to the element type.
 // Past bwd.lua's SPLIT_ROWS query rows per KV head, the grid's z splits each key block's query
 // blocks; each split adds its dK, dV sums into the fp32 dkv_accum, which _post converts.
@@ -21,27 +23,30 @@ constexpr int WARPS = {{ warps }}, THREADS = 32 * WARPS;
 constexpr int STAGES = {{ stages }};  // Q/dO buffers: 2 = the next query block loads during this one
 constexpr bool CAUSAL = {{ causal }};
 constexpr bool BF16 = {{ dtype == "bf16" }};
-constexpr int PROW = BR + 8;          // shared row stride of P^T and dS^T (elements)
-// Warp tiles. S^T and dP^T (BC x BR) and dK, dV (BC x DP): WM warps along the keys, WN along
-// the queries (S^T) or the head dimension (dK, dV). dQ (BR x DP): WQ along the queries, WD
-// along the head dimension.
+constexpr int PROW = BC + 8;          // shared row stride of P and dS (elements)
+// Warp tiles (bwd.lua: layout). S and dP (BR x BC): WS warps along the queries, WK along the
+// keys. dK, dV (BC x DP): WM along the keys, WN along the head dimension. dQ (BR x DP): WQ along
+// the queries, WD along the head dimension.
+constexpr int WS = {{ ws }}, WK = WARPS / WS;
 constexpr int WM = {{ wm }}, WN = WARPS / WM;
 constexpr int WQ = {{ wq }}, WD = WARPS / WQ;
-constexpr int MT = BC / (16 * WM), NT = BR / (8 * WN), ND = DP / (8 * WN);
+constexpr int MS = BR / (16 * WS), NS = BC / (8 * WK);
+constexpr int MT = BC / (16 * WM), ND = DP / (8 * WN);
 constexpr int MQ = BR / (16 * WQ), NQ = DP / (8 * WD);
 constexpr int KSTEPS = DP / 16, CHUNKS = D / 8;
 // Threads that load tiles: a multiple of the 16-byte chunks of a row, so each covers whole rows
 // (load_tile's cheap path; with the remainder, ptxas kept a 64-bit address per row live across
 // the loop and spilled at d = 200..248).
 constexpr int LOAD_THREADS = THREADS / CHUNKS * CHUNKS;
-static_assert(MT * 16 * WM == BC && NT * 8 * WN == BR && NT % 2 == 0 && ND % 2 == 0, "S tiles");
+static_assert(MS * 16 * WS == BR && NS * 8 * WK == BC && NS % 2 == 0, "S tiles");
+static_assert(MT * 16 * WM == BC && ND % 2 == 0, "dK, dV tiles");
 static_assert(MQ * 16 * WQ == BR && NQ % 2 == 0 && NQ * 8 * WD == DP, "dQ tiles");
-// Shared memory (bytes): K, V; STAGES x (Q, dO, LSE*log2e, D); P^T; dS^T.
+// Shared memory (bytes): K, V; STAGES x (Q, dO, LSE*log2e, D); P; dS.
 constexpr unsigned TILE_BYTES = BC * ROW * 2, QTILE_BYTES = BR * ROW * 2;
 constexpr unsigned K_OFF = 0, V_OFF = TILE_BYTES, Q_OFF = 2 * TILE_BYTES;
 constexpr unsigned DO_IN = QTILE_BYTES, L_IN = 2 * QTILE_BYTES, DD_IN = L_IN + BR * 4;
 constexpr unsigned STAGE_BYTES = 2 * QTILE_BYTES + 2 * BR * 4;
-constexpr unsigned P_OFF = Q_OFF + STAGES * STAGE_BYTES, DS_OFF = P_OFF + BC * PROW * 2;
+constexpr unsigned P_OFF = Q_OFF + STAGES * STAGE_BYTES, DS_OFF = P_OFF + BR * PROW * 2;
 
 }  // namespace
 {% include("bwd_aux.cuh") %}
@@ -89,7 +94,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   if (STAGES == 2 && span().n_items > 0) load_q(0, 0);
   cp_async_commit();
 
-  const int wm = warp % WM, wn = warp / WM, wq = warp % WQ, wd = warp / WQ;
+  const int ws = warp % WS, wk = warp / WS, wm = warp % WM, wn = warp / WM, wq = warp % WQ, wd = warp / WQ;
   const int a_row = lane % 8 + ((lane / 8) % 2) * 8, a_col = (lane / 16) * 8;  // ldmatrix A / B^T
   const int k_row = lane % 8 + (lane / 16) * 8, k_col = ((lane / 8) % 2) * 8;  // ldmatrix B / A^T
   const float sl2 = (float)p.scale_log2;
@@ -120,80 +125,82 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     const u32 s_q = sbase + Q_OFF + st * STAGE_BYTES, s_do = s_q + DO_IN;
     const float *sl = (const float *)((const char *)smem + Q_OFF + st * STAGE_BYTES + L_IN);
 
-    // S^T = K Q^T and dP^T = V dO^T (keys along rows), this warp's MT x NT tiles.
-    float s[MT][NT][4], dp[MT][NT][4];
+    // S = Q K^T and dP = dO V^T (queries along rows), this warp's MS x NS tiles.
+    float sv[MS][NS][4], dp[MS][NS][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < MS; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] = dp[mt][nt][e] = 0.f;
+        for (int e = 0; e < 4; ++e) sv[mt][nt][e] = dp[mt][nt][e] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks) {
-      u32 ak[MT][4], av[MT][4];
+      u32 aq[MS][4], ao[MS][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const u32 off = (u32)((((wm * MT + mt) * 16 + a_row) * ROW + ks * 16 + a_col) * 2);
-        ldsm_x4(sbase + K_OFF + off, ak[mt][0], ak[mt][1], ak[mt][2], ak[mt][3]);
-        ldsm_x4(sbase + V_OFF + off, av[mt][0], av[mt][1], av[mt][2], av[mt][3]);
+      for (int mt = 0; mt < MS; ++mt) {
+        const u32 off = (u32)((((ws * MS + mt) * 16 + a_row) * ROW + ks * 16 + a_col) * 2);
+        ldsm_x4(s_q + off, aq[mt][0], aq[mt][1], aq[mt][2], aq[mt][3]);
+        ldsm_x4(s_do + off, ao[mt][0], ao[mt][1], ao[mt][2], ao[mt][3]);
       }
 #pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        const u32 off = (u32)(((wn * NT * 8 + np * 16 + k_row) * ROW + ks * 16 + k_col) * 2);
+      for (int np = 0; np < NS / 2; ++np) {
+        const u32 off = (u32)(((wk * NS * 8 + np * 16 + k_row) * ROW + ks * 16 + k_col) * 2);
         u32 b0, b1, b2, b3;
-        ldsm_x4(s_q + off, b0, b1, b2, b3);
+        ldsm_x4(sbase + K_OFF + off, b0, b1, b2, b3);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma16816<BF16>(s[mt][2 * np], ak[mt], b0, b1);
-          mma16816<BF16>(s[mt][2 * np + 1], ak[mt], b2, b3);
+        for (int mt = 0; mt < MS; ++mt) {
+          mma16816<BF16>(sv[mt][2 * np], aq[mt], b0, b1);
+          mma16816<BF16>(sv[mt][2 * np + 1], aq[mt], b2, b3);
         }
-        ldsm_x4(s_do + off, b0, b1, b2, b3);
+        ldsm_x4(sbase + V_OFF + off, b0, b1, b2, b3);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma16816<BF16>(dp[mt][2 * np], av[mt], b0, b1);
-          mma16816<BF16>(dp[mt][2 * np + 1], av[mt], b2, b3);
+        for (int mt = 0; mt < MS; ++mt) {
+          mma16816<BF16>(dp[mt][2 * np], ao[mt], b0, b1);
+          mma16816<BF16>(dp[mt][2 * np + 1], ao[mt], b2, b3);
         }
       }
     }
 
-    // P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)), 0 where masked (keys past Nk; causal:
-    // key k0 + r is seen by query q0 + c iff k0 + r <= q0 + c + diag); dS^T = P^T (dP^T - D).
-    // Both go to shared memory in the element type.
+    // P = exp2(S * scale * log2(e) - LSE * log2(e)), 0 where masked (keys past Nk; causal: key
+    // k0 + c is seen by query q0 + r iff k0 + c <= q0 + r + diag); dS = P (dP - D). Both go to
+    // shared memory in the element type. Per row, the last key it sees (lim) and its LSE and D.
     const i64 k0i = k0_of(p);  // k0, read anew (see key_block)
     const int kv_left = (int)(Nk - k0i < BC ? Nk - k0i : BC);
-    const i64 dq_off = q0 + diag - k0i;  // key r is seen by query c iff r <= c + dq_off
+    const i64 dq_off = q0 + diag - k0i;  // key c is seen by query r iff c <= r + dq_off
     const int dlim = (int)(dq_off > BC ? BC : (dq_off < -BR ? -BR : dq_off));
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < MS; ++mt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int r = (wm * MT + mt) * 16 + g + hh * 8;
+        const int r = (ws * MS + mt) * 16 + g + hh * 8;
+        const int lim = CAUSAL ? min(kv_left - 1, r + dlim) : kv_left - 1;
+        const float lse = sl[r], dd = sl[BR + r];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
+        for (int nt = 0; nt < NS; ++nt) {
           float pv[2], ds[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int c = wn * NT * 8 + nt * 8 + 2 * t + e;
-            const bool vis = r < kv_left && (!CAUSAL || r <= c + dlim);
-            pv[e] = vis ? fast_exp2(fmaf(s[mt][nt][2 * hh + e], sl2, -sl[c])) : 0.f;
-            ds[e] = pv[e] * (dp[mt][nt][2 * hh + e] - sl[BR + c]);
+            const int c = wk * NS * 8 + nt * 8 + 2 * t + e;
+            pv[e] = c <= lim ? fast_exp2(fmaf(sv[mt][nt][2 * hh + e], sl2, -lse)) : 0.f;
+            ds[e] = pv[e] * (dp[mt][nt][2 * hh + e] - dd);
           }
-          const u32 off = (u32)((r * PROW + wn * NT * 8 + nt * 8 + 2 * t) * 2);
+          const u32 off = (u32)((r * PROW + wk * NS * 8 + nt * 8 + 2 * t) * 2);
           *(u32 *)((char *)smem + P_OFF + off) = pack2<BF16>(pv[0], pv[1]);
           *(u32 *)((char *)smem + DS_OFF + off) = pack2<BF16>(ds[0], ds[1]);
         }
       }
     __syncthreads();
 
-    // dV += P^T dO and dK += dS^T Q: this warp's keys, columns wn * ND * 8 ...
+    // dV += P^T dO and dK += dS^T Q (P^T and dS^T read transposed): this warp's keys, columns
+    // wn * ND * 8 ...
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk) {
       u32 ap[MT][4], ad[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        const u32 off = (u32)((((wm * MT + mt) * 16 + a_row) * PROW + kk * 16 + a_col) * 2);
-        ldsm_x4(sbase + P_OFF + off, ap[mt][0], ap[mt][1], ap[mt][2], ap[mt][3]);
-        ldsm_x4(sbase + DS_OFF + off, ad[mt][0], ad[mt][1], ad[mt][2], ad[mt][3]);
+        const u32 off = (u32)(((kk * 16 + k_row) * PROW + (wm * MT + mt) * 16 + k_col) * 2);
+        ldsm_x4_t(sbase + P_OFF + off, ap[mt][0], ap[mt][1], ap[mt][2], ap[mt][3]);
+        ldsm_x4_t(sbase + DS_OFF + off, ad[mt][0], ad[mt][1], ad[mt][2], ad[mt][3]);
       }
 #pragma unroll
       for (int np = 0; np < ND / 2; ++np) {
@@ -214,7 +221,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       }
     }
 
-    // dQ += dS K (dS read transposed from dS^T), added to the fp32 accumulator.
+    // dQ += dS K, added to the fp32 accumulator.
     float dq[MQ][NQ][4];
 #pragma unroll
     for (int mq = 0; mq < MQ; ++mq)
@@ -227,8 +234,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       u32 a[MQ][4];
 #pragma unroll
       for (int mq = 0; mq < MQ; ++mq)
-        ldsm_x4_t(sbase + DS_OFF + (u32)(((kk * 16 + k_row) * PROW + (wq * MQ + mq) * 16 + k_col) * 2),
-                  a[mq][0], a[mq][1], a[mq][2], a[mq][3]);
+        ldsm_x4(sbase + DS_OFF + (u32)((((wq * MQ + mq) * 16 + a_row) * PROW + kk * 16 + a_col) * 2),
+                a[mq][0], a[mq][1], a[mq][2], a[mq][3]);
 #pragma unroll
       for (int np = 0; np < NQ / 2; ++np) {
         u32 b0, b1, b2, b3;

@@ -8,25 +8,31 @@ local M = {}
 
 local function round_up(x, m) return (x + m - 1) // m * m end
 
--- Warp tiles: WM warps along the Bc keys of S^T, dK and dV, the rest (WN) along the queries of
--- S^T and the columns of dK and dV; WQ warps along the Br rows of dQ, WD along its columns. Each
--- warp takes 32 rows (two m16 tiles) where the block allows, so every B fragment read from
--- shared memory feeds two MMAs (FlashAttention-2's 2 x 4 / 4 x 2 layouts): d = 128, Br 64,
--- Bc 128, 8 warps went from 204 to 231 TFLOP/s (H100, bf16, N = 4k) against one m16 tile per
--- warp. The head dimension is padded (with zeros, in shared memory) to 16 columns per warp
--- along it: d_pad = d rounded up to 16 * max(WN, WD).
+-- Warp tiles: S and dP (Br x Bc, queries along rows) have WS warps along the Br queries and the
+-- rest along the Bc keys; dK and dV (Bc x d) WM warps along the keys, the rest (WN) along the
+-- columns; dQ (Br x d) WQ warps along the rows, WD along the columns. Each warp takes 32 rows (two
+-- m16 tiles) where the block allows, so every B fragment read from shared memory feeds two MMAs
+-- (FlashAttention-2's 2 x 4 / 4 x 2 layouts): d = 128, Br 64, Bc 128, 8 warps went from 204 to
+-- 231 TFLOP/s (H100, bf16, N = 4k) against one m16 tile per warp. S with the queries along rows
+-- (not S^T) gives each thread 4 query rows, so LSE and D are 8 values per thread, not one per
+-- column. Where 32 query rows per warp do not split the keys into 16-column tiles, WS = WN (S^T's
+-- layout transposed, which the rules below always allow). The head dimension is padded (with
+-- zeros, in shared memory) to 16 columns per warp along it: d_pad = d rounded up to
+-- 16 * max(WN, WD).
 function M.layout(v)
   if v.loop == "kv_wgmma" or v.loop == "kv_tma" then return {} end
   local wm = math.min(v.warps, math.max(1, v.bc // 32))
   if v.br % (16 * (v.warps // wm)) ~= 0 then wm = math.min(v.warps, v.bc // 16) end
   local wq = math.min(v.warps, math.max(1, v.br // 32))
+  local ws = wq
+  if v.br % (16 * ws) ~= 0 or v.bc % (16 * (v.warps // ws)) ~= 0 then ws = v.warps // wm end
   local split = math.max(v.warps // wm, v.warps // wq)
   local d_pad = round_up(v.d, 16 * split)
-  return { d_pad = d_pad, row = d_pad + 8, wm = wm, wq = wq }
+  return { d_pad = d_pad, row = d_pad + 8, wm = wm, wq = wq, ws = ws }
 end
 
--- Registers per thread: the dK and dV accumulators (kept across the whole loop), S^T and dP^T
--- (one query block), the dQ block (after S^T and dP^T die), and about 56 for addresses, loop
+-- Registers per thread: the dK and dV accumulators (kept across the whole loop), S and dP
+-- (one query block), the dQ block (after S and dP die), and about 56 for addresses, loop
 -- control and fragments in flight. A first fit (NVRTC 13.0): the built-in variants compile
 -- without spills at estimates of 120-248; ptxas takes up to 255 at 8 warps whatever the
 -- estimate, and spilled 8-20 B at d = 104..128 with Br 64 double-buffered (estimate 216).
@@ -131,7 +137,7 @@ function M.resources(v)
   local L = M.layout(v)
   local tile = v.bc * L.row * 2
   local stage = 2 * v.br * L.row * 2 + 2 * v.br * 4
-  local pds = 2 * v.bc * (v.br + 8) * 2
+  local pds = 2 * v.br * (v.bc + 8) * 2
   return { threads = 32 * v.warps, smem = 2 * tile + v.stages * stage + pds,
            regs = regs_estimate(v, L) }
 end
@@ -158,7 +164,7 @@ function M.check(v)
   end
   if v.br % (16 * wn) ~= 0 then
     return "backward with " .. v.warps .. " warps and Bc = " .. v.bc .. " splits the Br = " ..
-           v.br .. " queries of S^T over " .. wn .. " warps: Br must be a multiple of " .. 16 * wn
+           v.br .. " queries of S over " .. wn .. " warps: Br must be a multiple of " .. 16 * wn
   end
   if (v.br // 16) % L.wq ~= 0 or v.warps % L.wq ~= 0 then
     return "backward needs Br / 16 to be a multiple or a divisor of the warp count"
