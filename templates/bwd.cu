@@ -15,6 +15,7 @@
 {% include("common.cuh") %}
 
 namespace {
+template <bool B> struct bool_c { static constexpr bool value = B; };
 constexpr int D = {{ d }};            // head dimension
 constexpr int DP = {{ d_pad }};       // D rounded up to the mma k-step (16)
 constexpr int ROW = {{ row }};        // shared row stride of K, V, Q, dO (elements)
@@ -79,8 +80,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     load_tile<BC, CHUNKS, ROW, LOAD_THREADS>(sbase + V_OFF, gV, p.v_sn, Nk - k0, tid);
   }
 
-  // Query block `item` (head hk * G + item / per_head) into stage `st`: Q and dO with cp.async,
-  // LSE * log2(e) and D with plain loads (load_lse_d).
+  // Query block `item` (head hk * G + item / per_head) into stage `st`: Q, dO, the forward's LSE
+  // and D, all with cp.async (nothing waits for them here; LSE becomes LSE * log2(e) where it is
+  // read). Rows past Nq are zeros: their Q and dO rows are zero too, so their P (1) adds nothing.
   auto load_q = [&](int item, int st) {
     const bwd_span sp = span();
     const i64 h = (i64)hk * G + item / sp.per_head, q0 = (i64)(sp.i0 + item % sp.per_head) * BR;
@@ -89,7 +91,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       load_tile<BR, CHUNKS, ROW, LOAD_THREADS>(s_q, (const u16 *)p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_sn, p.q_sn, Nq - q0, tid);
       load_tile<BR, CHUNKS, ROW, LOAD_THREADS>(s_q + DO_IN, (const u16 *)p.d_o + b * p.do_sb + h * p.do_sh + q0 * p.do_sn, p.do_sn, Nq - q0, tid);
     }
-    load_lse_d((float *)((char *)smem + Q_OFF + st * STAGE_BYTES + L_IN), p, b, h, q0, tid);
+    // (Two loops, not one over 2 BR: choosing the pointer per thread compiled to an indexed
+    // load of the parameter block, LDC, waited for in every iteration.)
+    const i64 row0 = ((i64)b * p.heads_q + h) * Nq + q0;
+    for (int r = tid; r < BR; r += THREADS)
+      cp_async4(s_q + L_IN + (u32)r * 4u, (const float *)p.lse + (q0 + r < Nq ? row0 + r : 0), q0 + r < Nq);
+    for (int r = tid; r < BR; r += THREADS)
+      cp_async4(s_q + DD_IN + (u32)r * 4u, d_sum(p) + (q0 + r < Nq ? row0 + r : 0), q0 + r < Nq);
   };
   if (STAGES == 2 && span().n_items > 0) load_q(0, 0);
   cp_async_commit();
@@ -168,27 +176,34 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     const int kv_left = (int)(Nk - k0i < BC ? Nk - k0i : BC);
     const i64 dq_off = q0 + diag - k0i;  // key c is seen by query r iff c <= r + dq_off
     const int dlim = (int)(dq_off > BC ? BC : (dq_off < -BR ? -BR : dq_off));
+    // Blocks every row of which sees every key take a copy without the mask (M: masked).
+    auto pds = [&](auto masked) {
+      using M = decltype(masked);
 #pragma unroll
-    for (int mt = 0; mt < MS; ++mt)
+      for (int mt = 0; mt < MS; ++mt)
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = (ws * MS + mt) * 16 + g + hh * 8;
-        const int lim = CAUSAL ? min(kv_left - 1, r + dlim) : kv_left - 1;
-        const float lse = sl[r], dd = sl[BR + r];
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = (ws * MS + mt) * 16 + g + hh * 8;
+          const int lim = CAUSAL ? min(kv_left - 1, r + dlim) : kv_left - 1;
+          // LSE * log2(e) (a row that saw no key, LSE = -inf, sees none here either: lim < 0)
+          const float lse = sl[r] * LOG2E, dd = sl[BR + r];
 #pragma unroll
-        for (int nt = 0; nt < NS; ++nt) {
-          float pv[2], ds[2];
+          for (int nt = 0; nt < NS; ++nt) {
+            float pv[2], ds[2];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int c = wk * NS * 8 + nt * 8 + 2 * t + e;
-            pv[e] = c <= lim ? fast_exp2(fmaf(sv[mt][nt][2 * hh + e], sl2, -lse)) : 0.f;
-            ds[e] = pv[e] * (dp[mt][nt][2 * hh + e] - dd);
+            for (int e = 0; e < 2; ++e) {
+              const int c = wk * NS * 8 + nt * 8 + 2 * t + e;
+              pv[e] = (!M::value || c <= lim) ? fast_exp2(fmaf(sv[mt][nt][2 * hh + e], sl2, -lse)) : 0.f;
+              ds[e] = pv[e] * (dp[mt][nt][2 * hh + e] - dd);
+            }
+            const u32 off = (u32)((r * PROW + wk * NS * 8 + nt * 8 + 2 * t) * 2);
+            *(u32 *)((char *)smem + P_OFF + off) = pack2<BF16>(pv[0], pv[1]);
+            *(u32 *)((char *)smem + DS_OFF + off) = pack2<BF16>(ds[0], ds[1]);
           }
-          const u32 off = (u32)((r * PROW + wk * NS * 8 + nt * 8 + 2 * t) * 2);
-          *(u32 *)((char *)smem + P_OFF + off) = pack2<BF16>(pv[0], pv[1]);
-          *(u32 *)((char *)smem + DS_OFF + off) = pack2<BF16>(ds[0], ds[1]);
         }
-      }
+    };
+    if (kv_left == BC && (!CAUSAL || dlim >= BC - 1)) pds(bool_c<false>());
+    else pds(bool_c<true>());
     __syncthreads();
 
     // dV += P^T dO and dK += dS^T Q (P^T and dS^T read transposed): this warp's keys, columns

@@ -84,6 +84,11 @@ FG_DEV void cp_async16(u32 dst, const void *src, bool pred) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(pred ? 16 : 0));
 }
+// 4-byte global -> shared copy (through L1: .ca, the only form of this size); when !pred nothing
+// is read and the destination is zeroed.
+FG_DEV void cp_async4(u32 dst, const void *src, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 4 : 0));
+}
 FG_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> FG_DEV void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
