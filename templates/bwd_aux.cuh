@@ -52,6 +52,10 @@ FG_DEV void red_add_v4_if(float *g, bool on, float x0, float x1, float x2, float
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n"
                ::"l"(g), "f"(x0), "f"(x1), "f"(x2), "f"(x3), "r"((int)on) : "memory");
 }
+FG_DEV void red_add_v2_if(float *g, bool on, float x0, float x1) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p red.global.add.v2.f32 [%0], {%1, %2};\n}\n"
+               ::"l"(g), "f"(x0), "f"(x1), "r"((int)on) : "memory");
+}
 // Adds the dQ fragment of one m16n8 tile (row g: x0, x1 at columns c, c + 1; row g + 8: x2, x3)
 // to the fp32 accumulator at row0 (row stride D floats, c = 2t + tile column). On sm_90 the lane
 // pairs (t, t ^ 1) swap halves so that each adds four adjacent floats with one vector reduction
