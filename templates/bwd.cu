@@ -206,25 +206,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     else pds(bool_c<true>());
     __syncthreads();
 
-    // dV += P^T dO (P^T read transposed): this warp's keys, columns wn * ND * 8 ...
-#pragma unroll
-    for (int kk = 0; kk < BR / 16; ++kk) {
-      u32 ap[MT][4];
+    // One k-step (query rows kk * 16 ...) of acc += A^T B: A^T read transposed from the BR x BC
+    // tile at sa (P or dS), B from the query block's tile at sb (dO or Q); this warp's keys,
+    // columns wn * ND * 8 ...
+    auto kv_step = [&](float (&acc)[MT][ND][4], u32 sa, u32 sb, int kk) {
+      u32 a[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
-        ldsm_x4_t(sbase + P_OFF + (u32)(((kk * 16 + k_row) * PROW + (wm * MT + mt) * 16 + k_col) * 2), ap[mt][0],
-                  ap[mt][1], ap[mt][2], ap[mt][3]);
+        ldsm_x4_t(sa + (u32)(((kk * 16 + k_row) * PROW + (wm * MT + mt) * 16 + k_col) * 2), a[mt][0], a[mt][1],
+                  a[mt][2], a[mt][3]);
 #pragma unroll
       for (int np = 0; np < ND / 2; ++np) {
         u32 b0, b1, b2, b3;
-        ldsm_x4_t(s_do + (u32)(((kk * 16 + a_row) * ROW + wn * ND * 8 + np * 16 + a_col) * 2), b0, b1, b2, b3);
+        ldsm_x4_t(sb + (u32)(((kk * 16 + a_row) * ROW + wn * ND * 8 + np * 16 + a_col) * 2), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma16816<BF16>(dv[mt][2 * np], ap[mt], b0, b1);
-          mma16816<BF16>(dv[mt][2 * np + 1], ap[mt], b2, b3);
+          mma16816<BF16>(acc[mt][2 * np], a[mt], b0, b1);
+          mma16816<BF16>(acc[mt][2 * np + 1], a[mt], b2, b3);
         }
       }
-    }
+    };
+    // dV += P^T dO
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) kv_step(dv, sbase + P_OFF, s_do, kk);
 
     // dQ = dS K for this query block, then dK += dS^T Q with dQ's additions to the fp32
     // accumulator spread over its k-steps (issued together after the products, they filled the
@@ -277,24 +281,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 {% end %}
       }
     };
+    // dK += dS^T Q, a share of dQ's tiles added after each k-step
     constexpr int KK = BR / 16, TILES = MQ * NQ;
 #pragma unroll
     for (int kk = 0; kk < KK; ++kk) {
-      u32 ad[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-        ldsm_x4_t(sbase + DS_OFF + (u32)(((kk * 16 + k_row) * PROW + (wm * MT + mt) * 16 + k_col) * 2), ad[mt][0],
-                  ad[mt][1], ad[mt][2], ad[mt][3]);
-#pragma unroll
-      for (int np = 0; np < ND / 2; ++np) {
-        u32 b0, b1, b2, b3;
-        ldsm_x4_t(s_q + (u32)(((kk * 16 + a_row) * ROW + wn * ND * 8 + np * 16 + a_col) * 2), b0, b1, b2, b3);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma16816<BF16>(dk[mt][2 * np], ad[mt], b0, b1);
-          mma16816<BF16>(dk[mt][2 * np + 1], ad[mt], b2, b3);
-        }
-      }
+      kv_step(dk, sbase + DS_OFF, s_q, kk);
 #pragma unroll
       for (int i = kk * TILES / KK; i < (kk + 1) * TILES / KK; ++i) add_dq(i);
     }
