@@ -1,7 +1,8 @@
 /* test_plans.c: what the manifests' launch(v) returns for a variant, rendered (templates/fwd.lua,
  * bwd.lua): the backward's three kernels in one module and their workspaces, the Hopper
- * backward's tiled dQ accumulator, the persistent TMA forward's grid and Q buffers, and every
- * backward template's split of long query ranges. (test_generator.c: names, the fit rule, the
+ * backward's tiled dQ accumulator, the persistent TMA forward's grid and Q buffers, every
+ * backward template's split of long query ranges, and bwd.cu's warp tiles for every block the fit
+ * rule accepts. (test_generator.c: names, the fit rule, the
  * renderer and its sandbox; test_tma.c / test_tma_bwd.c: the plans' tensor maps.) */
 #include <criterion/criterion.h>
 #include <stdint.h>
@@ -218,5 +219,57 @@ Test(render, every_backward_template_splits_long_query_ranges) {
     cr_assert(strstr(src, "blockIdx.z"), "%s reads its split from the grid's z", names[i]);
     free(src);
   }
+  fg_generator_destroy(g);
+}
+
+/* bwd.cu's warp tiles (bwd.lua: layout) cover its blocks for every mma.sync backward variant the
+ * fit rule accepts on sm_80 and sm_90a (Br, Bc 16..128, 4 / 8 / 16 warps, head dims 32..256): S and
+ * dP (Br x Bc) in WS x WK warps of m16 x n16 tiles, dK and dV (Bc x d_pad) in WM x WN, dQ (Br x
+ * d_pad) in WQ x WD. bwd.cu's static_asserts say the same, but only NVRTC sees them, and the
+ * tuner compiles shapes CI does not. */
+static int rendered_int(const char *src, const char *name) {
+  char key[64];
+  snprintf(key, sizeof key, "constexpr int %s = ", name);
+  const char *at = strstr(src, key);
+  if (!at) {
+    snprintf(key, sizeof key, ", %s = ", name);
+    at = strstr(src, key);
+  }
+  cr_assert_not_null(at, "no %s in the rendered source", name);
+  return atoi(at + strlen(key));
+}
+
+Test(render, portable_backward_warp_tiles_cover_every_accepted_block) {
+  fg_generator *g = fgt_generator();
+  static const int blocks[] = {16, 32, 64, 128}, warps[] = {4, 8, 16}, dims[] = {32, 64, 96, 128, 200, 256};
+  static const fg_arch arches[] = {FG_ARCH_SM80, FG_ARCH_SM90A};
+  int accepted = 0;
+  char why[256];
+  for (size_t a = 0; a < 2; a++)
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+      for (size_t bi = 0; bi < 4; bi++)
+        for (size_t ci = 0; ci < 4; ci++)
+          for (size_t wi = 0; wi < 3; wi++) {
+            fg_variant v = {FG_PASS_BWD, dims[di], blocks[bi], blocks[ci], FG_DTYPE_BF16, 1,
+                            FG_LOOP_KV_OUTER, warps[wi], 1, arches[a]};
+            if (fg_variant_fits(g, &v, fg_limits_for_arch(arches[a]), why, sizeof why) != 1) continue;
+            char *src = NULL, err[4096];
+            fg_kernel_meta meta;
+            cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
+            const int W = warps[wi], br = v.br, bc = v.bc, dp = rendered_int(src, "DP");
+            const int ws = rendered_int(src, "WS"), wm = rendered_int(src, "WM"), wq = rendered_int(src, "WQ");
+            cr_assert(ws >= 1 && W % ws == 0 && wm >= 1 && W % wm == 0 && wq >= 1 && W % wq == 0,
+                      "d %d Br %d Bc %d warps %d: WS %d WM %d WQ %d", v.d, br, bc, W, ws, wm, wq);
+            /* S, dP: MS m16 tiles of queries, NS n8 tiles of keys (pairs, for ldmatrix x4) */
+            cr_assert(br % (16 * ws) == 0 && bc % (16 * (W / ws)) == 0,
+                      "d %d Br %d Bc %d warps %d: S in %d x %d warps", v.d, br, bc, W, ws, W / ws);
+            cr_assert(bc % (16 * wm) == 0 && dp % (16 * (W / wm)) == 0,
+                      "d %d Br %d Bc %d warps %d: dK, dV in %d x %d warps", v.d, br, bc, W, wm, W / wm);
+            cr_assert(br % (16 * wq) == 0 && dp % (16 * (W / wq)) == 0,
+                      "d %d Br %d Bc %d warps %d: dQ in %d x %d warps", v.d, br, bc, W, wq, W / wq);
+            free(src);
+            accepted++;
+          }
+  cr_assert_gt(accepted, 50, "only %d variants accepted: the grid above no longer reaches the rule", accepted);
   fg_generator_destroy(g);
 }
