@@ -206,6 +206,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     else pds(bool_c<true>());
     __syncthreads();
 
+{% if arch == "sm_90" or arch == "sm_90a" then %}
     // One k-step (query rows kk * 16 ...) of acc += A^T B: A^T read transposed from the BR x BC
     // tile at sa (P or dS), B from the query block's tile at sb (dO or Q); this warp's keys,
     // columns wn * ND * 8 ...
@@ -230,6 +231,40 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk) kv_step(dv, sbase + P_OFF, s_do, kk);
 
+{% else %}
+    // dV += P^T dO and dK += dS^T Q in one loop (P^T and dS^T read transposed): this warp's keys,
+    // columns wn * ND * 8 ... (sm_80/86/89: dV, dQ, then dK as on sm_90, with dQ's registers live
+    // through dK's loop, spilled 268-428 B at d = 40-56 on sm_80 and took 272 B of stack at
+    // d = 200-248 on sm_86, Br 32 Bc 32)
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) {
+      u32 ap[MT][4], ad[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const u32 off = (u32)(((kk * 16 + k_row) * PROW + (wm * MT + mt) * 16 + k_col) * 2);
+        ldsm_x4_t(sbase + P_OFF + off, ap[mt][0], ap[mt][1], ap[mt][2], ap[mt][3]);
+        ldsm_x4_t(sbase + DS_OFF + off, ad[mt][0], ad[mt][1], ad[mt][2], ad[mt][3]);
+      }
+#pragma unroll
+      for (int np = 0; np < ND / 2; ++np) {
+        const u32 off = (u32)(((kk * 16 + a_row) * ROW + wn * ND * 8 + np * 16 + a_col) * 2);
+        u32 b0, b1, b2, b3;
+        ldsm_x4_t(s_do + off, b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816<BF16>(dv[mt][2 * np], ap[mt], b0, b1);
+          mma16816<BF16>(dv[mt][2 * np + 1], ap[mt], b2, b3);
+        }
+        ldsm_x4_t(s_q + off, b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816<BF16>(dk[mt][2 * np], ad[mt], b0, b1);
+          mma16816<BF16>(dk[mt][2 * np + 1], ad[mt], b2, b3);
+        }
+      }
+    }
+
+{% end %}
     // dQ = dS K for this query block, then dK += dS^T Q with dQ's additions to the fp32
     // accumulator spread over its k-steps (issued together after the products, they filled the
     // memory queue: LG throttle, and the next iteration waited for their registers).
@@ -262,23 +297,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     dq_sem_wait(p, sem, q0, tid);
     float *acc = dq_acc(p) + (((i64)b * p.heads_q + h) * Nq + q0) * D;
     const int q_left = (int)(Nq - q0 < BR ? Nq - q0 : BR);
-    // tile i of this warp's MQ x NQ (row block i / NQ, column block i % NQ)
+{% if arch == "sm_90" or arch == "sm_90a" then %}
+    // tile i of this warp's MQ x NQ (row block i / NQ, column block i % NQ): two 8-byte vector
+    // reductions (add_dq_tile's lane-pair swap into one 16-byte reduction waited, tile after
+    // tile, for its shuffles behind the reductions before: 16% of the loop's samples at d = 64,
+    // Nsight Compute)
     auto add_dq = [&](int i) {
       const int mq = i / NQ, nq = i % NQ;
       float *row0 = acc + ((wq * MQ + mq) * 16 * D + wd * NQ * 8);  // the tiles differ by constants
       if (DP == D || wd * NQ * 8 + nq * 8 < D) {  // the tile's columns, uniform over the warp
-{% if arch == "sm_90" or arch == "sm_90a" then %}
-        // two 8-byte vector reductions per tile (add_dq_tile's lane-pair swap into one 16-byte
-        // reduction waited, tile after tile, for its shuffles behind the reductions before:
-        // 16% of the loop's samples at d = 64, Nsight Compute)
         float *x = row0 + nq * 8 + g * D + 2 * t;
         const int nr = q_left - (wq * MQ + mq) * 16;
         red_add_v2_if(x, g < nr, dq[mq][nq][0], dq[mq][nq][1]);
         red_add_v2_if(x + 8 * D, g + 8 < nr, dq[mq][nq][2], dq[mq][nq][3]);
-{% else %}
-        add_dq_tile(row0 + nq * 8, g, t, 2 * t, q_left - (wq * MQ + mq) * 16, dq[mq][nq][0], dq[mq][nq][1],
-                    dq[mq][nq][2], dq[mq][nq][3]);
-{% end %}
       }
     };
     // dK += dS^T Q, a share of dQ's tiles added after each k-step
@@ -289,6 +320,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 #pragma unroll
       for (int i = kk * TILES / KK; i < (kk + 1) * TILES / KK; ++i) add_dq(i);
     }
+{% else %}
+#pragma unroll
+    for (int mq = 0; mq < MQ; ++mq) {
+      float *row0 = acc + ((wq * MQ + mq) * 16 * D + wd * NQ * 8);  // the tiles differ by constants
+#pragma unroll
+      for (int nq = 0; nq < NQ; ++nq)
+        if (DP == D || wd * NQ * 8 + nq * 8 < D)  // the tile's columns, uniform over the warp
+          add_dq_tile(row0 + nq * 8, g, t, 2 * t, q_left - (wq * MQ + mq) * 16, dq[mq][nq][0], dq[mq][nq][1],
+                      dq[mq][nq][2], dq[mq][nq][3]);
+    }
+{% end %}
     dq_sem_release(p, sem, tid);
     if constexpr (STAGES == 1) __syncthreads();  // before the next block overwrites Q and dO
   }
