@@ -42,7 +42,7 @@ constexpr int LOAD_THREADS = THREADS / CHUNKS * CHUNKS;
 static_assert(MS * 16 * WS == BR && NS * 8 * WK == BC && NS % 2 == 0, "S tiles");
 static_assert(MT * 16 * WM == BC && ND % 2 == 0, "dK, dV tiles");
 static_assert(MQ * 16 * WQ == BR && NQ % 2 == 0 && NQ * 8 * WD == DP, "dQ tiles");
-// Shared memory (bytes): K, V; STAGES x (Q, dO, LSE*log2e, D); P; dS.
+// Shared memory (bytes): K, V; STAGES x (Q, dO, the forward's LSE, D); P; dS.
 constexpr unsigned TILE_BYTES = BC * ROW * 2, QTILE_BYTES = BR * ROW * 2;
 constexpr unsigned K_OFF = 0, V_OFF = TILE_BYTES, Q_OFF = 2 * TILE_BYTES;
 constexpr unsigned DO_IN = QTILE_BYTES, L_IN = 2 * QTILE_BYTES, DD_IN = L_IN + BR * 4;
@@ -265,9 +265,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     }
 
 {% end %}
-    // dQ = dS K for this query block, then dK += dS^T Q with dQ's additions to the fp32
-    // accumulator spread over its k-steps (issued together after the products, they filled the
-    // memory queue: LG throttle, and the next iteration waited for their registers).
+    // dQ = dS K for this query block, added to the fp32 accumulator: on sm_90 spread over dK's
+    // k-steps, which follow (issued together after the products, the additions filled the memory
+    // queue: LG throttle, and the next iteration waited for their registers); on sm_80/86/89
+    // after it, dK being done.
     float dq[MQ][NQ][4];
 #pragma unroll
     for (int mq = 0; mq < MQ; ++mq)
