@@ -7,12 +7,18 @@
 //                     the forward's log-sum-exp (queries along the rows of S and dP, so each
 //                     thread holds LSE and D of 4 rows); P and dS go through shared memory;
 //                     dV += P^T dO and dK += dS^T Q accumulate in registers, dQ += dS K goes to
-//                     the fp32 accumulator with atomic adds;
+//                     the fp32 accumulator with atomic adds (dq_bulk, sm_90: staged in shared
+//                     memory and added with bulk reductions);
 //   {{ entry }}_post  dQ = scale * accumulator, converted to the element type.
 // Past bwd.lua's SPLIT_ROWS query rows per KV head, the grid's z splits each key block's query
 // blocks; each split adds its dK, dV sums into the fp32 dkv_accum, which _post converts.
-// Workspace (fp32): the dQ accumulator [B*Hq, Nq, D], (dkv_accum), D [B*Hq, Nq]. Do not edit.
+// Workspace (fp32): the dQ accumulator [B*Hq, Nq, D] (dq_bulk: tiled, bwd_aux.cuh DQ_TILED),
+// (dkv_accum), D [B*Hq, Nq]. Do not edit.
 {% include("common.cuh") %}
+{% if dq_bulk then %}
+{% include("wgmma.cuh") %}
+{% include("tma.cuh") %}
+{% end %}
 
 namespace {
 template <bool B> struct bool_c { static constexpr bool value = B; };
@@ -48,6 +54,14 @@ constexpr unsigned K_OFF = 0, V_OFF = TILE_BYTES, Q_OFF = 2 * TILE_BYTES;
 constexpr unsigned DO_IN = QTILE_BYTES, L_IN = 2 * QTILE_BYTES, DD_IN = L_IN + BR * 4;
 constexpr unsigned STAGE_BYTES = 2 * QTILE_BYTES + 2 * BR * 4;
 constexpr unsigned P_OFF = Q_OFF + STAGES * STAGE_BYTES, DS_OFF = P_OFF + BR * PROW * 2;
+{% if dq_bulk then %}
+// dQ of a query block, staged after dS (BR x D floats) in the accumulator's tiled order: 64-row
+// chunks of one part (DQ_N = D), float4 per thread and 8 columns (bwd_aux.cuh, DQ_TILED).
+#define DQ_TILED 1
+constexpr int DQ_N = D, NT_Q = D / 8;
+constexpr unsigned DQS_OFF = DS_OFF + BR * PROW * 2;
+static_assert(DQS_OFF % 16 == 0 && BR % 64 == 0, "bulk reductions of 64-row chunks, 16-byte aligned");
+{% end %}
 
 }  // namespace
 {% include("bwd_aux.cuh") %}
@@ -128,6 +142,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       cp_async_commit();
     }
     cp_async_wait<0>();
+{% if dq_bulk then %}
+    if (tid == 0) bulk_wait_read0();  // the last block's dQ read from shared memory (it is rewritten below)
+{% end %}
     __syncthreads();  // this block's Q, dO, LSE, D have landed; every warp is done with the last
     const bool last_qi = qi + 1 == span().per_head;
     if constexpr (STAGES == 2) {
@@ -302,6 +319,52 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
         }
       }
     }
+{% if dq_bulk then %}
+    // dQ into shared memory, tile by tile one float4 per thread (16 contiguous bytes a lane: no
+    // bank conflicts) at its place in the tiled accumulator's chunk; then warp 0, once every warp
+    // has written (named barrier 1: the others go on to dK), adds the block with a bulk reduction
+    // per 64-row chunk that has rows below Nq (the padding's are zeros: Q and dO rows past Nq
+    // are). Deterministic mode: after the key blocks before this one in the tile's order
+    // (dq_rank), and the next one's turn only once the additions are done, not only read.
+#pragma unroll
+    for (int mq = 0; mq < MQ; ++mq)
+#pragma unroll
+      for (int nq = 0; nq < NQ; ++nq) {
+        const int r = (wq * MQ + mq) * 16, c = (wd * NQ + nq) * 8;  // the tile's first row, column
+        if (DP == D || c < D)
+          st_shared_f4(sbase + DQS_OFF + (u32)((r / 64) * 64 * D + ((c / 8) * 128 + (r % 64 / 16) * 32 + lane) * 4) * 4u,
+                       dq[mq][nq][0], dq[mq][nq][1], dq[mq][nq][2], dq[mq][nq][3]);
+      }
+    fence_async_smem();  // the stores, before the bulk reductions read them (async proxy)
+    if (warp == 0) {
+      asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
+      const int chunks = (int)((Nq - q0 + 63) / 64 < BR / 64 ? (Nq - q0 + 63) / 64 : BR / 64);
+      u32 *sem = dq_sem(p, b, h, q0);
+      if (lane == 0 && p.deterministic) {
+        const u32 rank = dq_rank(p, q0);
+        while (ld_acquire(sem) != rank) {
+        }
+        fence_proxy_async_global();  // the acquired additions, before this block's bulk ones
+      }
+      __syncwarp();
+      if (lane < chunks)
+        bulk_reduce_add_f32(dq_chunk(p, (i64)b * p.heads_q + h, q0 / 64 + lane), sbase + DQS_OFF + (u32)lane * 64 * D * 4,
+                            64 * D * 4);
+      bulk_commit();
+      if (p.deterministic) {
+        bulk_wait0();
+        fence_proxy_async_global();
+        __threadfence();
+        __syncwarp();
+        if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(sem) : "memory");
+      }
+    } else {
+      asm volatile("bar.arrive 1, %0;\n" ::"n"(THREADS) : "memory");
+    }
+    // dK += dS^T Q
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) kv_step(dk, sbase + DS_OFF, s_q, kk);
+{% else %}
     u32 *sem = dq_sem(p, b, h, q0);
     dq_sem_wait(p, sem, q0, tid);
     float *acc = dq_acc(p) + (((i64)b * p.heads_q + h) * Nq + q0) * D;
@@ -341,9 +404,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     }
 {% end %}
     dq_sem_release(p, sem, tid);
+{% end %}
     if constexpr (STAGES == 1) __syncthreads();  // before the next block overwrites Q and dO
   }
 
+{% if dq_bulk then %}
+  if (tid == 0) bulk_wait0();  // the last block's dQ read before the block exits
+{% end %}
   // dK = scale * sum dS^T Q and dV, in the element type, straight from the accumulators; or (long
   // query ranges, split) this split's sums added into dkv_accum, which _post converts.
   const float sc = (float)p.scale;

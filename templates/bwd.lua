@@ -19,6 +19,19 @@ local function round_up(x, m) return (x + m - 1) // m * m end
 -- layout transposed, which the rules below always allow). The head dimension is padded (with
 -- zeros, in shared memory) to 16 columns per warp along it: d_pad = d rounded up to
 -- 16 * max(WN, WD).
+--
+-- dq_bulk (sm_90, sm_90a): each query block's dQ goes through shared memory (Br x d floats after
+-- P and dS, in the accumulator's tiled fragment order: bwd_aux.cuh, DQ_TILED) and is added with
+-- bulk reductions (cp.reduce.async.bulk), where Br is a multiple of 64 (the tiles' 64-row chunks)
+-- and the block's shared memory still fits; elsewhere (and on sm_80/86/89) every thread adds its
+-- fragments with reductions of its own.
+local SM90_SMEM = 232448  -- shared memory one block may opt into on sm_90 (227 KB)
+local function kv_outer_smem(v, row)
+  local tile = v.bc * row * 2
+  local stage = 2 * v.br * row * 2 + 2 * v.br * 4
+  local pds = 2 * v.br * (v.bc + 8) * 2
+  return 2 * tile + v.stages * stage + pds
+end
 function M.layout(v)
   if v.loop == "kv_wgmma" or v.loop == "kv_tma" then return {} end
   local wm = math.min(v.warps, math.max(1, v.bc // 32))
@@ -28,7 +41,9 @@ function M.layout(v)
   if v.br % (16 * ws) ~= 0 or v.bc % (16 * (v.warps // ws)) ~= 0 then ws = v.warps // wm end
   local split = math.max(v.warps // wm, v.warps // wq)
   local d_pad = round_up(v.d, 16 * split)
-  return { d_pad = d_pad, row = d_pad + 8, wm = wm, wq = wq, ws = ws }
+  local dq_bulk = (v.arch == "sm_90" or v.arch == "sm_90a") and v.br % 64 == 0 and
+                  kv_outer_smem(v, d_pad + 8) + v.br * v.d * 4 <= SM90_SMEM
+  return { d_pad = d_pad, row = d_pad + 8, wm = wm, wq = wq, ws = ws, dq_bulk = dq_bulk }
 end
 
 -- Registers per thread: the dK and dV accumulators (kept across the whole loop), S and dP
@@ -100,7 +115,6 @@ end
 -- kernel, which launches with that many).
 local function tma_loop(v) return v.loop == "kv_tma" end
 local TMA_BLOCK_REGS = 65536
-local SM90_SMEM = 232448  -- shared memory one block may opt into on sm_90 (227 KB)
 
 local function tma_smem(v, dq_bufs)
   return 1024 + (2 * v.bc * v.d + v.stages * 2 * v.br * v.d + 2 * v.bc * v.br) * 2 +
@@ -135,10 +149,7 @@ function M.resources(v)
   if wgmma_loop(v) then return wgmma_resources(v) end
   if tma_loop(v) then return tma_resources(v) end
   local L = M.layout(v)
-  local tile = v.bc * L.row * 2
-  local stage = 2 * v.br * L.row * 2 + 2 * v.br * 4
-  local pds = 2 * v.br * (v.bc + 8) * 2
-  return { threads = 32 * v.warps, smem = 2 * tile + v.stages * stage + pds,
+  return { threads = 32 * v.warps, smem = kv_outer_smem(v, L.row) + (L.dq_bulk and v.br * v.d * 4 or 0),
            regs = regs_estimate(v, L) }
 end
 
@@ -228,22 +239,29 @@ local function plan(v, template, threads, smem)
   }
 end
 
+-- dQ's accumulator in tiles of Br rows (each head's rows rounded up to them) laid out as the
+-- mma fragments (bwd_aux.cuh, DQ_TILED: kv_tma, and kv_outer's dq_bulk), so that bulk reductions
+-- add whole parts of a tile; _post puts a 64-row chunk back in row order through shared memory
+-- (rows of d + 8 elements).
+local function tiled_dq(t, v)
+  t.workspaces[1].rows, t.workspaces[1].bytes = v.br, 4 * v.d * v.br
+  t.steps[3].smem = 64 * (v.d + 8) * 2
+end
+
 function M.launch(v)
   local r = M.resources(v)
   if tma_loop(v) then
     local t = plan(v, "bwd_tma.cu", r.threads, r.smem)
     t.params = "bwd_tma"
-    -- dQ's accumulator in tiles of Br rows (each head's rows rounded up to them) laid out as
-    -- the consumers' fragments (bwd_tma.cu): one bulk reduction adds a warpgroup's part.
-    t.workspaces[1].rows, t.workspaces[1].bytes = v.br, 4 * v.d * v.br
-    -- _post puts a 64-row chunk back in row order through shared memory (rows of d + 8 elements).
-    t.steps[3].smem = 64 * (v.d + 8) * 2
+    tiled_dq(t, v)
     t.constants.dq_bufs = tma_dq_bufs(v)
     t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "do", rows = v.br },
                 { tensor = "k", rows = v.bc }, { tensor = "v", rows = v.bc } }
     return t
   end
-  return plan(v, wgmma_loop(v) and "bwd_wgmma.cu" or "bwd.cu", r.threads, r.smem)
+  local t = plan(v, wgmma_loop(v) and "bwd_wgmma.cu" or "bwd.cu", r.threads, r.smem)
+  if not wgmma_loop(v) and M.layout(v).dq_bulk then tiled_dq(t, v) end
+  return t
 end
 
 function M.q_in_regs(v) return false end

@@ -105,9 +105,6 @@ FG_DEV void turn_wait(int wg) {
 FG_DEV void turn_pass(int wg) {
   if (PINGPONG) asm volatile("bar.arrive %0, %1;\n" ::"r"(5 - wg), "n"(CONSUMER_THREADS) : "memory");
 }
-FG_DEV void st_shared_f4(u32 a, float x, float y, float z, float w) {
-  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
-}
 }  // namespace
 // bwd_aux.cuh's block-wide helpers (the split's dK/dV additions) run on the consumers alone.
 #define MAIN_THREADS CONSUMER_THREADS

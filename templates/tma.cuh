@@ -43,6 +43,9 @@ FG_DEV void tma_store_4d(const void *tmap, u32 src, int c0, int c1, int c2, int 
                : "memory");
 }
 FG_DEV void st_shared_b32(u32 a, u32 x) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(x) : "memory"); }
+FG_DEV void st_shared_f4(u32 a, float x, float y, float z, float w) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
+}
 FG_DEV void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 FG_DEV void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 // Adds `bytes` (a multiple of 16) of fp32 values from shared memory at src to global memory at dst,

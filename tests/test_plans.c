@@ -19,7 +19,7 @@
  * threads from the same numbers (no second copy in bwd.cu). */
 Test(render, backward_plan_comes_from_the_manifest) {
   fg_generator *g = fgt_generator();
-  const char *name = "bwd_d128_br64_bc128_bf16_causal_kvouter_w8_s2_sm90a";
+  const char *name = "bwd_d128_br64_bc128_bf16_causal_kvouter_w8_s1_sm80";
   fg_variant v = fgt_variant(name);
   char *src = NULL, err[4096];
   fg_kernel_meta meta;
@@ -99,19 +99,25 @@ Test(render, backward_plan_comes_from_the_manifest) {
   fg_generator_destroy(g);
 }
 
-/* kv_tma's dQ accumulator is tiled (templates/bwd.lua, bwd_tma.cu): a unit of Br query rows of
- * Br * d floats, so each head's rows are rounded up to Br (the last tile's parts are added
- * whole), laid out in fragment order (DQ_TILED: _pre and _post follow); the dQ tile is
- * double-buffered where two fit (the constant the template renders) and single-buffered at
- * d = 128 with three stages; _post's step declares the shared memory it reorders a chunk in. */
-Test(render, tma_backward_tiles_the_dq_accumulator) {
+/* kv_tma's dQ accumulator is tiled (templates/bwd.lua, bwd_tma.cu), and so is kv_outer's on
+ * sm_90 / sm_90a where Br is a multiple of 64 and the staging fits (dq_bulk: bwd.cu adds dQ with
+ * bulk reductions): a unit of Br query rows of Br * d floats, so each head's rows are rounded up
+ * to Br (the last tile's parts are added whole), laid out in fragment order (DQ_TILED: _pre and
+ * _post follow); kv_tma's dQ tile is double-buffered where two fit (the constant the template
+ * renders) and single-buffered at d = 128 with three stages; _post's step declares the shared
+ * memory it reorders a chunk in. kv_outer keeps the row-ordered accumulator on sm_80 (the first
+ * test) and with Br = 32. */
+Test(render, bulk_dq_backward_tiles_the_dq_accumulator) {
   fg_generator *g = fgt_generator();
   static const struct {
     const char *name;
     int br, d, bufs;
   } c[] = {{"bwd_d64_br128_bc128_bf16_noncausal_kvtma_w8_s2_sm90a", 128, 64, 2},
            {"bwd_d128_br64_bc128_f16_causal_kvtma_w8_s2_sm90a", 64, 128, 2},
-           {"bwd_d128_br64_bc128_bf16_noncausal_kvtma_w8_s3_sm90a", 64, 128, 1}};
+           {"bwd_d128_br64_bc128_bf16_noncausal_kvtma_w8_s3_sm90a", 64, 128, 1},
+           {"bwd_d64_br128_bc128_bf16_noncausal_kvouter_w8_s2_sm90a", 128, 64, 0},
+           {"bwd_d128_br64_bc128_f16_causal_kvouter_w8_s2_sm90", 64, 128, 0},
+           {"bwd_d96_br32_bc64_bf16_causal_kvouter_w4_s2_sm90a", 1, 96, -1}};
   for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
     fg_variant v = fgt_variant(c[i].name);
     char *src = NULL, err[4096];
@@ -121,6 +127,12 @@ Test(render, tma_backward_tiles_the_dq_accumulator) {
     cr_assert_str_eq(w->name, "dq_accum");
     cr_assert(w->rows == c[i].br && w->bytes == 4 * c[i].d * c[i].br, "%s: %d B per %d rows",
               c[i].name, w->bytes, w->rows);
+    if (c[i].bufs < 0) { /* row order: d floats a row, no DQ_TILED, _post without shared memory */
+      cr_assert_null(strstr(src, "#define DQ_TILED 1"), "%s", c[i].name);
+      cr_assert_eq(meta.steps[2].smem_bytes, 0, "%s", c[i].name);
+      free(src);
+      continue;
+    }
     /* 100 query rows: 128 per head (two tiles of 64 or one of 128), then D (4 B a row). */
     uint64_t b = 0, off[FG_PLAN_MAX_WORKSPACES];
     cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 5, 100, 100, 0, &b, off), 0);
@@ -128,7 +140,7 @@ Test(render, tma_backward_tiles_the_dq_accumulator) {
     cr_assert_eq(b, off[2] + 3u * 5 * 100 * 4, "%s", c[i].name);
     char want[64];
     snprintf(want, sizeof want, "NBUF = %d;", c[i].bufs);
-    cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
+    cr_assert(c[i].bufs == 0 || strstr(src, want), "%s: %s", c[i].name, want);
     cr_assert_not_null(strstr(src, "#define DQ_TILED 1"), "%s", c[i].name);
     /* _post reorders a 64-row chunk in dynamic shared memory, which its step declares. */
     cr_assert_eq(meta.steps[2].smem_bytes, 64 * (c[i].d + 8) * 2, "%s", c[i].name);
