@@ -59,7 +59,8 @@ constexpr unsigned P_OFF = Q_OFF + STAGES * STAGE_BYTES, DS_OFF = P_OFF + BR * P
 // chunks of one part (DQ_N = D), float4 per thread and 8 columns (bwd_aux.cuh, DQ_TILED).
 #define DQ_TILED 1
 constexpr int DQ_N = D, NT_Q = D / 8;
-constexpr unsigned DQS_OFF = DS_OFF + BR * PROW * 2;
+// Then the mbarrier on which warps 1.. say they have stored their tiles (16 bytes: bwd.lua counts them).
+constexpr unsigned DQS_OFF = DS_OFF + BR * PROW * 2, DQ_BAR_OFF = DQS_OFF + BR * D * 4;
 static_assert(DQS_OFF % 16 == 0 && BR % 64 == 0, "bulk reductions of 64-row chunks, 16-byte aligned");
 {% end %}
 
@@ -84,6 +85,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 
 
   zero_pad_columns<2 * BC, D, DP, ROW, THREADS>(smem, tid);
+{% if dq_bulk then %}
+  if (tid == 0) {  // (the loop's first barrier orders the initialisation)
+    mbar_init(sbase + DQ_BAR_OFF, WARPS - 1);
+    mbar_init_fence();
+  }
+{% end %}
 #pragma unroll
   for (int s = 0; s < STAGES; ++s)
     zero_pad_columns<2 * BR, D, DP, ROW, THREADS>((u16 *)((char *)smem + Q_OFF + s * STAGE_BYTES), tid);
@@ -322,9 +329,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 {% if dq_bulk then %}
     // dQ into shared memory, tile by tile one float4 per thread (16 contiguous bytes a lane: no
     // bank conflicts) at its place in the tiled accumulator's chunk; then warp 0, once every warp
-    // has written (named barrier 1: the others go on to dK), adds the block with a bulk reduction
-    // per 64-row chunk that has rows below Nq (the padding's are zeros: Q and dO rows past Nq
-    // are). Deterministic mode: after the key blocks before this one in the tile's order
+    // has written (the mbarrier's phase it: the others arrive and go on to dK; with a named
+    // barrier's bar.arrive instead, racecheck reported hazards across the block's top barrier),
+    // adds the block with a bulk reduction per 64-row chunk that has rows below Nq (the padding's
+    // are zeros: Q and dO rows past Nq are). Deterministic mode: after the key blocks before this one in the tile's order
     // (dq_rank), and the next one's turn only once the additions are done, not only read.
 #pragma unroll
     for (int mq = 0; mq < MQ; ++mq)
@@ -336,8 +344,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
                        dq[mq][nq][0], dq[mq][nq][1], dq[mq][nq][2], dq[mq][nq][3]);
       }
     fence_async_smem();  // the stores, before the bulk reductions read them (async proxy)
+    __syncwarp();
     if (warp == 0) {
-      asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
+      mbar_wait(sbase + DQ_BAR_OFF, (u32)it & 1u);
       const int chunks = (int)((Nq - q0 + 63) / 64 < BR / 64 ? (Nq - q0 + 63) / 64 : BR / 64);
       u32 *sem = dq_sem(p, b, h, q0);
       if (lane == 0 && p.deterministic) {
@@ -358,8 +367,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
         __syncwarp();
         if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(sem) : "memory");
       }
-    } else {
-      asm volatile("bar.arrive 1, %0;\n" ::"n"(THREADS) : "memory");
+    } else if (lane == 0) {
+      mbar_arrive(sbase + DQ_BAR_OFF);
     }
     // dK += dS^T Q
 #pragma unroll

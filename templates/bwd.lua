@@ -21,10 +21,12 @@ local function round_up(x, m) return (x + m - 1) // m * m end
 -- 16 * max(WN, WD).
 --
 -- dq_bulk (sm_90, sm_90a): each query block's dQ goes through shared memory (Br x d floats after
--- P and dS, in the accumulator's tiled fragment order: bwd_aux.cuh, DQ_TILED) and is added with
--- bulk reductions (cp.reduce.async.bulk), where Br is a multiple of 64 (the tiles' 64-row chunks)
--- and the block's shared memory still fits; elsewhere (and on sm_80/86/89) every thread adds its
--- fragments with reductions of its own.
+-- P and dS, in the accumulator's tiled fragment order: bwd_aux.cuh, DQ_TILED; then a 16-byte
+-- slot for the mbarrier on which the warps say they have stored theirs) and is added with
+-- bulk reductions (cp.reduce.async.bulk) where Br = 128 (two 64-row chunks of the tiled
+-- accumulator) and the block's shared memory still fits; elsewhere (and on sm_80/86/89) every
+-- thread adds its fragments with reductions of its own. Measured on an H100 against those
+-- (bench/NOTES.md, session 21): d = 64 Br 128 +2-3%; d = 128 Br 64 -1-2%, so Br 64 keeps them.
 local SM90_SMEM = 232448  -- shared memory one block may opt into on sm_90 (227 KB)
 local function kv_outer_smem(v, row)
   local tile = v.bc * row * 2
@@ -41,8 +43,8 @@ function M.layout(v)
   if v.br % (16 * ws) ~= 0 or v.bc % (16 * (v.warps // ws)) ~= 0 then ws = v.warps // wm end
   local split = math.max(v.warps // wm, v.warps // wq)
   local d_pad = round_up(v.d, 16 * split)
-  local dq_bulk = (v.arch == "sm_90" or v.arch == "sm_90a") and v.br % 64 == 0 and
-                  kv_outer_smem(v, d_pad + 8) + v.br * v.d * 4 <= SM90_SMEM
+  local dq_bulk = (v.arch == "sm_90" or v.arch == "sm_90a") and v.br == 128 and
+                  kv_outer_smem(v, d_pad + 8) + v.br * v.d * 4 + 16 <= SM90_SMEM
   return { d_pad = d_pad, row = d_pad + 8, wm = wm, wq = wq, ws = ws, dq_bulk = dq_bulk }
 end
 
@@ -149,7 +151,7 @@ function M.resources(v)
   if wgmma_loop(v) then return wgmma_resources(v) end
   if tma_loop(v) then return tma_resources(v) end
   local L = M.layout(v)
-  return { threads = 32 * v.warps, smem = kv_outer_smem(v, L.row) + (L.dq_bulk and v.br * v.d * 4 or 0),
+  return { threads = 32 * v.warps, smem = kv_outer_smem(v, L.row) + (L.dq_bulk and v.br * v.d * 4 + 16 or 0),
            regs = regs_estimate(v, L) }
 end
 

@@ -617,10 +617,8 @@ Test(export_cli, a_backward_variant_is_exported_with_its_plan_and_runs_from_the_
                0, "%s", fg_test_err);
   cr_assert(strstr(fg_test_out, "1 kernels for sm_90a (0 forward, 1 backward"), "%s", fg_test_out);
 
-  /* The generated C: the launch contract with grid kind KV_TILES, br = Bc, the workspaces (on
-   * sm_90a bwd.cu's dQ accumulator is tiled, Br rows of Br * d floats: templates/bwd.lua,
-   * dq_bulk; so the legacy floats per row count D alone), _post's shared memory (it reorders a
-   * 64-row chunk), and the module's three entries named. */
+  /* The generated C: the launch contract with grid kind KV_TILES, br = Bc, d + 1 floats of
+   * workspace, and the module's three entries named. */
   const size_t cap = 16u << 20;
   char *text = malloc(cap), p[160];
   cr_assert_not_null(text);
@@ -635,11 +633,11 @@ Test(export_cli, a_backward_variant_is_exported_with_its_plan_and_runs_from_the_
             "the plan's steps are missing");
   cr_assert(strstr(text, ", .split_rows = 65536},\n"), "the main step's split is missing");
   cr_assert(strstr(text, "    {.entry = \"" E "_post\", .grid = FG_EXPORT_GRID_Q_TILES, .br = 64, "
-                         ".threads = 128, .smem_bytes = 9216, .split_rows = 0},\n};\n"),
+                         ".threads = 128, .smem_bytes = 0, .split_rows = 0},\n};\n"),
             "the plan's last step is missing");
   /* d = 64, Bc = 64: (2 * 64 * 64 + 4) * 4 = 32784 bytes per key block. */
   cr_assert(strstr(text, "_workspaces[4] = {\n"
-                         "    {.name = \"dq_accum\", .param = \"workspace\", .bytes = 16384, .rows = 64, "
+                         "    {.name = \"dq_accum\", .param = \"workspace\", .bytes = 256, .rows = 1, "
                          ".deterministic_only = 0, .per_key = 0, .min_group_rows = 0},\n"
                          "    {.name = \"dkv_accum\", .param = \"dkv\", .bytes = 32784, .rows = 64, "
                          ".deterministic_only = 0, .per_key = 1, .min_group_rows = 65536},\n"
@@ -652,7 +650,7 @@ Test(export_cli, a_backward_variant_is_exported_with_its_plan_and_runs_from_the_
   cr_assert_not_null(k, "the kernel entry is missing");
   cr_assert(strstr(k, ".entry = \"" E "\",\n"), "%.800s", k);
   cr_assert(strstr(k, ".grid = FG_EXPORT_GRID_KV_TILES,\n     .br = 64,\n"
-                      "     .workspace_floats_per_row = 1,"), "%.800s", k);
+                      "     .workspace_floats_per_row = 65,"), "%.800s", k);
 
   /* It compiles, and its PTX declares the three entries of the plan. */
   char cmd[1024], so[160];
@@ -722,9 +720,8 @@ Test(export_cli, a_backward_variant_is_exported_with_its_plan_and_runs_from_the_
   a.v = (const void *)(uintptr_t)m[2], a.o = (const void *)(uintptr_t)m[3];
   a.d_o = (const void *)(uintptr_t)m[4], a.lse = (const float *)(uintptr_t)lse;
   a.dq = (void *)(uintptr_t)m[5], a.dk = (void *)(uintptr_t)m[6], a.dv = (void *)(uintptr_t)m[7];
-  /* The table's plan sizes the workspace: past 65536 query rows, one more tile of the dQ
-   * accumulator (64 rows of D floats), D's float, and the dK/dV partial sums of seqlen_k = 32
-   * rows: one key block of Bc = 64. */
+  /* The table's plan sizes the workspace: past 65536 query rows, the dK/dV partial sums of
+   * seqlen_k = 32 rows: one key block of Bc = 64. */
   {
     fg_attention_backward_args big = a; /* shapes only: no tensors of 65537 rows */
     big.q = big.k = big.v = big.o = big.d_o = NULL;
@@ -737,7 +734,7 @@ Test(export_cli, a_backward_variant_is_exported_with_its_plan_and_runs_from_the_
     big.seqlen_q = 65537;
     cr_assert_eq(fg_attention_backward_workspace_size(ctx, &big, &past), FG_OK, "%s",
                  fg_context_last_error(ctx));
-    cr_assert_eq(past - at, (size_t)(4 * (64 * D + 1)) + dkv_bytes, "%zu then %zu", at, past);
+    cr_assert_eq(past - at, (size_t)(4 * (D + 1)) + dkv_bytes, "%zu then %zu", at, past);
   }
   fg_status st = fg_attention_backward(ctx, &a, NULL);
   cr_assert_eq(st, FG_OK, "%s: %s", fg_status_string(st), fg_context_last_error(ctx));

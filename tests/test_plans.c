@@ -100,13 +100,13 @@ Test(render, backward_plan_comes_from_the_manifest) {
 }
 
 /* kv_tma's dQ accumulator is tiled (templates/bwd.lua, bwd_tma.cu), and so is kv_outer's on
- * sm_90 / sm_90a where Br is a multiple of 64 and the staging fits (dq_bulk: bwd.cu adds dQ with
- * bulk reductions): a unit of Br query rows of Br * d floats, so each head's rows are rounded up
+ * sm_90 / sm_90a where Br = 128 and the staging fits (dq_bulk: bwd.cu adds dQ with bulk
+ * reductions): a unit of Br query rows of Br * d floats, so each head's rows are rounded up
  * to Br (the last tile's parts are added whole), laid out in fragment order (DQ_TILED: _pre and
  * _post follow); kv_tma's dQ tile is double-buffered where two fit (the constant the template
  * renders) and single-buffered at d = 128 with three stages; _post's step declares the shared
  * memory it reorders a chunk in. kv_outer keeps the row-ordered accumulator on sm_80 (the first
- * test) and with Br = 32. */
+ * test) and with Br = 64 or 32. */
 Test(render, bulk_dq_backward_tiles_the_dq_accumulator) {
   fg_generator *g = fgt_generator();
   static const struct {
@@ -116,7 +116,8 @@ Test(render, bulk_dq_backward_tiles_the_dq_accumulator) {
            {"bwd_d128_br64_bc128_f16_causal_kvtma_w8_s2_sm90a", 64, 128, 2},
            {"bwd_d128_br64_bc128_bf16_noncausal_kvtma_w8_s3_sm90a", 64, 128, 1},
            {"bwd_d64_br128_bc128_bf16_noncausal_kvouter_w8_s2_sm90a", 128, 64, 0},
-           {"bwd_d128_br64_bc128_f16_causal_kvouter_w8_s2_sm90", 64, 128, 0},
+           {"bwd_d32_br128_bc128_f16_causal_kvouter_w8_s2_sm90", 128, 32, 0},
+           {"bwd_d128_br64_bc128_f16_causal_kvouter_w8_s2_sm90a", 1, 128, -1},
            {"bwd_d96_br32_bc64_bf16_causal_kvouter_w4_s2_sm90a", 1, 96, -1}};
   for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
     fg_variant v = fgt_variant(c[i].name);
