@@ -150,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     }
     cp_async_wait<0>();
 {% if dq_bulk then %}
-    if (tid == 0) bulk_wait_read0();  // the last block's dQ read from shared memory (it is rewritten below)
+    if (tid == 0) bulk_wait_read0();  // the last block's dQ read out of shared memory (rewritten below)
 {% end %}
     __syncthreads();  // this block's Q, dO, LSE, D have landed; every warp is done with the last
     const bool last_qi = qi + 1 == span().per_head;
@@ -332,8 +332,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     // has written (the mbarrier's phase it: the others arrive and go on to dK; with a named
     // barrier's bar.arrive instead, racecheck reported hazards across the block's top barrier),
     // adds the block with a bulk reduction per 64-row chunk that has rows below Nq (the padding's
-    // are zeros: Q and dO rows past Nq are). Deterministic mode: after the key blocks before this one in the tile's order
-    // (dq_rank), and the next one's turn only once the additions are done, not only read.
+    // are zeros: Q and dO rows past Nq are). Deterministic mode: after the key blocks before this
+    // one in the tile's order (dq_rank), and the next one's turn only once the additions are
+    // done, not only read.
 #pragma unroll
     for (int mq = 0; mq < MQ; ++mq)
 #pragma unroll
