@@ -456,6 +456,27 @@ FG_DEV void row_out(const float *acc_row, u16 *dst, float sc, int lane) {
 // part. The consumers store a part with one float4 per thread and group (no bank conflicts) and
 // the dQ warp adds it with one bulk reduction; _post puts the rows back in order.
 static_assert(PRE_ROWS == 64 && BR % 64 == 0 && D % DQ_N == 0 && NT_Q == DQ_N / 8, "64-row chunks");
+// Deterministic mode, the warp that adds a tile's parts with bulk reductions (every lane calls
+// these): waits until the tile's semaphore (rows q0 ...) reaches PARTS times this key block's
+// rank (the key blocks before it in the tile's order have added all their parts), ordering
+// those additions before the warp's bulk ones; then, once the warp's additions are complete (not
+// only read), passes the tile on (PARTS more).
+template <u32 PARTS> FG_DEV void dq_bulk_acquire(const fg_bwd_params &p, const u32 *sem, i64 q0, int lane) {
+  if (lane == 0) {
+    const u32 rank = PARTS * dq_rank(p, q0);
+    while (ld_acquire(sem) < rank) {
+    }
+  }
+  __syncwarp();
+  fence_proxy_async_global();
+}
+template <u32 PARTS> FG_DEV void dq_bulk_release(u32 *sem, int lane) {
+  bulk_wait0();
+  fence_proxy_async_global();
+  __threadfence();
+  __syncwarp();
+  if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(sem), "n"(PARTS) : "memory");
+}
 FG_DEV i64 dq_chunks(const fg_bwd_params &p) { return (p.seqlen_q + BR - 1) / BR * (BR / 64); }
 FG_DEV float *dq_chunk(const fg_bwd_params &p, i64 bh, i64 c) {
   return dq_acc(p) + (bh * dq_chunks(p) + c) * 64 * D;

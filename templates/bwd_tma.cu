@@ -229,15 +229,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
         const i64 h = (i64)hk * G + it / sp.per_head, q0 = item_q0(sp, rot, it);
         const i64 Nq = p.seqlen_q;
         u32 *sem = dq_sem(p, b, h, q0);
-        if (p.deterministic) {
-          if (lane == 0) {
-            const u32 rank = NDQ * dq_rank(p, q0);
-            while (ld_acquire(sem) < rank) {
-            }
-          }
-          __syncwarp();
-          fence_proxy_async_global();  // the acquired additions, before this block's bulk ones
-        }
+        if (p.deterministic) dq_bulk_acquire<NDQ>(p, sem, q0, lane);
         for (int w = w0; w < w0 + nw; ++w) {
           const i64 r0 = q0 + (i64)w * DQ_ROWS;  // this part's first query row
           const u32 s_dq = sbase + DQ_OFF + (u32)(w * NBUF + slot) * DQ_BYTES;
@@ -257,11 +249,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
           free_slots();
         } else {
           free_slots();
-          bulk_wait0();  // the additions done, not only read, before the tile passes on
-          fence_proxy_async_global();
-          __threadfence();
-          __syncwarp();
-          if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(sem), "n"(DET_PARTS) : "memory");
+          dq_bulk_release<DET_PARTS>(sem, lane);
         }
       }
       bulk_wait0();
