@@ -98,8 +98,10 @@ uint64_t fg_cache_kernel_checksum(const char *variant, const char *arch, int nvr
 /* The launch-meta columns of a kernel row, in the order fg_cache_read_meta reads them: the plan
  * (fg_kernel_plan_format's text) and ptxas's resource usage. */
 #define FG_CACHE_META_COLS "plan, regs, spill_store_bytes, spill_load_bytes, stack_bytes"
-/* Room for a plan's text (FG_PLAN_MAX_STEPS steps and FG_PLAN_MAX_WORKSPACES workspaces). */
-#define FG_CACHE_PLAN_MAX 1024
+/* Room for a plan's text (FG_PLAN_MAX_STEPS steps and FG_PLAN_MAX_WORKSPACES workspaces): at
+ * most about 1.5 KB, every field at its longest (4 step lines of up to 152 characters, 6
+ * workspace lines of up to 133, the params and 4 tmap lines). */
+#define FG_CACHE_PLAN_MAX 2048
 
 /* Reads the FG_CACHE_META_COLS of the row st is on, from column col on, into *m. Returns NULL,
  * or what is wrong with them. */

@@ -94,13 +94,18 @@ static void add_forced_cases(bwd_list *l, fg_arch arch) {
       fg_variant_name(&v, vn, sizeof vn);
       const int quick =
           shapes[i].loop == FG_LOOP_KV_TMA && shapes[i].br == (shapes[i].d == 64 ? 128 : 64);
-      fg_check_bwd_case *c[3] = {
+      /* ... and (no mask) with a tail: 70 heads of 2 key blocks (the second of one key), 140
+       * blocks, on 132 SMs the last 8 split into 4 pieces (108 SMs: 32 into 3; core/fg_tail.h) */
+      fg_check_bwd_case *c[4] = {
           add(l, B_RUN, dt, m, shapes[i].d, 2, 4, 2, 300, 257, quick, "bwd/%s/%s_gqa_nq300_nk257",
               group, vn),
           add(l, B_RUN, dt, m, shapes[i].d, 1, 2, 2, 17, 129, 0, "bwd/%s/%s_nq17_nk129", group, vn),
           add(l, B_DET, dt, m, shapes[i].d, 1, 2, 1, 700, 700, 0, "bwd/%s/%s_deterministic", group,
-              vn)};
-      for (int k = 0; k < 3; k++)
+              vn),
+          m ? NULL
+            : add(l, B_RUN, dt, m, shapes[i].d, 1, 70, 70, 512, 129, 0,
+                  "bwd/%s/%s_tail_h70_nq512_nk129", group, vn)};
+      for (int k = 0; k < 4; k++)
         if (c[k]) c[k]->forced = 1, c[k]->v = v;
     }
   }
@@ -135,6 +140,12 @@ static void build(bwd_list *l) {
    * under 16 key blocks). */
   add(l, B_RUN, FG_DTYPE_BF16, 1, 128, 8, 16, 16, 200, 200, 0,
       "bwd/seqlen/d128_b8_h16_nq200_nk200_causal");
+  /* The grid's tail (core/fg_tail.h; no mask, not deterministic): 140 blocks (35 KV heads of 2
+   * key blocks, the second of one key) of GQA groups of 2, on 132 SMs the last 8 each split into
+   * 4 pieces (108 SMs: 32 into 3); at d = 96 the mma.sync kernel on every arch. */
+  for (int d = 64; d <= 128; d += 32)
+    add(l, B_RUN, FG_DTYPE_BF16, 0, d, 2, 70, 35, 600, 129, d != 96,
+        "bwd/tail/d%d_b2_hq70_hkv35_nq600_nk129", d);
   /* GQA and MQA: dK, dV sum over the query heads of a KV head. */
   add(l, B_RUN, FG_DTYPE_BF16, 0, 128, 2, 8, 2, 257, 257, 1, "bwd/gqa/hq8_hkv2_d128");
   add(l, B_RUN, FG_DTYPE_F16, 1, 64, 2, 8, 1, 200, 300, 0, "bwd/gqa/mqa_hq8_d64_causal");

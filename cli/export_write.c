@@ -203,8 +203,10 @@ static int write_source(FILE *f, const char *file, const char *hfile, const expo
       const fg_plan_step *sp = &m->steps[j];
       fprintf(f, "    {.entry = ");
       write_cstr(f, sp->entry);
-      fprintf(f, ", .grid = %s, .br = %d, .threads = %d, .smem_bytes = %d, .split_rows = %d},\n",
-              grid_name(sp->grid), sp->br, sp->threads, sp->smem_bytes, sp->split_rows);
+      fprintf(f,
+              ", .grid = %s, .br = %d, .threads = %d, .smem_bytes = %d, .split_rows = %d,"
+              " .tail = %d},\n",
+              grid_name(sp->grid), sp->br, sp->threads, sp->smem_bytes, sp->split_rows, sp->tail);
     }
     fprintf(f, "};\n");
     if (m->n_workspaces) {
@@ -218,8 +220,8 @@ static int write_source(FILE *f, const char *file, const char *hfile, const expo
         write_cstr(f, w->param);
         fprintf(f,
                 ", .bytes = %d, .rows = %d, .deterministic_only = %d, .per_key = %d,"
-                " .min_group_rows = %lld},\n",
-                w->bytes, w->rows, w->deterministic_only, w->per_key, w->min_group_rows);
+                " .min_group_rows = %lld, .tail = %d},\n",
+                w->bytes, w->rows, w->deterministic_only, w->per_key, w->min_group_rows, w->tail);
       }
       fprintf(f, "};\n");
     }

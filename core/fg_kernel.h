@@ -23,7 +23,7 @@ typedef enum fg_grid_kind {
  * run in order on the caller's stream, each with the same parameter block, and the workspaces
  * they share. At most this many of each. */
 #define FG_PLAN_MAX_STEPS 4
-#define FG_PLAN_MAX_WORKSPACES 4
+#define FG_PLAN_MAX_WORKSPACES 6
 
 /* One kernel of a plan. */
 typedef struct fg_plan_step {
@@ -39,6 +39,11 @@ typedef struct fg_plan_step {
    * block's query blocks, which add their partial dK/dV into the plan's per-key workspace of the
    * same threshold (min_group_rows == split_rows). 0: never split. */
   int split_rows;
+  /* 1: the main step may run with a tail (the grid's last partial wave, whose key blocks the
+   * runtime splits into pieces so that the wave's SMs share them; runtime's fg_plan_step_tail
+   * chooses it per problem). Only on a kv_tiles main step, and then the plan has a tail workspace
+   * for the pieces' partial sums. 0: every block one key block. */
+  int tail;
 } fg_plan_step;
 
 /* One workspace of a plan: `bytes` per unit of each (batch, head), laid out batch-major, one
@@ -48,7 +53,9 @@ typedef struct fg_plan_step {
  * step's br (its Bc: the main step's grid is kv_tiles; rows divides it). A workspace with
  * min_group_rows > 0
  * exists only when seqlen_q * (heads_q / heads_kv) > min_group_rows (the backward's dK/dV
- * partial sums, for long query ranges). The parameter-block field `param` points at it. */
+ * partial sums, for long query ranges). A tail workspace (tail 1) is the exception: not per
+ * (batch, head) but `bytes` per key block of the launch's tail, in total; it keeps its place in
+ * the order (fg_plan_workspace_bytes_tail). The parameter-block field `param` points at it. */
 typedef struct fg_plan_workspace {
   char name[24];         /* what it holds, for messages ("dq_accum") */
   char param[16];        /* the parameter-block field it is passed in ("workspace", "dsum") */
@@ -58,6 +65,12 @@ typedef struct fg_plan_workspace {
   int per_key;           /* 1: units are key rows of each (batch, KV head); 0: query rows */
   long long min_group_rows; /* exists only when seqlen_q * heads_q / heads_kv exceeds it; 0 =
                                always */
+  /* 1: holds the launch's tail key blocks (fg_plan_step.tail), `bytes` per tail key block in
+   * total, not per (batch, head): its size depends on the launch, not on the problem's shape
+   * alone, so fg_plan_workspace_units gives it 0 units and fg_plan_workspace_bytes_tail sizes it.
+   * It must have per_key 1, rows equal to the main step's br (a unit is a key block),
+   * min_group_rows 0 and deterministic_only 0. */
+  int tail;
 } fg_plan_workspace;
 
 /* The parameter block a plan's kernels take (launch(v).params): the pass's usual block
@@ -114,7 +127,10 @@ void fg_kernel_meta_single(fg_kernel_meta *m, const char *entry, fg_grid_kind gr
  * known, br > 0 where the grid uses it, threads > 0, shared memory >= 0, workspaces with a name,
  * a param, bytes > 0, rows >= 1, min_group_rows >= 0, per_key 0 or 1 and only with a kv_tiles
  * main step whose br rows divides; split_rows >= 0, > 0 only on a kv_tiles main step and then
- * with a per-key workspace whose min_group_rows is split_rows; a known parameter block, tensor
+ * with a per-key workspace whose min_group_rows is split_rows; tail 0 or 1 on steps and
+ * workspaces, a tail step only as a kv_tiles main step and then with a tail workspace (per_key,
+ * rows the main step's br, min_group_rows 0, not deterministic_only), a tail workspace only with
+ * a tail main step; a known parameter block, tensor
  * maps only with a TMA block, each with 1 .. 256 rows and of a tensor that block takes: q, k, v,
  * o for fwd_tma, q, k, v, do for bwd_tma), else what is wrong (a static string). */
 const char *fg_kernel_meta_invalid(const fg_kernel_meta *m);
@@ -144,7 +160,7 @@ static inline int64_t fg_plan_workspace_heads(const fg_plan_workspace *w, int64_
  * (per_key) ceil(seqlen_k / main_br) * main_br / rows with main_br the main step's br (rows = 1:
  * key rows; rows = main_br: key blocks); 0 when it is not
  * used (deterministic_only and not deterministic, or seqlen_q * (heads_q / heads_kv) <=
- * min_group_rows). */
+ * min_group_rows) and for a tail workspace (not sized per head: fg_plan_workspace_bytes_tail). */
 uint64_t fg_plan_workspace_units(const fg_plan_workspace *w, int main_br, int64_t heads_q,
                                  int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
                                  int deterministic);
@@ -161,16 +177,26 @@ uint64_t fg_plan_step_splits(const fg_plan_step *s, int64_t heads_q, int64_t hea
 
 /* Bytes of all m's workspaces for (batch, heads_q, heads_kv, seqlen_q, seqlen_k), and where
  * workspace i starts (offsets[i], when offsets is not NULL; unused ones start where the next
- * would). -1 on 64-bit overflow. */
+ * would), for a launch without a tail (a tail workspace takes 0 bytes):
+ * fg_plan_workspace_bytes_tail with tail_blocks 0. -1 on 64-bit overflow. */
 int fg_plan_workspace_bytes(const fg_kernel_meta *m, int64_t batch, int64_t heads_q,
                             int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k, int deterministic,
                             uint64_t *bytes, uint64_t offsets[FG_PLAN_MAX_WORKSPACES]);
+/* The same for a launch whose tail has tail_blocks key blocks (the runtime's choice,
+ * fg_bwd_params.tail_blocks): each tail workspace takes tail_blocks * bytes, in total (not per
+ * batch or head), and the workspaces after it start that much later. tail_blocks 0: no tail. */
+int fg_plan_workspace_bytes_tail(const fg_kernel_meta *m, int64_t batch, int64_t heads_q,
+                                 int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
+                                 int deterministic, uint64_t tail_blocks, uint64_t *bytes,
+                                 uint64_t offsets[FG_PLAN_MAX_WORKSPACES]);
 
 /* The plan as text, one line per item ("main 1", "step <entry> <grid> <br> <threads> <smem>
- * [<split_rows>, only when > 0]", "workspace <name> <param> <bytes> <rows> <deterministic_only> <per_key>
- * <min_group_rows>", then only when the plan has them "params <block>" and "tmap <tensor>
- * <rows>", e.g. "params bwd_tma" and "tmap do 64"): what the cache stores (a workspace line of another shape does not parse; a step line
- * without split_rows, as written before it, reads as split_rows 0, what it meant).
+ * [<split_rows> [<tail>]]" with split_rows written when it or tail is > 0 and tail only when it
+ * is, "workspace <name> <param> <bytes> <rows> <deterministic_only> <per_key> <min_group_rows>
+ * [<tail>, only when 1]", then only when the plan has them "params <block>" and "tmap <tensor>
+ * <rows>", e.g. "params bwd_tma" and "tmap do 64"): what the cache stores. Text written before a
+ * field reads as that field 0, what it meant: a step line without split_rows or tail, a workspace
+ * line without tail (a workspace line without per_key and min_group_rows does not parse).
  * Returns the length (snprintf's), the text truncated at len. */
 int fg_kernel_plan_format(const fg_kernel_meta *m, char *buf, size_t len);
 /* Reads such text into m's plan (the other fields untouched). NULL, or what is wrong. */

@@ -82,6 +82,9 @@ const char *fg_kernel_meta_invalid(const fg_kernel_meta *m) {
       return "a step of its plan has malformed threads or shared memory";
     if (s->split_rows < 0 || (s->split_rows > 0 && (i != m->main_step || s->grid != FG_GRID_KV_TILES)))
       return "a step of its plan splits its query range (split_rows) but is not a kv_tiles main step";
+    if (s->tail != 0 && s->tail != 1) return "a step of its plan is malformed (tail)";
+    if (s->tail && (i != m->main_step || s->grid != FG_GRID_KV_TILES))
+      return "a step of its plan runs with a tail but is not a kv_tiles main step";
   }
   if (m->n_workspaces < 0 || m->n_workspaces > FG_PLAN_MAX_WORKSPACES)
     return "its plan has too many workspaces";
@@ -96,6 +99,21 @@ const char *fg_kernel_meta_invalid(const fg_kernel_meta *m) {
                        fg_kernel_main(m)->br % w->rows != 0))
       return "a workspace of its plan is per key row but its main step's grid is not kv_tiles "
              "(or its rows does not divide the main step's br)";
+    if (w->tail != 0 && w->tail != 1) return "a workspace of its plan is malformed (tail)";
+    /* A tail workspace holds whole key blocks of the launch's tail, whatever the problem: the
+     * runtime sizes it by those blocks alone (fg_plan_workspace_bytes_tail). */
+    if (w->tail && (!w->per_key || w->rows != fg_kernel_main(m)->br || w->min_group_rows != 0 ||
+                    w->deterministic_only))
+      return "a tail workspace of its plan is not per key block of the main step (per_key 1, rows "
+             "its br) or has a condition (min_group_rows, deterministic_only)";
+    if (w->tail && !fg_kernel_main(m)->tail)
+      return "its plan has a tail workspace but its main step runs without a tail";
+  }
+  if (fg_kernel_main(m)->tail) {
+    int found = 0;
+    for (int i = 0; i < m->n_workspaces; i++) found |= m->workspaces[i].tail;
+    if (!found)
+      return "its main step runs with a tail but no tail workspace takes the pieces' partial sums";
   }
   const int split = fg_kernel_main(m)->split_rows;
   if (split > 0) {
@@ -157,6 +175,7 @@ uint64_t fg_plan_step_splits(const fg_plan_step *s, int64_t heads_q, int64_t hea
 uint64_t fg_plan_workspace_units(const fg_plan_workspace *w, int main_br, int64_t heads_q,
                                  int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
                                  int deterministic) {
+  if (w->tail) return 0; /* per launch, not per head: fg_plan_workspace_bytes_tail */
   if (w->deterministic_only && !deterministic) return 0;
   if (w->min_group_rows > 0 &&
       fg_plan_group_rows(heads_q, heads_kv, seqlen_q) <= (uint64_t)w->min_group_rows)
@@ -172,6 +191,14 @@ uint64_t fg_plan_workspace_units(const fg_plan_workspace *w, int main_br, int64_
 int fg_plan_workspace_bytes(const fg_kernel_meta *m, int64_t batch, int64_t heads_q,
                             int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k, int deterministic,
                             uint64_t *bytes, uint64_t offsets[FG_PLAN_MAX_WORKSPACES]) {
+  return fg_plan_workspace_bytes_tail(m, batch, heads_q, heads_kv, seqlen_q, seqlen_k,
+                                      deterministic, 0, bytes, offsets);
+}
+
+int fg_plan_workspace_bytes_tail(const fg_kernel_meta *m, int64_t batch, int64_t heads_q,
+                                 int64_t heads_kv, int64_t seqlen_q, int64_t seqlen_k,
+                                 int deterministic, uint64_t tail_blocks, uint64_t *bytes,
+                                 uint64_t offsets[FG_PLAN_MAX_WORKSPACES]) {
   uint64_t total = 0;
   const int main_br = m->main_step >= 0 && m->main_step < FG_PLAN_MAX_STEPS
                           ? fg_kernel_main(m)->br
@@ -180,6 +207,12 @@ int fg_plan_workspace_bytes(const fg_kernel_meta *m, int64_t batch, int64_t head
     const fg_plan_workspace *w = &m->workspaces[i];
     uint64_t n;
     if (offsets) offsets[i] = total;
+    if (w->tail) { /* the launch's tail key blocks, in total (units 0: not per head) */
+      if (__builtin_mul_overflow(tail_blocks, (uint64_t)w->bytes, &n) ||
+          __builtin_add_overflow(total, n, &total))
+        return -1;
+      continue;
+    }
     if (__builtin_mul_overflow((uint64_t)batch,
                                (uint64_t)fg_plan_workspace_heads(w, heads_q, heads_kv), &n) ||
         __builtin_mul_overflow(n,
@@ -205,9 +238,15 @@ int fg_kernel_plan_format(const fg_kernel_meta *m, char *buf, size_t len) {
   FG_ADVANCE();
   for (int i = 0; i < m->n_steps && i < FG_PLAN_MAX_STEPS; i++) {
     const fg_plan_step *s = &m->steps[i];
-    /* split_rows only where a step splits: the step lines of every other plan (all forward
-     * plans) read as they did before it existed. */
-    if (s->split_rows > 0)
+    /* split_rows only where a step splits, tail only where it has one (then split_rows too, even
+     * 0, so that tail is always the 7th number): the step lines of every other plan (all forward
+     * plans) read as they did before they existed. */
+    if (s->tail > 0)
+      r = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0,
+                   "step %.*s %s %d %d %d %d %d\n", (int)sizeof s->entry, s->entry,
+                   fg_grid_kind_name(s->grid), s->br, s->threads, s->smem_bytes, s->split_rows,
+                   s->tail);
+    else if (s->split_rows > 0)
       r = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, "step %.*s %s %d %d %d %d\n",
                    (int)sizeof s->entry, s->entry, fg_grid_kind_name(s->grid), s->br, s->threads,
                    s->smem_bytes, s->split_rows);
@@ -219,9 +258,13 @@ int fg_kernel_plan_format(const fg_kernel_meta *m, char *buf, size_t len) {
   }
   for (int i = 0; i < m->n_workspaces && i < FG_PLAN_MAX_WORKSPACES; i++) {
     const fg_plan_workspace *w = &m->workspaces[i];
-    r = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, "workspace %.*s %.*s %d %d %d %d %lld\n",
+    r = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, "workspace %.*s %.*s %d %d %d %d %lld",
                  (int)sizeof w->name, w->name, (int)sizeof w->param, w->param, w->bytes, w->rows,
                  w->deterministic_only, w->per_key, w->min_group_rows);
+    FG_ADVANCE();
+    /* tail only on a tail workspace: every other line reads as it did before tail existed. */
+    r = w->tail ? snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, " %d\n", w->tail)
+                : snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, "\n");
     FG_ADVANCE();
   }
   /* Only plans that have them carry these lines: older plans' text (and checksums) stay as they
@@ -252,14 +295,15 @@ const char *fg_kernel_plan_parse(const char *text, fg_kernel_meta *m) {
     memcpy(line, p, n);
     line[n] = 0;
     p = nl ? nl + 1 : p + n;
-    int x, y, z, pk, sr = 0, k, end = 0;
+    int x, y, z, pk, sr = 0, tl = 0, k, end = 0;
     long long mg;
     if (sscanf(line, "main %d%n", &x, &end) == 1 && !line[end]) {
       m->main_step = x;
-    } else if ((k = sscanf(line, "step %63s %63s %d %d %d%n %d%n", a, b, &x, &y, &z, &end, &sr,
-                           &end)) >= 5 &&
+    } else if ((k = sscanf(line, "step %63s %63s %d %d %d%n %d%n %d%n", a, b, &x, &y, &z, &end,
+                           &sr, &end, &tl, &end)) >= 5 &&
                !line[end]) {
-      /* Five numbers: written before split_rows, by plans that never split (split_rows 0). */
+      /* Five numbers: written before split_rows, by plans that never split (split_rows 0); six:
+       * before tail, or a step without one (tail 0). */
       if (m->n_steps == FG_PLAN_MAX_STEPS) return "its plan has too many steps";
       fg_plan_step *s = &m->steps[m->n_steps++];
       memset(s, 0, sizeof *s);
@@ -268,12 +312,14 @@ const char *fg_kernel_plan_parse(const char *text, fg_kernel_meta *m) {
       s->br = x;
       s->threads = y;
       s->smem_bytes = z;
-      s->split_rows = k == 6 ? sr : 0;
-    } else if (sscanf(line, "workspace %63s %63s %d %d %d %d %lld%n", a, b, &x, &y, &z, &pk, &mg,
-                      &end) == 7 &&
+      s->split_rows = k >= 6 ? sr : 0;
+      s->tail = k == 7 ? tl : 0;
+    } else if ((k = sscanf(line, "workspace %63s %63s %d %d %d %d %lld%n %d%n", a, b, &x, &y, &z,
+                           &pk, &mg, &end, &tl, &end)) >= 7 &&
                !line[end]) {
       /* A line of the shape before per_key and min_group_rows (5 numbers) does not match: the
-       * caller takes the plan as malformed (a cache miss), never as a plan without them. */
+       * caller takes the plan as malformed (a cache miss), never as a plan without them. Without
+       * the 8th number (tail), as written before it and for every workspace but a tail one: 0. */
       if (m->n_workspaces == FG_PLAN_MAX_WORKSPACES) return "its plan has too many workspaces";
       fg_plan_workspace *w = &m->workspaces[m->n_workspaces++];
       memset(w, 0, sizeof *w);
@@ -286,6 +332,7 @@ const char *fg_kernel_plan_parse(const char *text, fg_kernel_meta *m) {
       w->deterministic_only = z;
       w->per_key = pk;
       w->min_group_rows = mg;
+      w->tail = k == 8 ? tl : 0;
     } else if (sscanf(line, "params %63s%n", a, &end) == 1 && !line[end]) {
       const int pb = fg_param_block_parse(a);
       if (pb < 0) return "its plan names a parameter block this flashgen does not know";

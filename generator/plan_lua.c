@@ -27,6 +27,21 @@ static int get_str_field(lua_State *L, int idx, const char *k, char *out, size_t
   return ok ? 0 : -1;
 }
 
+/* Reads flag field k of the table at idx into *out: true / 1 is 1, false / 0 / absent is 0.
+ * 0, or -1 when it is anything else (the manifest meant something this reader does not). */
+static int get_flag_field(lua_State *L, int idx, const char *k, int *out) {
+  lua_getfield(L, idx, k);
+  int ok = 1;
+  if (lua_isnil(L, -1) || lua_isboolean(L, -1))
+    *out = lua_toboolean(L, -1);
+  else if (lua_isinteger(L, -1) && (lua_tointeger(L, -1) == 0 || lua_tointeger(L, -1) == 1))
+    *out = (int)lua_tointeger(L, -1);
+  else
+    ok = 0;
+  lua_pop(L, 1);
+  return ok ? 0 : -1;
+}
+
 /* Fills meta from the plan (a launch table: main, steps, workspaces, params, tmaps) at the top of
  * the stack; what names the manifest function for messages. 0, or -1 with the reason. */
 int fg_lua_read_launch(lua_State *L, fg_pass pass, fg_kernel_meta *meta, const char *what,
@@ -56,6 +71,9 @@ int fg_lua_read_launch(lua_State *L, fg_pass pass, fg_kernel_meta *meta, const c
         bad = "returns a step whose split_rows is not an integer";
       s->split_rows = (int)lua_tointeger(L, -1);
       lua_pop(L, 1);
+      /* tail = true: the main step may run with a tail, into the plan's tail workspace. */
+      if (get_flag_field(L, -1, "tail", &s->tail) && !bad)
+        bad = "returns a step whose tail is neither a boolean nor 0 or 1";
     }
     lua_pop(L, 1);
   }
@@ -88,6 +106,9 @@ int fg_lua_read_launch(lua_State *L, fg_pass pass, fg_kernel_meta *meta, const c
         bad = "returns a workspace whose min_group_rows is not an integer";
       w->min_group_rows = (long long)lua_tointeger(L, -1);
       lua_pop(L, 1);
+      /* tail = true: holds the launch's tail key blocks (per launch, not per head). */
+      if (get_flag_field(L, -1, "tail", &w->tail) && !bad)
+        bad = "returns a workspace whose tail is neither a boolean nor 0 or 1";
     }
     lua_pop(L, 1);
   }

@@ -71,13 +71,23 @@ typedef struct fg_export_step {
                                    per KV head (seqlen_q * heads_q / heads_kv) the grid gets z =
                                    ceil(rows / split_rows) splits (at most 65535); 0 = never.
                                    A table written before it reads it as 0 */
+  int tail;                     /* 1: the main step of a backward plan may run with a tail (the
+                                   grid's last partial wave split into pieces, which add their
+                                   partial sums into the plan's tail workspace); 0 = never.
+                                   A table written before it reads it as 0. It lies where the
+                                   struct before it had its padding (on LP64), so step_size
+                                   alone cannot tell: it is read only from a table whose
+                                   workspace_desc_size covers fg_export_workspace.tail, which
+                                   came with it */
 } fg_export_step;
 
 /* One workspace of a kernel's plan: `bytes` per `rows` query rows (rounded up) of each (batch,
  * query head), or (per_key) per `rows` key rows of each (batch, KV head) with seqlen_k rounded up
  * to the main step's br; batch-major, the workspaces one after the other with no padding; the parameter
  * block's field `param` points at it. fg_export.workspace_desc_size records its size: a table
- * written before per_key and min_group_rows reads them as 0 (what its workspaces were). */
+ * written before per_key and min_group_rows reads them as 0 (what its workspaces were), and one
+ * written before tail reads it as 0. A tail workspace (tail 1) is the exception to the layout:
+ * `bytes` per key block of the launch's tail, in total, not per (batch, head). */
 typedef struct fg_export_workspace {
   const char *name;             /* what it holds, e.g. "dq_accum" */
   const char *param;            /* the parameter-block field, e.g. "workspace", "dsum", "sem" */
@@ -88,6 +98,10 @@ typedef struct fg_export_workspace {
                                    seqlen_k rounded up to the main step's br; 0: query rows */
   long long min_group_rows;     /* present only when seqlen_q * heads_q / heads_kv exceeds it;
                                    0 = always */
+  int tail;                     /* 1: holds the launch's tail key blocks (fg_export_step.tail),
+                                   `bytes` per tail key block in total; per_key 1, rows the main
+                                   step's br, min_group_rows 0, deterministic_only 0. 0: a
+                                   workspace as above */
 } fg_export_workspace;
 
 /* The parameter block a kernel's plan takes (fg_export_kernel.params; the runtime's
@@ -142,7 +156,8 @@ typedef struct fg_export_kernel {
   int n_steps;                  /* 1 .. 4 */
   int main_step;                /* index into steps */
   const fg_export_workspace *workspaces;
-  int n_workspaces;             /* 0 .. 4 */
+  int n_workspaces;             /* 0 .. 6 (runtimes from before the backward's tail took 4 and
+                                   refuse a kernel with more, saying to export again) */
   /* Tensor maps (came later in version 1; kernels of tables written before them read as
    * FG_EXPORT_PARAMS_DEFAULT with no maps). A table holding a kernel of FG_EXPORT_PARAMS_FWD_TMA
    * or _BWD_TMA is version FG_EXPORT_ABI_VERSION_TMA, which runtimes from before them refuse. */

@@ -2,7 +2,8 @@
  * (templates/bwd.lua, launch(v); carried in fg_kernel_meta): its steps in order (today D =
  * rowsum(dO * O) and the dQ accumulator zeroed, the main K/V-outer kernel, dQ converted; past
  * the plan's threshold of query rows per KV head the main kernel's grid splits them along z and
- * the last step converts dK/dV too, fg_plan_grid); split along the batch past the grid's y
+ * the last step converts dK/dV too, fg_plan_grid; without a mask, a partial last wave of its
+ * blocks is split into pieces the same way, fg_bwd_tail); split along the batch past the grid's y
  * limit, with the workspaces the plan declares from the caller or allocated on the stream; a plan
  * with params bwd_tma gets its tensor maps (q, do, k, v) encoded for each launch and passes
  * fg_bwd_tma_params to every step. fg_attention_backward_workspace_size sizes the workspaces from
@@ -14,13 +15,34 @@
 #include "fg_runtime_internal.h"
 
 
-/* Bytes of the workspaces of a plan for a: what it declares (templates/bwd.lua: the fp32 dQ
- * accumulator, D, in deterministic mode the semaphores, and for long query ranges the fp32 dK/dV
- * partial sums per key row). -1 past 2^63. */
+/* The tail of the main step of plan m for a on ctx's device (core/fg_tail.h): none where the
+ * batch goes in several launches (the grid's y limit) or the pieces would not fit the grid's y.
+ * A function of the plan and the device only, so the size query and the launch agree. */
+fg_plan_tail fg_bwd_tail(const fg_context *ctx, const fg_kernel_meta *m,
+                         const fg_attention_backward_args *a) {
+  const fg_plan_tail none = {0, 0, 0};
+  const fg_plan_step *s = fg_kernel_main(m);
+  const uint64_t grid_y = (uint64_t)ctx->limits.max_grid_y;
+  if (!s->tail || a->heads_q <= 0 || (uint64_t)a->batch > grid_y / (uint64_t)a->heads_q) return none;
+  /* 2048 threads per SM on sm_80, sm_90, sm_100; 1536 on sm_86, sm_89, sm_120 */
+  const int threads = ctx->limits.cc_minor == 0 && ctx->limits.cc_major != 12 ? 2048 : 1536;
+  const uint64_t slots = (uint64_t)ctx->limits.sm_count *
+                         (uint64_t)fg_plan_step_blocks_per_sm(s, ctx->limits.smem_per_sm, threads);
+  fg_plan_tail t = fg_plan_step_tail(s, slots, a->batch, a->heads_q, a->heads_kv, a->seqlen_q,
+                                     a->seqlen_k, a->causal != 0, a->deterministic != 0);
+  const uint64_t nkb = ((uint64_t)a->seqlen_k + (uint64_t)s->br - 1) / (uint64_t)s->br;
+  return t.blocks && fg_plan_tail_grid_y(&t, nkb) <= grid_y ? t : none;
+}
+
+/* Bytes of the workspaces of a plan for a with tail t: what it declares (templates/bwd.lua: the
+ * fp32 dQ accumulator, D, in deterministic mode the semaphores, for long query ranges the fp32
+ * dK/dV partial sums per key row, and with a tail those of its key blocks). -1 past 2^63. */
 static int fg_bwd_workspace_bytes(const fg_kernel_meta *m, const fg_attention_backward_args *a,
-                                  uint64_t *bytes, uint64_t offsets[FG_PLAN_MAX_WORKSPACES]) {
-  return fg_plan_workspace_bytes(m, a->batch, a->heads_q, a->heads_kv, a->seqlen_q, a->seqlen_k,
-                                 a->deterministic != 0, bytes, offsets) ||
+                                  const fg_plan_tail *t, uint64_t *bytes,
+                                  uint64_t offsets[FG_PLAN_MAX_WORKSPACES]) {
+  return fg_plan_workspace_bytes_tail(m, a->batch, a->heads_q, a->heads_kv, a->seqlen_q,
+                                      a->seqlen_k, a->deterministic != 0, t->blocks, bytes,
+                                      offsets) ||
                  *bytes > (uint64_t)INT64_MAX
              ? -1
              : 0;
@@ -78,7 +100,8 @@ FG_API fg_status fg_attention_backward_workspace_size(fg_context *ctx,
   fg_ctx_pop(ctx);
   if (st != FG_OK) return st;
   uint64_t b = 0;
-  if (fg_bwd_workspace_bytes(&meta, &a, &b, NULL))
+  const fg_plan_tail tail = fg_bwd_tail(ctx, &meta, &a);
+  if (fg_bwd_workspace_bytes(&meta, &a, &tail, &b, NULL))
     return fg_fail(ctx, FG_ERROR_UNSUPPORTED, "the backward workspace would exceed 2^63 bytes");
   *bytes = (size_t)b;
   return FG_OK;
@@ -111,6 +134,7 @@ static unsigned long long *fg_bwd_param_slot(fg_bwd_params *p, const char *param
   if (strcmp(param, "dsum") == 0) return &p->dsum;
   if (strcmp(param, "sem") == 0) return &p->sem;
   if (strcmp(param, "dkv") == 0) return &p->dkv;
+  if (strcmp(param, "dkv_tail") == 0) return &p->dkv_tail;
   return NULL;
 }
 
@@ -181,7 +205,7 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
     if (!fg_bwd_param_slot(&probe, m->workspaces[i].param))
       return fg_fail(ctx, FG_ERROR_INTERNAL,
                      "kernel %s passes its workspace %s in parameter '%s', which the backward "
-                     "parameter block lacks (workspace, dsum, sem, dkv): rebuild it with this flashgen",
+                     "parameter block lacks (workspace, dsum, sem, dkv, dkv_tail): rebuild it with this flashgen",
                      k->name, m->workspaces[i].name, m->workspaces[i].param);
   const uint64_t grid_y = (uint64_t)ctx->limits.max_grid_y;
   if ((uint64_t)a->heads_q > grid_y)
@@ -189,7 +213,8 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
                    "heads_q = %" PRId64 " is more than the grid allows (%" PRIu64 ")", a->heads_q,
                    grid_y);
   uint64_t bytes, offsets[FG_PLAN_MAX_WORKSPACES];
-  if (fg_bwd_workspace_bytes(&k->meta, a, &bytes, offsets))
+  const fg_plan_tail tail = fg_bwd_tail(ctx, m, a);
+  if (fg_bwd_workspace_bytes(&k->meta, a, &tail, &bytes, offsets))
     return fg_fail(ctx, FG_ERROR_UNSUPPORTED, "the backward workspace would exceed 2^63 bytes");
   CUdeviceptr ws = (CUdeviceptr)(uintptr_t)a->workspace;
   fg_workspace own = {0, 0};
@@ -203,6 +228,11 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
   fg_bwd_params p;
   fg_bwd_params_from_args(a, &p);
   p.deterministic = a->deterministic != 0;
+  if (tail.blocks) {
+    p.tail_first = (long long)tail.first;
+    p.tail_blocks = (long long)tail.blocks;
+    p.tail_splits = (long long)tail.splits;
+  }
   const int64_t chunk = (int64_t)(grid_y / (uint64_t)a->heads_q); /* batches per launch */
   /* Each workspace holds every batch, one after the other (so a chunk's part starts at its first
    * batch's; the dQ accumulator's stays 32-byte aligned, head_dim being a multiple of 8). A
@@ -214,6 +244,8 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
                    fg_plan_workspace_units(w, fg_kernel_main(m)->br, a->heads_q, a->heads_kv,
                                            a->seqlen_q, a->seqlen_k, p.deterministic) *
                    (uint64_t)w->bytes;
+    /* the tail's: all of it (a launch with a tail is the only one: fg_bwd_tail) */
+    if (w->tail) per_batch[i] = tail.blocks * (uint64_t)w->bytes;
   }
   fg_status st = FG_OK;
   fg_bwd_tma_params tp; /* 64-byte aligned (fg_tmap), as the driver's CUtensorMap must be */
@@ -242,6 +274,7 @@ static fg_status fg_backward_launch(fg_context *ctx, const fg_loaded_kernel *k,
       uint64_t g[3];
       fg_plan_grid(&m->steps[i], ctx->limits.sm_count, nb, a->heads_q, a->heads_kv, a->seqlen_q,
                    a->seqlen_k, g);
+      if (i == m->main_step && tail.blocks) g[1] = fg_plan_tail_grid_y(&tail, g[0]);
       st = fg_launch_one(ctx, k, i, g, block, s);
     }
   }
@@ -279,8 +312,10 @@ fg_status fg_attention_backward_variant(fg_context *ctx, const fg_attention_back
    * plan is known without: fg_backward_plan) or launched. */
   fg_kernel_meta plan;
   uint64_t need;
+  fg_plan_tail tail;
   if (a.workspace && (st = fg_backward_plan(ctx, &a, forced, &plan)) == FG_OK &&
-      !fg_bwd_workspace_bytes(&plan, &a, &need, NULL) && a.workspace_size < need)
+      (tail = fg_bwd_tail(ctx, &plan, &a), !fg_bwd_workspace_bytes(&plan, &a, &tail, &need, NULL)) &&
+      a.workspace_size < need)
     st = fg_fail(ctx, FG_ERROR_INVALID_ARGUMENT,
                  "args->workspace_size = %zu bytes is less than this call needs (%" PRIu64
                  " bytes: fg_attention_backward_workspace_size)",

@@ -393,6 +393,7 @@ FG_API fg_status fg_explain_backward(fg_context *ctx, const fg_attention_backwar
   }
   fg_text_add(&t, "plan: %d kernel%s in order on the stream\n", meta.n_steps,
               meta.n_steps == 1 ? "" : "s");
+  const fg_plan_tail tail = fg_bwd_tail(ctx, &meta, &b);
   for (int i = 0; i < meta.n_steps; i++) {
     const fg_plan_step *sp = &meta.steps[i];
     uint64_t g[3];
@@ -415,6 +416,13 @@ FG_API fg_status fg_explain_backward(fg_context *ctx, const fg_attention_backwar
                   g[2] > 1 ? "each key block's query blocks split over the grid's z, the splits' "
                              "partial dK/dV summed in fp32 (dkv_accum)"
                            : "one block per key block sums them all");
+    if (i == meta.main_step && tail.blocks)
+      fg_text_add(&t,
+                  "     tail: the last %" PRIu64 " of its %" PRIu64 " blocks (a partial wave on %d SMs) "
+                  "each split into %" PRIu64 " pieces over the query blocks, the pieces' partial "
+                  "dK/dV summed in fp32 (dkv_tail): grid y %" PRIu64 "\n",
+                  tail.blocks, tail.first + tail.blocks, ctx->limits.sm_count, tail.splits,
+                  fg_plan_tail_grid_y(&tail, g[0]));
   }
   if (per && (uint64_t)a.batch > per)
     fg_text_add(&t, "  (batch * heads_q past the grid's %" PRIu64 ": each kernel split into %" PRIu64
@@ -423,17 +431,21 @@ FG_API fg_status fg_explain_backward(fg_context *ctx, const fg_attention_backwar
   /* A bwd_tma plan's maps, encoded for each launch and passed to every kernel of the plan. */
   fg_explain_tmaps(&t, &meta);
   uint64_t ws = 0;
-  if (fg_plan_workspace_bytes(&meta, a.batch, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k,
-                              b.deterministic != 0, &ws, NULL) == 0 &&
+  if (fg_plan_workspace_bytes_tail(&meta, a.batch, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k,
+                                   b.deterministic != 0, tail.blocks, &ws, NULL) == 0 &&
       ws > 0) {
     fg_text_add(&t, "workspace: %.1f MiB (", (double)ws / (1024.0 * 1024.0));
     for (int i = 0, n = 0; i < meta.n_workspaces; i++) {
       const fg_plan_workspace *w = &meta.workspaces[i];
-      if (!fg_plan_workspace_units(w, fg_kernel_main(&meta)->br, a.heads_q, a.heads_kv, a.seqlen_q,
-                                   a.seqlen_k, b.deterministic != 0))
+      if (w->tail ? !tail.blocks
+                  : !fg_plan_workspace_units(w, fg_kernel_main(&meta)->br, a.heads_q, a.heads_kv,
+                                             a.seqlen_q, a.seqlen_k, b.deterministic != 0))
         continue;
       fg_text_add(&t, "%s%s", n++ ? ", " : "", w->name);
-      if (w->per_key) fg_text_add(&t, w->rows > 1 ? " per key block" : " per key row");
+      if (w->tail)
+        fg_text_add(&t, " of the tail's %" PRIu64 " key blocks", tail.blocks);
+      else if (w->per_key)
+        fg_text_add(&t, w->rows > 1 ? " per key block" : " per key row");
       if (w->min_group_rows > 0)
         fg_text_add(&t, "%s only when Nq*Hq/Hkv > %lld", w->per_key ? "," : "", w->min_group_rows);
     }

@@ -81,6 +81,8 @@ static const char *fg_export_convert_kernel(const fg_export_kernel *k, size_t st
     return "has no plan, or a malformed one (steps, main_step or workspaces): the table is "
            "damaged or from another flashgen; export it again";
   fg_kernel_meta *m = &img->meta;
+  const int ws_knows_tail =
+      ws_size >= offsetof(fg_export_workspace, tail) + sizeof((fg_export_workspace *)0)->tail;
   m->n_steps = k->n_steps;
   m->main_step = k->main_step;
   for (int i = 0; i < k->n_steps; i++) {
@@ -108,6 +110,11 @@ static const char *fg_export_convert_kernel(const fg_export_kernel *k, size_t st
      * what its steps were. */
     if (step_size >= offsetof(fg_export_step, split_rows) + sizeof s.split_rows)
       m->steps[i].split_rows = s.split_rows;
+    /* tail came later still, into what was the struct's padding: a table written before it may
+     * have the same step_size, so it is read only where the workspaces' size says the table knows
+     * tail (fg_export_workspace.tail came with it); otherwise 0, what its steps were. */
+    if (step_size >= offsetof(fg_export_step, tail) + sizeof s.tail && ws_knows_tail)
+      m->steps[i].tail = s.tail;
   }
   m->n_workspaces = k->n_workspaces;
   for (int i = 0; i < k->n_workspaces; i++) {
@@ -128,6 +135,8 @@ static const char *fg_export_convert_kernel(const fg_export_kernel *k, size_t st
       o->per_key = w.per_key;
       o->min_group_rows = w.min_group_rows;
     }
+    /* tail came later: a table whose workspace_desc_size predates it reads it as 0. */
+    if (ws_knows_tail) o->tail = w.tail;
   }
   /* Its parameter block and tensor maps (zero in tables from before them: none). */
   if (k->params != FG_EXPORT_PARAMS_DEFAULT && k->params != FG_EXPORT_PARAMS_FWD_TMA &&

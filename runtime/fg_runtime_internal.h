@@ -18,6 +18,7 @@
 #include "fg_kernel.h"
 #include "fg_params.h"
 #include "fg_problem.h"
+#include "fg_tail.h"
 #include "fg_variant.h"
 #include "flashgen.h"
 
@@ -413,6 +414,10 @@ fg_status fg_validate_backward_pointers(fg_context *ctx, const fg_attention_back
                                         char *err, size_t errlen);
 /* Fills the backward plan's parameter block from normalised args (workspace as given). */
 void fg_bwd_params_from_args(const fg_attention_backward_args *a, fg_bwd_params *p);
+/* The tail a backward call a (normalised) runs with under plan m on ctx's device (backward.c;
+ * core/fg_tail.h): what the launch, the workspace's size and explain use. */
+fg_plan_tail fg_bwd_tail(const fg_context *ctx, const fg_kernel_meta *m,
+                         const fg_attention_backward_args *a);
 /* The forward problem of a backward call (shapes, q, k, v, o, lse, strides, scale), for keys and
  * the checks the two share. */
 void fg_backward_forward_args(const fg_attention_backward_args *b, fg_attention_args *out);

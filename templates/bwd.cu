@@ -11,7 +11,8 @@
 //                     memory and added with bulk reductions);
 //   {{ entry }}_post  dQ = scale * accumulator, converted to the element type.
 // Past bwd.lua's SPLIT_ROWS query rows per KV head, the grid's z splits each key block's query
-// blocks; each split adds its dK, dV sums into the fp32 dkv_accum, which _post converts.
+// blocks; each split adds its dK, dV sums into the fp32 dkv_accum, which _post converts; so do
+// the pieces of the grid's tail (fg_params.h, bwd_aux.cuh bwd_place_of), into dkv_tail.
 // Workspace (fp32): the dQ accumulator [B*Hq, Nq, D] (dq_bulk: tiled, bwd_aux.cuh DQ_TILED),
 // (dkv_accum), D [B*Hq, Nq]. Do not edit.
 {% include("common.cuh") %}
@@ -62,7 +63,16 @@ constexpr int DQ_N = D, NT_Q = D / 8;
 // Then the mbarrier on which warps 1.. say they have stored their tiles (16 bytes: bwd.lua counts them).
 constexpr unsigned DQS_OFF = DS_OFF + BR * PROW * 2, DQ_BAR_OFF = DQS_OFF + BR * D * 4;
 static_assert(DQS_OFF % 16 == 0 && BR % 64 == 0, "bulk reductions of 64-row chunks, 16-byte aligned");
+constexpr unsigned SLOT_OFF = DQ_BAR_OFF + 16;
+{% else %}
+constexpr unsigned SLOT_OFF = DS_OFF + BR * PROW * 2;
 {% end %}
+// Last, the block's place (16 bytes: bwd_aux.cuh, bwd_place_store; bwd.lua counts them).
+#define BWD_PLACE_SLOT 1
+FG_DEV u32 bwd_slot() {
+  extern __shared__ __align__(128) u16 smem[];
+  return smem_addr(smem) + SLOT_OFF;
+}
 
 }  // namespace
 {% include("bwd_aux.cuh") %}
@@ -72,6 +82,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   extern __shared__ __align__(128) u16 smem[];
   const u32 sbase = smem_addr(smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  if (tid == 0) bwd_place_store(p);
+  __syncthreads();
+  if (place_splits() == 0) return;  // past the tail's last piece (bwd_place_of)
   const u32 bhk = KV_HEAD_BLOCK(p), b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
   const i64 k0 = k0_of(p), Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
   // The query blocks of this block (its key block's span, its split of it: bwd_span_of).
@@ -79,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   // above d = 128) it reads them anew (volatile, bwd_span_now) where it needs them: holding the
   // split's first block and count spilled past the limit at d = 224..248 (sm_80), reading them
   // anew did double-buffered (sm_90a, d = 40..120).
-  const bwd_span sp0 = bwd_span_of(p, k0);
+  const bwd_span sp0 = bwd_span_now(p);
   auto span = [&]() { return STAGES == 2 ? sp0 : bwd_span_now(p); };
   const int G = (int)p.hq_per_hkv;
 
@@ -413,7 +426,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   // query ranges, split) this split's sums added into dkv_accum, which _post converts.
   const float sc = (float)p.scale;
   const i64 k0e = k0_of(p);  // k0, read anew (see key_block)
-  if (p.dkv) {
+  if (bwd_split()) {
     // dK, then dV, through shared memory (K and V's tiles, free now: at least BC x D floats) into
     // dkv_accum, rows at a time, coalesced: the accumulators die as they are staged (adding them
     // from registers, fragment by fragment, spilled past the limit at d = 200..248).

@@ -44,7 +44,7 @@ function M.layout(v)
   local split = math.max(v.warps // wm, v.warps // wq)
   local d_pad = round_up(v.d, 16 * split)
   local dq_bulk = (v.arch == "sm_90" or v.arch == "sm_90a") and v.br == 128 and
-                  kv_outer_smem(v, d_pad + 8) + v.br * v.d * 4 + 16 <= SM90_SMEM
+                  kv_outer_smem(v, d_pad + 8) + v.br * v.d * 4 + 32 <= SM90_SMEM
   return { d_pad = d_pad, row = d_pad + 8, wm = wm, wq = wq, ws = ws, dq_bulk = dq_bulk }
 end
 
@@ -151,7 +151,8 @@ function M.resources(v)
   if wgmma_loop(v) then return wgmma_resources(v) end
   if tma_loop(v) then return tma_resources(v) end
   local L = M.layout(v)
-  return { threads = 32 * v.warps, smem = kv_outer_smem(v, L.row) + (L.dq_bulk and v.br * v.d * 4 + 16 or 0),
+  -- (then 16 bytes for the block's place: bwd.cu SLOT_OFF)
+  return { threads = 32 * v.warps, smem = kv_outer_smem(v, L.row) + (L.dq_bulk and v.br * v.d * 4 + 16 or 0) + 16,
            regs = regs_estimate(v, L) }
 end
 
@@ -219,14 +220,22 @@ local SPLIT_ROWS, DKV_SEM_FLOATS = 65536, 4
 --
 -- The plan of a backward template whose main kernel takes `threads` and `smem` (another
 -- backward template returns its own through this, with its own main kernel).
-local function plan(v, template, threads, smem)
+-- The tail (tail = true on the main step: bwd.cu and bwd_tma.cu; runtime/backward.c chooses
+-- it, fg_plan_step_tail): without a mask, every key block of a head sums over the same query
+-- rows, so the grid's blocks take equally long and its last wave, partial, leaves the rest of the
+-- SMs idle for a whole block (measured on an H100, 132 SMs: d = 64 N = 16k, 4096 blocks, 31.03
+-- waves: 33 heads took as long as 32). There the runtime splits the last wave's key blocks'
+-- query ranges into pieces that the wave's SMs share; the pieces add their dK/dV partial sums
+-- into the workspace dkv_tail (one key block of it per tail key block: the launch's tail, not per
+-- head), which _pre zeroes and _post converts, as dkv_accum past SPLIT_ROWS.
+local function plan(v, template, threads, smem, tail)
   local e = M.entry(v)
-  return {
+  local t = {
     template = template, main = 2,
     steps = {
       { entry = e .. "_pre", grid = "q_tiles", br = AUX_ROWS, threads = AUX_THREADS, smem = 0 },
       { entry = e, grid = "kv_tiles", br = v.bc, threads = threads, smem = smem,
-        split_rows = SPLIT_ROWS },
+        split_rows = SPLIT_ROWS, tail = tail },
       { entry = e .. "_post", grid = "q_tiles", br = AUX_ROWS, threads = AUX_THREADS, smem = 0 },
     },
     workspaces = {
@@ -239,6 +248,12 @@ local function plan(v, template, threads, smem)
     constants = { pre_rows = AUX_ROWS, pre_threads = AUX_THREADS, sem_rows = SEM_ROWS,
                   dkv_sem_floats = DKV_SEM_FLOATS },
   }
+  if tail then
+    table.insert(t.workspaces, 3, { name = "dkv_tail", param = "dkv_tail",
+                                    bytes = 4 * (2 * v.bc * v.d + DKV_SEM_FLOATS), rows = v.bc,
+                                    per = "key", tail = true })
+  end
+  return t
 end
 
 -- dQ's accumulator in tiles of Br rows (each head's rows rounded up to them) laid out as the
@@ -253,7 +268,7 @@ end
 function M.launch(v)
   local r = M.resources(v)
   if tma_loop(v) then
-    local t = plan(v, "bwd_tma.cu", r.threads, r.smem)
+    local t = plan(v, "bwd_tma.cu", r.threads, r.smem, true)
     t.params = "bwd_tma"
     tiled_dq(t, v)
     t.constants.dq_bufs = tma_dq_bufs(v)
@@ -261,7 +276,7 @@ function M.launch(v)
                 { tensor = "k", rows = v.bc }, { tensor = "v", rows = v.bc } }
     return t
   end
-  local t = plan(v, wgmma_loop(v) and "bwd_wgmma.cu" or "bwd.cu", r.threads, r.smem)
+  local t = plan(v, wgmma_loop(v) and "bwd_wgmma.cu" or "bwd.cu", r.threads, r.smem, not wgmma_loop(v))
   if not wgmma_loop(v) and M.layout(v).dq_bulk then tiled_dq(t, v) end
   return t
 end

@@ -163,8 +163,7 @@ FG_DEV u32 det_rank(const fg_bwd_params &p, u32 kb, u32 nkb, int i, int P) {
   return g0 + (ji + n - (kb - g0)) % n;
 }
 #endif
-FG_DEV bwd_span bwd_span_of(const fg_bwd_params &p, i64 k0, u32 z = blockIdx.z,
-                            u32 splits = gridDim.z) {
+FG_DEV bwd_span bwd_span_of(const fg_bwd_params &p, i64 k0, u32 z, u32 splits) {
   const i64 Nq = p.seqlen_q, diag = p.seqlen_k - Nq;
   const int nqb = (int)((Nq + BR - 1) / BR);
   int i0 = 0;
@@ -220,73 +219,101 @@ FG_DEV kv_pos det_kv_pos() {
   return {full + r % n, r / n};
 }
 #endif
-#ifdef BWD_CAUSAL_ORDER
-// (BWD_CAUSAL_ORDER, which bwd_tma.cu defines with bwd_slot().) Causal, not deterministic: key
-// block kb of a head sees the query rows from its diagonal on, so the first key blocks are the
-// longest, and in launch order (x, the key block, fastest: one head after another) the last
-// heads' longest blocks start late and the grid ends on a tail (a host simulation of the list
-// schedule: 0.93-0.95 of the ideal at d = 128 N = 1k-8k). Here the heads go in groups of about
-// three waves of blocks (the heads split evenly), and within a group the key blocks slow and the
-// heads fast, so each group runs longest first (0.985-0.998) while its blocks still share their
-// heads' Q, dO and dQ in L2. Thread 0 works the block's place out once (causal_kv_pos_store) into
-// bwd_slot() before the block's barrier; key_block and KV_HEAD_BLOCK read it there, anew at
-// every call (volatile: nothing held across the query-block loop).
-// (Deterministic causal calls keep the launch order with the key blocks reversed, as key_block
-// says, in the same slot.)
-FG_DEV void causal_kv_pos_store(const fg_bwd_params &p) {
-  const u32 nkb = nctaid_x(), nbh = nctaid_y(), L = ctaid_y() * nkb + ctaid_x();
-  if (p.deterministic) {
-    asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(bwd_slot()), "r"(nkb - 1 - ctaid_x()), "r"(ctaid_y()) : "memory");
-    return;
+FG_DEV u32 ctaid_z() { u32 r; asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(r)); return r; }
+FG_DEV u32 nctaid_z() { u32 r; asm volatile("mov.u32 %0, %%nctaid.z;" : "=r"(r)); return r; }
+// The block's place: the key block (of BC keys) it computes, its (batch, KV head), and which of
+// how many splits of the key block's query blocks it takes (bwd_span_of).
+struct bwd_place {
+  u32 kb, bhk, z, splits;
+};
+// From the grid: (x, y, z) of (nkb, B * Hkv, splits); or, where the runtime gave the launch a tail
+// (fg_params.h: tail_splits > 1; only without a mask, without deterministic mode and with one
+// split: runtime/backward.c, fg_plan_step_tail), the linear blocks L = y nkb + x from tail_first
+// on are the tail's pieces: piece i = L - tail_first is split i / tail_blocks of key block
+// tail_first + i % tail_blocks (in linear order), so the GPU starts every tail key block's first
+// piece before any second one; splits 0 past the last piece (the block does nothing). The tail is
+// taken only where its fields match the grid (tail_first + tail_blocks = nkb B Hkv): a runtime
+// from before it passes a shorter parameter block, whose bytes past its end are not a tail.
+FG_DEV bwd_place bwd_place_of(const fg_bwd_params &p) {
+  const u32 nkb = nctaid_x();
+  if (!CAUSAL && p.tail_splits > 1 && p.tail_first + p.tail_blocks == (i64)nkb * p.batch * p.heads_kv) {
+    const u32 L = ctaid_y() * nkb + ctaid_x(), f = (u32)p.tail_first;
+    if (L >= f) {
+      const u32 i = L - f, z = i / (u32)p.tail_blocks, lin = f + (i - z * (u32)p.tail_blocks);
+      return {lin % nkb, lin / nkb, z, z < (u32)p.tail_splits ? (u32)p.tail_splits : 0u};
+    }
   }
-  // Under 16 key blocks only the last wave's heads are dealt so (deal_tail), the rest in launch
-  // order: at d = 128 N = 1k (8) the groups lost 6-7% (fg_ab, H100; short blocks, and a head's
-  // few key blocks, dealt far apart, read its Q and dO from DRAM again) where the tail alone
-  // gained 4% (512: 1.8%); the groups gained 2-6% from 2k (bench/NOTES.md session 18).
-  u32 kb, bhk;
-  deal_causal<6>(L, nkb, nbh, kb, bhk);  // common.cuh: groups of about three waves
-  asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(bwd_slot()), "r"(kb), "r"(bhk) : "memory");
+  return {ctaid_x(), ctaid_y(), ctaid_z(), nctaid_z()};
 }
-FG_DEV u32 causal_slot(int i) {
+#ifdef BWD_CAUSAL_ORDER
+// (BWD_CAUSAL_ORDER, which bwd_tma.cu defines.) Causal, not deterministic: key block kb of a head
+// sees the query rows from its diagonal on, so the first key blocks are the longest, and in launch
+// order (x, the key block, fastest: one head after another) the last heads' longest blocks start
+// late and the grid ends on a tail (a host simulation of the list schedule: 0.93-0.95 of the ideal
+// at d = 128 N = 1k-8k). Here the heads go in groups of about three waves of blocks (the heads
+// split evenly), and within a group the key blocks slow and the heads fast, so each group runs
+// longest first (0.985-0.998) while its blocks still share their heads' Q, dO and dQ in L2. Under
+// 16 key blocks only the last wave's heads are dealt so (deal_tail), the rest in launch order: at
+// d = 128 N = 1k (8) the groups lost 6-7% (fg_ab, H100; short blocks, and a head's few key
+// blocks, dealt far apart, read its Q and dO from DRAM again) where the tail alone gained 4%
+// (512: 1.8%); the groups gained 2-6% from 2k (bench/NOTES.md session 18).
+FG_DEV void causal_kv_pos(u32 &kb, u32 &bhk) {
+  const u32 nkb = nctaid_x(), nbh = nctaid_y(), L = ctaid_y() * nkb + ctaid_x();
+  deal_causal<6>(L, nkb, nbh, kb, bhk);  // common.cuh: groups of about three waves
+}
+#endif
+// The templates that keep the place in 16 bytes of shared memory (bwd.cu, bwd_tma.cu: bwd_slot(),
+// BWD_PLACE_SLOT) work it out once, thread 0 before the block's first barrier (bwd_place_store),
+// and read it there anew at every call (volatile: nothing held across the query-block loop; the
+// tail's division, or deterministic mode's deal, is not redone in the loop). bwd_wgmma.cu reads
+// the grid. Besides bwd_place_of's: deterministic causal calls take the key blocks in reverse (the
+// last key block first), because there the dQ tiles are passed from the last key block down
+// (dq_rank), so a block waits only for blocks before it in x, which the GPU starts first;
+// deterministic without a mask, det_kv_pos's deal; causal otherwise (BWD_CAUSAL_ORDER),
+// causal_kv_pos's.
+#ifdef BWD_PLACE_SLOT
+FG_DEV void bwd_place_store(const fg_bwd_params &p) {
+  bwd_place pl = bwd_place_of(p);
+  if (CAUSAL && p.deterministic) pl.kb = nctaid_x() - 1 - ctaid_x();
+#ifdef BWD_CAUSAL_ORDER
+  if (CAUSAL && !p.deterministic) causal_kv_pos(pl.kb, pl.bhk);
+#endif
+#ifdef BWD_DET_GROUPS
+  if (!CAUSAL && p.deterministic) {
+    const kv_pos d = det_kv_pos();
+    pl.kb = d.kb, pl.bhk = d.bhk;
+  }
+#endif
+  asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(bwd_slot()), "r"(pl.kb), "r"(pl.bhk) : "memory");
+  asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(bwd_slot() + 8u), "r"(pl.z), "r"(pl.splits) : "memory");
+}
+FG_DEV u32 place_slot(int i) {
   u32 r;
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(r) : "r"(bwd_slot() + 4u * (u32)i));
   return r;
 }
-#endif
-// The (batch, KV head) of this block.
-#if defined(BWD_DET_GROUPS) && defined(BWD_CAUSAL_ORDER)
-#define KV_HEAD_BLOCK(p) (CAUSAL ? causal_slot(1) : (p).deterministic ? det_kv_pos().bhk : blockIdx.y)
-#elif defined(BWD_DET_GROUPS)
-#define KV_HEAD_BLOCK(p) (!CAUSAL && (p).deterministic ? det_kv_pos().bhk : blockIdx.y)
+#define KV_HEAD_BLOCK(p) place_slot(1)
+FG_DEV int key_block(const fg_bwd_params &) { return (int)place_slot(0); }
+FG_DEV u32 place_z() { return place_slot(2); }
+FG_DEV u32 place_splits() { return place_slot(3); }
 #else
 #define KV_HEAD_BLOCK(p) blockIdx.y
-#endif
-// The key block (of BC keys) this thread block computes: blockIdx.x, but in deterministic causal
-// mode the blocks go in reverse (the last key block first), because there the dQ tiles are
-// passed from the last key block down (dq_rank): a block then waits only for blocks before it
-// in x, which the GPU starts first; deterministic without a mask, det_kv_pos's; causal without
-// deterministic mode where BWD_CAUSAL_ORDER is defined, causal_kv_pos_store's.
-// Read anew at every call (volatile ctaid_x): the kernels call it where they need the block's
-// first key (k0_of) rather than keep a value derived from it live across the query-block loop,
-// which spilled at d = 184..240.
 FG_DEV int key_block(const fg_bwd_params &p) {
-#ifdef BWD_DET_GROUPS
-  if (!CAUSAL && p.deterministic) return (int)det_kv_pos().kb;
-#endif
-#ifdef BWD_CAUSAL_ORDER
-  if (CAUSAL) return (int)causal_slot(0);
-#endif
   if (CAUSAL && p.deterministic) return (int)(nctaid_x() - 1 - ctaid_x());
   return (int)ctaid_x();
 }
+FG_DEV u32 place_z() { return ctaid_z(); }
+FG_DEV u32 place_splits() { return nctaid_z(); }
+#endif
 FG_DEV i64 k0_of(const fg_bwd_params &p) { return (i64)key_block(p) * BC; }
+// Whether this block sums part of its key block's query blocks (long query ranges past the plan's
+// SPLIT_ROWS, or a tail piece): then it adds its dK/dV into dkv_block, which _post converts.
+FG_DEV bool bwd_split() { return place_splits() > 1; }
 // This block's span (bwd_span_of) with its key block and split read anew (volatile) at every
 // call: a kernel that calls it where it needs the span keeps none of it live across the
 // query-block loop (bwd.cu, single-buffered).
-FG_DEV u32 ctaid_z() { u32 r; asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(r)); return r; }
-FG_DEV u32 nctaid_z() { u32 r; asm volatile("mov.u32 %0, %%nctaid.z;" : "=r"(r)); return r; }
 FG_DEV bwd_span bwd_span_now(const fg_bwd_params &p) {
-  return bwd_span_of(p, k0_of(p), ctaid_z(), nctaid_z());
+  return bwd_span_of(p, k0_of(p), place_z(), place_splits());
 }
 #ifdef BWD_DET_GROUPS
 // The span's query block that this block takes first (det_rot: deterministic without a mask;
@@ -355,10 +382,13 @@ FG_DEV void dq_sem_release(const fg_bwd_params &p, u32 *sem, int tid) {
   }
 }
 
-// Long query ranges (p.dkv != 0, the grid's z splits each key block's query blocks): key block
-// kb of (batch, KV head) bhk in dkv_accum (dK at 0, dV at BC * D, the semaphore at 2 BC D).
+// Where a split block (bwd_split) adds its partial sums: long query ranges (p.dkv != 0, the grid's
+// z splits each key block's query blocks), key block kb of (batch, KV head) bhk in dkv_accum; a
+// tail piece, its key block's in dkv_tail (the tail's key blocks in linear order, from
+// tail_first). dK at 0, dV at BC * D, the semaphore at 2 BC D.
 FG_DEV float *dkv_block(const fg_bwd_params &p, u32 bhk, i64 kb) {
-  return (float *)p.dkv + ((i64)bhk * ((p.seqlen_k + BC - 1) / BC) + kb) * DKV_FLOATS;
+  const i64 at = (i64)bhk * ((p.seqlen_k + BC - 1) / BC) + kb;
+  return p.dkv_tail ? (float *)p.dkv_tail + (at - p.tail_first) * DKV_FLOATS : (float *)p.dkv + at * DKV_FLOATS;
 }
 FG_DEV u32 *dkv_sem(float *blk) { return (u32 *)(blk + 2 * BC * D); }
 // Deterministic mode: the splits of a key block add in z order; split z waits until the z before
@@ -555,6 +585,11 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_pre(BWD_PA
     for (i64 i = sh.l * PRE_THREADS + threadIdx.x; i < n4; i += sh.L * PRE_THREADS)
       st_global_v4(base + 4 * i, 0u, 0u, 0u, 0u);
   }
+  if (p.dkv_tail) {  // the tail's key blocks (fg_params.h), shared out over the whole grid
+    const i64 n4 = p.tail_blocks * (DKV_FLOATS / 4), l = (i64)blockIdx.y * gridDim.x + blockIdx.x;
+    for (i64 i = l * PRE_THREADS + threadIdx.x; i < n4; i += (i64)gridDim.x * gridDim.y * PRE_THREADS)
+      st_global_v4((float *)p.dkv_tail + 4 * i, 0u, 0u, 0u, 0u);
+  }
 }
 
 // dQ = scale * accumulator, in the element type, at dQ's strides; for long query ranges (p.dkv)
@@ -582,6 +617,18 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_post(BWD_P
       const float *blk = dkv_block(p, sh.bhk, k / BC) + (k % BC) * D;
       row_out(blk, (u16 *)p.dk + b * p.dk_sb + hk * p.dk_sh + k * p.dk_sn, sc, lane);
       row_out(blk + BC * D, (u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + k * p.dv_sn, 1.f, lane);
+    }
+  }
+  if (p.dkv_tail) {  // the tail's key blocks: a warp per key row, shared out over the whole grid
+    constexpr int W = PRE_THREADS / 32;
+    const i64 nkb = (p.seqlen_k + BC - 1) / BC, l = (i64)blockIdx.y * gridDim.x + blockIdx.x;
+    for (i64 i = l * W + warp; i < p.tail_blocks * BC; i += (i64)gridDim.x * gridDim.y * W) {
+      const i64 at = p.tail_first + i / BC, k = at % nkb * BC + i % BC;  // linear key block, key row
+      if (k >= p.seqlen_k) continue;
+      const u32 bk = (u32)(at / nkb / p.heads_kv), hk = (u32)(at / nkb % p.heads_kv);
+      const float *row = (const float *)p.dkv_tail + (i / BC) * DKV_FLOATS + (i % BC) * D;
+      row_out(row, (u16 *)p.dk + bk * p.dk_sb + hk * p.dk_sh + k * p.dk_sn, sc, lane);
+      row_out(row + BC * D, (u16 *)p.dv + bk * p.dv_sb + hk * p.dv_sh + k * p.dv_sn, 1.f, lane);
     }
   }
 }

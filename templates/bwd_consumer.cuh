@@ -212,7 +212,7 @@ FG_DEV void stsm_x4(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
 {% function bwd_dkdv_split(tid) %}
   const float sc = (float)p.scale;
   const i64 k0e = k0_of(p);  // k0, read anew (see key_block)
-  if (p.dkv) {
+  if (bwd_split()) {
     float *blk = dkv_block(p, KV_HEAD_BLOCK(p), k0e / BC);
     const int r0 = wg * 64 + wr, kvl = (int)(Nk - k0e < BC ? Nk - k0e : BC) - r0;
     dkv_wait(p, blk, {{ tid }});

@@ -63,7 +63,7 @@ constexpr u32 DQ_ROWS = BR / NDQ, DQ_BYTES = DQ_ROWS * D * 4, DQ_PART = 64 * DQ_
 constexpr u32 K_OFF = 0, V_OFF = KV_BYTES, Q_OFF = 2 * KV_BYTES;
 constexpr u32 DS_OFF = Q_OFF + STAGES * 2 * QT_BYTES, DQ_OFF = DS_OFF + NDS * DS_BYTES;
 constexpr u32 L_OFF = DQ_OFF + NDQ * NBUF * DQ_BYTES, BAR_OFF = L_OFF + STAGES * 2 * BR * 4;
-// mbarriers (8 bytes each; bytes 8-15 hold the block's place instead, bwd_slot): K/V full; per
+// mbarriers (8 bytes each; bytes 8-23 hold the block's place instead, bwd_slot): K/V full; per
 // stage full (the TMA's bytes and the 32 lanes of the LSE/D warp) and empty (every consumer thread: each arrives after its own reads, which one lane
 // per warp could not vouch for; compute-sanitizer's racecheck flagged the LSE/D rewrites); per
 // dS^T buffer full and empty; per dQ buffer (part w, slot s: w * NBUF + s < 4) full (the consumer
@@ -126,9 +126,10 @@ FG_DEV u32 bars_addr() {
   return sbase - raw >= BAR_BYTES ? raw : sbase + BAR_OFF;
 }
 // Causal without deterministic mode: the blocks' order by groups of heads, longest key blocks
-// first (bwd_aux.cuh), each block's key block and (batch, KV head) in the mbarriers' unused bytes
-// 8-15.
+// first (bwd_aux.cuh). Every block's place (bwd_aux.cuh, bwd_place_store) in the mbarriers' unused
+// bytes 8-23.
 #define BWD_CAUSAL_ORDER 1
+#define BWD_PLACE_SLOT 1
 FG_DEV u32 bwd_slot() { return bars_addr() + 8u; }
 {% include("bwd_aux.cuh") %}
 
@@ -144,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
       CAUSAL ? bars_addr() : sbase - smem_addr(smem_raw) >= BAR_BYTES ? smem_addr(smem_raw) : sbase + BAR_OFF;
   const int tid = threadIdx.x;
   if (tid == 0) {
-    if (CAUSAL) causal_kv_pos_store(p);
+    bwd_place_store(p);
     mbar_init(bars + BAR_KV, 1);
 #pragma unroll
     for (int w = 0; w < NDQ; ++w) {
@@ -167,6 +168,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     mbar_init_fence();
   }
   __syncthreads();  // the last block-wide barrier: the producer warps leave early
+  if (place_splits() == 0) return;  // past the tail's last piece (bwd_place_of)
 
   if (tid < 128) {
     // The producer warpgroup. Items (query head of the group, query block) as bwd_span_of.
@@ -174,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     const int warp = tid / 32, lane = tid % 32;
     const u32 bhk = KV_HEAD_BLOCK(p), b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
     const int G = (int)p.hq_per_hkv;
-    const bwd_span sp = bwd_span_of(p, k0_of(p));
+    const bwd_span sp = bwd_span_now(p);
     const int rot = item_rot(p, sp);  // the first item's query block (deterministic, no mask)
     if (warp == 0 && lane == 0) {
       // K and V once, then Q and dO of each item into its stage once the consumers freed it.
@@ -262,7 +264,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   const int ctid = tid - 128, warp = ctid / 32, lane = ctid % 32, g = lane / 4, t = lane % 4;
   const int wg = warp / 4, wr = (warp % 4) * 16;  // warpgroup; the warp's first row in it
   const i64 Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
-  const bwd_span sp = bwd_span_of(p, k0_of(p));
+  const bwd_span sp = bwd_span_now(p);
   const int i0 = sp.i0, per_head = sp.per_head, n_items = sp.n_items;
   const float sl2 = (float)p.scale_log2;
   const u32 k_wg = sbase + K_OFF + (u32)wg * 64 * 128, v_wg = sbase + V_OFF + (u32)wg * 64 * 128;

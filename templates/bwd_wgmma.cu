@@ -52,7 +52,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const u32 bhk = KV_HEAD_BLOCK(p), b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
   const i64 k0 = k0_of(p), Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
   const int G = (int)p.hq_per_hkv;
-  const bwd_span sp = bwd_span_of(p, k0);
+  const bwd_span sp = bwd_span_now(p);
   const int i0 = sp.i0, per_head = sp.per_head, n_items = sp.n_items;
 
   load_sw<BC, CHUNKS, THREADS>(sbase + K_OFF, (const u16 *)p.k + b * p.k_sb + hk * p.k_sh + k0 * p.k_sn, p.k_sn, Nk - k0, tid);

@@ -62,6 +62,16 @@ typedef struct fg_bwd_params {
    * an fp32 scratch of each key block's dK and dV partial sums, which the main kernel moves out
    * of the tensor cores' accumulators every so many query blocks; 0 when absent. */
   unsigned long long dkv;
+  /* The tail (a main step whose plan has one, runtime/backward.c, fg_plan_step_tail): the key
+   * blocks of the grid's last partial wave are split into pieces, so the wave's SMs share them.
+   * In the grid's linear order (y * x blocks + x), blocks from tail_first on are pieces: piece i
+   * is split i / tail_blocks (of tail_splits) of the query range of the key block whose linear
+   * index is tail_first + i % tail_blocks; blocks past the last piece do nothing. Pieces add
+   * their dK/dV partial sums into dkv_tail (the plan's workspace "dkv_tail": one key block of
+   * it per tail key block, zeroed by the first step, converted by the last). tail_splits 0: no
+   * tail (every block one key block, as before). */
+  long long tail_first, tail_blocks, tail_splits;
+  unsigned long long dkv_tail;
 } fg_bwd_params;
 
 /* The argument block of every kernel of a backward plan that declares tensor maps

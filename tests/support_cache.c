@@ -165,14 +165,14 @@ int fgt_same_plan(const fg_kernel_meta *a, const fg_kernel_meta *b) {
     const fg_plan_step *x = &a->steps[i], *y = &b->steps[i];
     if (strcmp(x->entry, y->entry) || x->grid != y->grid || x->br != y->br ||
         x->threads != y->threads || x->smem_bytes != y->smem_bytes ||
-        x->split_rows != y->split_rows)
+        x->split_rows != y->split_rows || x->tail != y->tail)
       return 0;
   }
   for (int i = 0; i < a->n_workspaces; i++) {
     const fg_plan_workspace *x = &a->workspaces[i], *y = &b->workspaces[i];
     if (strcmp(x->name, y->name) || strcmp(x->param, y->param) || x->bytes != y->bytes ||
         x->rows != y->rows || x->deterministic_only != y->deterministic_only ||
-        x->per_key != y->per_key || x->min_group_rows != y->min_group_rows)
+        x->per_key != y->per_key || x->min_group_rows != y->min_group_rows || x->tail != y->tail)
       return 0;
   }
   return 1;

@@ -1,6 +1,7 @@
 /* support_plan.h: launch plans for tests that make kernel images by hand (no generator): the
  * backward's three steps and four workspaces as templates/bwd.lua declares them (test_generator
- * checks the manifest against the same numbers), and a forward's one step. */
+ * checks the manifest against the same numbers), the tail that bwd.lua adds to kv_outer's and
+ * kv_tma's, and a forward's one step. */
 #ifndef FG_TEST_SUPPORT_PLAN_H
 #define FG_TEST_SUPPORT_PLAN_H
 #include <stdio.h>
@@ -26,10 +27,10 @@ static inline void test_backward_plan(fg_kernel_meta *m, const char *name, int d
   snprintf(m->steps[0].entry, sizeof m->steps[0].entry, "%.58s_pre", e);
   snprintf(m->steps[2].entry, sizeof m->steps[2].entry, "%.58s_post", e);
   m->n_workspaces = 4;
-  m->workspaces[0] = (fg_plan_workspace){"dq_accum", "workspace", 4 * d, 1, 0, 0, 0};
-  m->workspaces[1] = (fg_plan_workspace){"dkv_accum", "dkv", 4 * (2 * bc * d + 4), bc, 0, 1, 65536};
-  m->workspaces[2] = (fg_plan_workspace){"dsum", "dsum", 4, 1, 0, 0, 0};
-  m->workspaces[3] = (fg_plan_workspace){"semaphores", "sem", 4, 16, 1, 0, 0};
+  m->workspaces[0] = (fg_plan_workspace){"dq_accum", "workspace", 4 * d, 1, 0, 0, 0, 0};
+  m->workspaces[1] = (fg_plan_workspace){"dkv_accum", "dkv", 4 * (2 * bc * d + 4), bc, 0, 1, 65536, 0};
+  m->workspaces[2] = (fg_plan_workspace){"dsum", "dsum", 4, 1, 0, 0, 0, 0};
+  m->workspaces[3] = (fg_plan_workspace){"semaphores", "sem", 4, 16, 1, 0, 0, 0};
   /* A kv_tma variant's plan takes the tensor-map block (bwd.lua): maps of Q and dO (Br rows), K
    * and V (Bc rows); the fake driver reads every step of a kvtma entry's block that way. */
   int dd, br;
@@ -41,5 +42,15 @@ static inline void test_backward_plan(fg_kernel_meta *m, const char *name, int d
     m->tmaps[2] = (fg_plan_tmap){FG_TMAP_K, bc};
     m->tmaps[3] = (fg_plan_tmap){FG_TMAP_V, bc};
   }
+}
+
+/* What templates/bwd.lua adds to the plan of a template that runs with a tail (bwd.cu,
+ * bwd_tma.cu): tail on the main step, and the workspace dkv_tail ((2 bc d + 4) * 4 B per key
+ * block of the launch's tail, in total) third, after dkv_accum. m is test_backward_plan's. */
+static inline void test_backward_plan_add_tail(fg_kernel_meta *m, int d, int bc) {
+  m->steps[m->main_step].tail = 1;
+  for (int i = m->n_workspaces; i > 2; i--) m->workspaces[i] = m->workspaces[i - 1];
+  m->workspaces[2] = (fg_plan_workspace){"dkv_tail", "dkv_tail", 4 * (2 * bc * d + 4), bc, 0, 1, 0, 1};
+  m->n_workspaces++;
 }
 #endif

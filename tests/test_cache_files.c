@@ -116,6 +116,22 @@ Test(cache, a_workspace_line_of_the_old_shape_is_caught) {
  * other than kv_tiles or with rows that do not divide its br, and a split without a per-key
  * workspace of its threshold are refused; a step line without split_rows (written before it)
  * reads as 0. */
+/* A plan of one main step (its grid, br, threads, smem and what follows) and one workspace line
+ * that the parser refuses, with a word of the reason. */
+typedef struct bad_plan {
+  const char *step, *line, *why;
+} bad_plan;
+static void expect_refused(const bad_plan *bad, size_t n) {
+  fg_kernel_meta back;
+  for (size_t i = 0; i < n; i++) {
+    char t[512];
+    snprintf(t, sizeof t, "main 0\nstep fg_k %s\n%s\n", bad[i].step, bad[i].line);
+    const char *why = fg_kernel_plan_parse(t, &back);
+    cr_assert(why && strstr(why, bad[i].why), "%s / %s: %s", bad[i].step, bad[i].line,
+              why ? why : "(accepted)");
+  }
+}
+
 Test(cache, plan_text_of_per_key_workspaces) {
   fg_kernel_meta m, back;
   test_backward_plan(&m, "k", 64, 128, 256, 1000);
@@ -138,12 +154,10 @@ Test(cache, plan_text_of_per_key_workspaces) {
   fg_kernel_plan_format(&m, text, sizeof text);
   cr_assert_null(fg_kernel_plan_parse(text, &back));
   cr_assert_eq(back.workspaces[1].min_group_rows, 5000000000LL);
-  static const struct {
-    const char *step, *line, *why;
-  } bad[] = {
+  static const bad_plan bad[] = {
       {"kv_tiles 128 256 0", "workspace dq_accum workspace 256 1 0", "not main, step"},
       {"kv_tiles 128 256 0", "workspace dq_accum workspace 256 1 0 0", "not main, step"},
-      {"kv_tiles 128 256 0", "workspace dq_accum workspace 256 1 0 0 0 7", "not main, step"},
+      {"kv_tiles 128 256 0", "workspace dq_accum workspace 256 1 0 0 0 0 7", "not main, step"},
       {"kv_tiles 128 256 0", "workspace dkv_accum dkv 512 1 0 1 -1", "per_key or min_group_rows"},
       {"kv_tiles 128 256 0", "workspace dkv_accum dkv 512 1 0 2 0", "per_key or min_group_rows"},
       {"kv_tiles 128 256 0", "workspace dkv_accum dkv 512 48 0 1 0", "does not divide"},
@@ -151,15 +165,9 @@ Test(cache, plan_text_of_per_key_workspaces) {
       {"kv_tiles 128 256 0 65536", "workspace dkv_accum dkv 512 128 0 1 4096", "no per-key workspace"},
       {"kv_tiles 128 256 0 -1", "workspace dq_accum workspace 256 1 0 0 0", "split_rows"},
       {"q_tiles 128 256 0 65536", "workspace dq_accum workspace 256 1 0 0 0", "split_rows"},
-      {"kv_tiles 128 256 0 65536 1", "workspace dq_accum workspace 256 1 0 0 0", "not main, step"},
+      {"kv_tiles 128 256 0 65536 1 0", "workspace dq_accum workspace 256 1 0 0 0", "not main, step"},
   };
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    char t[512];
-    snprintf(t, sizeof t, "main 0\nstep fg_k %s\n%s\n", bad[i].step, bad[i].line);
-    const char *why = fg_kernel_plan_parse(t, &back);
-    cr_assert(why && strstr(why, bad[i].why), "%s / %s: %s", bad[i].step, bad[i].line,
-              why ? why : "(accepted)");
-  }
+  expect_refused(bad, sizeof bad / sizeof bad[0]);
   const char *fwd = "main 0\nstep fg_k q_tiles 64 256 0\nworkspace dkv_accum dkv 512 1 0 1 0\n";
   const char *why = fg_kernel_plan_parse(fwd, &back);
   cr_assert(why && strstr(why, "kv_tiles"), "%s", why ? why : "(accepted)");
@@ -171,6 +179,122 @@ Test(cache, plan_text_of_per_key_workspaces) {
       "main 0\nstep fg_k kv_tiles 128 256 0 65536\nworkspace dkv_accum dkv 512 128 0 1 65536\n",
       &back));
   cr_assert_eq(back.steps[0].split_rows, 65536);
+}
+
+/* The tail's two fields (tests/support_plan.h: what bwd.lua adds to kv_outer and kv_tma): the
+ * main step's line gains a 7th number (tail; split_rows then written even when 0), the tail
+ * workspace's line an 8th; every other line keeps its shape, so text written before tail reads
+ * as tail 0 and a plan without one writes the same text as before. */
+Test(cache, plan_text_of_a_tail) {
+  fg_kernel_meta m, back;
+  test_backward_plan(&m, "k", 64, 128, 256, 1000);
+  char before[FG_CACHE_PLAN_MAX], text[FG_CACHE_PLAN_MAX];
+  cr_assert_lt(fg_kernel_plan_format(&m, before, sizeof before), (int)sizeof before);
+  test_backward_plan_add_tail(&m, 64, 128);
+  cr_assert_null(fg_kernel_meta_invalid(&m));
+  cr_assert_lt(fg_kernel_plan_format(&m, text, sizeof text), (int)sizeof text);
+  cr_assert(strstr(text, "step fg_k kv_tiles 128 256 1000 65536 1\n"), "%s", text);
+  cr_assert(strstr(text, "step fg_k_pre q_tiles 64 128 0\n"), "%s", text);
+  cr_assert(strstr(text, "workspace dkv_accum dkv 65552 128 0 1 65536\n"
+                         "workspace dkv_tail dkv_tail 65552 128 0 1 0 1\n"
+                         "workspace dsum dsum 4 1 0 0 0\n"),
+            "%s", text);
+  memset(&back, 0, sizeof back);
+  cr_assert_null(fg_kernel_plan_parse(text, &back), "%s", text);
+  cr_assert(fgt_same_plan(&m, &back));
+  cr_assert(back.n_workspaces == 5 && back.steps[1].tail == 1 && back.workspaces[2].tail == 1 &&
+            back.steps[0].tail == 0 && back.workspaces[1].tail == 0 && back.workspaces[3].tail == 0);
+  /* A tail without a split: split_rows written as 0, so that tail stays the 7th number. */
+  m.steps[1].split_rows = 0;
+  fg_kernel_plan_format(&m, text, sizeof text);
+  cr_assert(strstr(text, "step fg_k kv_tiles 128 256 1000 0 1\n"), "%s", text);
+  cr_assert_null(fg_kernel_plan_parse(text, &back), "%s", text);
+  cr_assert(back.steps[1].split_rows == 0 && back.steps[1].tail == 1);
+  /* Text of before the tail (the same plan without it) reads as it was written: tail 0. */
+  memset(&back, 0xff, sizeof back);
+  cr_assert_null(fg_kernel_plan_parse(before, &back), "%s", before);
+  cr_assert_eq(back.n_workspaces, 4);
+  for (int i = 0; i < back.n_steps; i++) cr_assert_eq(back.steps[i].tail, 0, "step %d", i);
+  for (int i = 0; i < back.n_workspaces; i++) cr_assert_eq(back.workspaces[i].tail, 0, "workspace %d", i);
+  test_backward_plan(&m, "k", 64, 128, 256, 1000);
+  cr_assert(fgt_same_plan(&m, &back));
+}
+
+/* Each rule of a tail (fg_kernel_meta_invalid), through the text the cache reads: tail is 0 or
+ * 1; only a kv_tiles main step runs with one, and then with a tail workspace; a tail workspace is
+ * per key block of the main step (per_key 1, rows its br), unconditional (min_group_rows 0, not
+ * deterministic_only), and only with a tail main step. */
+Test(cache, plan_text_tail_rules) {
+  static const bad_plan bad[] = {
+      {"kv_tiles 128 256 0 0 2", "workspace dkv_tail dkv_tail 512 128 0 1 0 1",
+       "step of its plan is malformed (tail)"},
+      {"kv_tiles 128 256 0 0 -1", "workspace dq_accum workspace 256 1 0 0 0",
+       "step of its plan is malformed (tail)"},
+      {"q_tiles 128 256 0 0 1", "workspace dq_accum workspace 256 1 0 0 0",
+       "runs with a tail but is not a kv_tiles main step"},
+      {"kv_tiles 128 256 0 0 1", "workspace dkv_tail dkv_tail 512 128 0 1 0 2",
+       "workspace of its plan is malformed (tail)"},
+      {"kv_tiles 128 256 0 0 1", "workspace dkv_tail dkv_tail 512 128 0 0 0 1",
+       "tail workspace of its plan is not per key block"},
+      {"kv_tiles 128 256 0 0 1", "workspace dkv_tail dkv_tail 512 64 0 1 0 1",
+       "tail workspace of its plan is not per key block"},
+      {"kv_tiles 128 256 0 0 1", "workspace dkv_tail dkv_tail 512 128 0 1 65536 1",
+       "tail workspace of its plan is not per key block"},
+      {"kv_tiles 128 256 0 0 1", "workspace dkv_tail dkv_tail 512 128 1 1 0 1",
+       "tail workspace of its plan is not per key block"},
+      {"kv_tiles 128 256 0", "workspace dkv_tail dkv_tail 512 128 0 1 0 1",
+       "its main step runs without a tail"},
+      {"kv_tiles 128 256 0 65536", "workspace dkv_accum dkv 512 128 0 1 65536 1",
+       "tail workspace of its plan is not per key block"},
+      {"kv_tiles 128 256 0 0 1", "workspace dq_accum workspace 256 1 0 0 0", "no tail workspace"},
+      {"kv_tiles 128 256 0 0 1", "workspace dkv_accum dkv 512 128 0 1 0", "no tail workspace"},
+  };
+  fg_kernel_meta back;
+  expect_refused(bad, sizeof bad / sizeof bad[0]);
+  /* A kv_tiles step that is not the main step does not run with a tail either. */
+  const char *why = fg_kernel_plan_parse("main 1\nstep fg_a kv_tiles 128 256 0 0 1\n"
+                                         "step fg_k kv_tiles 128 256 0 0 1\n"
+                                         "workspace dkv_tail dkv_tail 512 128 0 1 0 1\n",
+                                         &back);
+  cr_assert(why && strstr(why, "runs with a tail but is not a kv_tiles main step"), "%s",
+            why ? why : "(accepted)");
+  cr_assert_null(fg_kernel_plan_parse("main 1\nstep fg_a q_tiles 64 128 0\n"
+                                      "step fg_k kv_tiles 128 256 0 0 1\n"
+                                      "workspace dkv_tail dkv_tail 512 128 0 1 0 1\n",
+                                      &back));
+  cr_assert(back.steps[1].tail == 1 && back.workspaces[0].tail == 1);
+}
+
+/* FG_CACHE_PLAN_MAX holds the longest plan text there is: FG_PLAN_MAX_STEPS steps and
+ * FG_PLAN_MAX_WORKSPACES workspaces with every name and number at its longest, and the tensor
+ * maps (the checksum and the stored plan would otherwise be of a truncated text). */
+Test(cache, the_longest_plan_text_fits) {
+  fg_kernel_meta m;
+  memset(&m, 0, sizeof m);
+  m.n_steps = FG_PLAN_MAX_STEPS;
+  m.main_step = INT32_MIN;
+  for (int i = 0; i < FG_PLAN_MAX_STEPS; i++) {
+    fg_plan_step *s = &m.steps[i];
+    memset(s->entry, 'e', sizeof s->entry - 1);
+    s->grid = FG_GRID_PERSISTENT;
+    s->br = s->threads = s->smem_bytes = INT32_MIN;
+    s->split_rows = INT32_MAX;
+    s->tail = INT32_MAX;
+  }
+  m.n_workspaces = FG_PLAN_MAX_WORKSPACES;
+  for (int i = 0; i < FG_PLAN_MAX_WORKSPACES; i++) {
+    fg_plan_workspace *w = &m.workspaces[i];
+    memset(w->name, 'n', sizeof w->name - 1);
+    memset(w->param, 'p', sizeof w->param - 1);
+    w->bytes = w->rows = w->deterministic_only = w->per_key = w->tail = INT32_MIN;
+    w->min_group_rows = INT64_MIN;
+  }
+  m.params = FG_PARAMS_BWD_TMA;
+  m.n_tmaps = FG_PLAN_MAX_TMAPS;
+  for (int i = 0; i < FG_PLAN_MAX_TMAPS; i++) m.tmaps[i] = (fg_plan_tmap){FG_TMAP_DO, INT32_MIN};
+  char text[FG_CACHE_PLAN_MAX];
+  const int n = fg_kernel_plan_format(&m, text, sizeof text);
+  cr_assert(n > 1400 && n < (int)sizeof text, "%d characters", n);
 }
 
 Test(cache, missing_cubin_is_caught) {

@@ -348,7 +348,7 @@ static void plant(const char *path, const fg_cache_key *dst, const fg_kernel_ima
                                   " WHERE variant = ?8",
                                   -1, &st, NULL),
                SQLITE_OK, "%s", sqlite3_errmsg(db));
-  char plan[1024];
+  char plan[FG_CACHE_PLAN_MAX];
   fg_kernel_plan_format(&src->meta, plan, sizeof plan);
   sqlite3_bind_text(st, 1, plan, -1, SQLITE_TRANSIENT);
   sqlite3_bind_blob(st, 4, src->cubin, (int)src->cubin_size, SQLITE_STATIC);

@@ -222,13 +222,15 @@ Test(cli_inputs, check_lists_the_backward_past_2_31_elements) {
 /* `flashgen check` forces the mma.sync backward at the shapes sm_80 and sm_90 run as built-ins
  * (bwd/portable/, cli/check_bwd.c) beside the Hopper kernels (bwd/hopper/): listed without a GPU
  * as for an sm_90a device, each variant on a ragged GQA shape, a short one and deterministic,
- * both masks; and the sm_80 built-ins at d = 64 and 128 are among them. */
+ * both masks, and without a mask on a grid with a tail; and the sm_80 built-ins at d = 64 and
+ * 128 are among them. */
 Test(cli_inputs, check_lists_the_forced_backward_variants) {
   int rc = fg_test_run_cli(NULL, NULL, "check --list --filter bwd/portable/");
   cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
   int n = 0;
   for (const char *p = fg_test_out; (p = strstr(p, "bwd/portable/bwd_")) != NULL; p++) n++;
-  cr_assert_eq(n, 4 * 2 * 3, "four shapes, two masks, three cases each:\n%s", fg_test_out);
+  cr_assert_eq(n, 4 * (2 * 3 + 1), "four shapes, two masks, three cases each and a tail without one:\n%s",
+               fg_test_out);
   cr_assert_null(strstr(fg_test_out, "kvtma"), "%s", fg_test_out);
   for (int d = 64; d <= 128; d += 64) {
     int found = 0;
@@ -249,7 +251,8 @@ Test(cli_inputs, check_lists_the_forced_backward_variants) {
   cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
   n = 0;
   for (const char *p = fg_test_out; (p = strstr(p, "bwd/hopper/bwd_")) != NULL; p++) n++;
-  cr_assert_eq(n, 6 * 2 * 3, "six Hopper variants, two masks, three cases each:\n%s", fg_test_out);
+  cr_assert_eq(n, 6 * (2 * 3 + 1), "six Hopper variants, two masks, three cases each, a tail:\n%s",
+               fg_test_out);
 }
 
 /* `check --filter A,B` runs the cases whose names contain A or B, in the full run's order (so a
@@ -263,7 +266,7 @@ Test(cli_inputs, check_filter_takes_alternatives_in_the_full_order) {
   cr_assert(big && bad && hop && big < bad && bad < hop, "%s", fg_test_out);
   int n = 0;
   for (const char *p = fg_test_out; (p = strchr(p, '\n')) != NULL; p++) n++;
-  cr_assert_eq(n, 2 + 1 + 6 * 2 * 3, "two big, one bad, 36 Hopper cases:\n%s", fg_test_out);
+  cr_assert_eq(n, 2 + 1 + 6 * (2 * 3 + 1), "two big, one bad, 42 Hopper cases:\n%s", fg_test_out);
   cr_assert_null(strstr(fg_test_out, "bwd/bad/lse_null"), "%s", fg_test_out);
   /* An empty alternative selects nothing by itself. */
   rc = fg_test_run_cli(NULL, NULL, "check --list --filter bwd/bad/d_o_null,");

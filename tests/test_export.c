@@ -1,6 +1,7 @@
 /* test_export.c: exported tables without a GPU: fg_register_export's checks and messages (the
  * backward's grid kind KV_TILES accepted and checked against the variant, an unknown grid kind
- * refused saying what to do), the documented FG_ERROR_KERNEL_MISSING for a table built for
+ * refused saying what to do, the plan's later fields read, per_key and the tail, and read as 0
+ * from tables written before them), the documented FG_ERROR_KERNEL_MISSING for a table built for
  * another arch (on the fake driver, tests/fake_cuda), and `flashgen export`: identical bytes
  * twice, the tuned choices from the cache, the default set with its backward variants
  * (--dry-run), a backward variant exported as KV_TILES with its three-entry module and run by
@@ -54,7 +55,7 @@ static fg_export_kernel kernel_sm80(void) {
   k.grid = FG_EXPORT_GRID_Q_TILES;
   k.br = 128;
   k.regs = k.spill_load_bytes = k.spill_store_bytes = k.stack_bytes = -1;
-  fwd_steps[0] = (fg_export_step){"fg_" D128 "sm80", FG_EXPORT_GRID_Q_TILES, 128, 256, 104448, 0};
+  fwd_steps[0] = (fg_export_step){"fg_" D128 "sm80", FG_EXPORT_GRID_Q_TILES, 128, 256, 104448, 0, 0};
   k.steps = fwd_steps;
   k.n_steps = 1;
   k.main_step = 0;
@@ -179,7 +180,7 @@ Test(register_export, a_table_from_before_plans_is_refused) {
 #define BWD128 "bwd_d128_br32_bc64_bf16_causal_kvouter_w8_s2_"
 
 static fg_export_step bwd_steps[3];
-static fg_export_workspace bwd_ws[4];
+static fg_export_workspace bwd_ws[5]; /* the fifth: bwd_kernel_with_tail's */
 
 static fg_export_kernel bwd_kernel_sm90a(void) {
   fg_export_kernel k;
@@ -195,13 +196,13 @@ static fg_export_kernel bwd_kernel_sm90a(void) {
   k.br = 64;
   k.workspace_floats_per_row = 129;
   k.regs = k.spill_load_bytes = k.spill_store_bytes = k.stack_bytes = -1;
-  bwd_steps[0] = (fg_export_step){"fg_" BWD128 "sm90a_pre", FG_EXPORT_GRID_Q_TILES, 64, 128, 0, 0};
-  bwd_steps[1] = (fg_export_step){"fg_" BWD128 "sm90a", FG_EXPORT_GRID_KV_TILES, 64, 256, 90112, 0};
-  bwd_steps[2] = (fg_export_step){"fg_" BWD128 "sm90a_post", FG_EXPORT_GRID_Q_TILES, 64, 128, 0, 0};
-  bwd_ws[0] = (fg_export_workspace){"dq_accum", "workspace", 512, 1, 0, 0, 0};
-  bwd_ws[1] = (fg_export_workspace){"dsum", "dsum", 4, 1, 0, 0, 0};
-  bwd_ws[2] = (fg_export_workspace){"semaphores", "sem", 4, 16, 1, 0, 0};
-  bwd_ws[3] = (fg_export_workspace){"dkv_accum", "dkv", 1024, 1, 0, 1, 65536};
+  bwd_steps[0] = (fg_export_step){"fg_" BWD128 "sm90a_pre", FG_EXPORT_GRID_Q_TILES, 64, 128, 0, 0, 0};
+  bwd_steps[1] = (fg_export_step){"fg_" BWD128 "sm90a", FG_EXPORT_GRID_KV_TILES, 64, 256, 90112, 0, 0};
+  bwd_steps[2] = (fg_export_step){"fg_" BWD128 "sm90a_post", FG_EXPORT_GRID_Q_TILES, 64, 128, 0, 0, 0};
+  bwd_ws[0] = (fg_export_workspace){"dq_accum", "workspace", 512, 1, 0, 0, 0, 0};
+  bwd_ws[1] = (fg_export_workspace){"dsum", "dsum", 4, 1, 0, 0, 0, 0};
+  bwd_ws[2] = (fg_export_workspace){"semaphores", "sem", 4, 16, 1, 0, 0, 0};
+  bwd_ws[3] = (fg_export_workspace){"dkv_accum", "dkv", 1024, 1, 0, 1, 65536, 0};
   k.steps = bwd_steps;
   k.n_steps = 3;
   k.main_step = 1;
@@ -267,7 +268,7 @@ Test(register_export, a_backward_kernel_contract_is_checked_against_its_name) {
 Test(register_export, a_per_key_workspace_needs_the_kv_tile_grid) {
   char err[512];
   static fg_export_workspace ws[1];
-  ws[0] = (fg_export_workspace){"dkv_accum", "dkv", 1024, 1, 0, 1, 0};
+  ws[0] = (fg_export_workspace){"dkv_accum", "dkv", 1024, 1, 0, 1, 0, 0};
   static fg_export_kernel k[1];
   k[0] = kernel_sm80();
   k[0].workspaces = ws;
@@ -322,6 +323,101 @@ Test(register_export, a_table_from_before_per_key_workspaces_reads_them_as_zero)
   cr_assert(strstr(err, "per_key or min_group_rows"), "%s", err);
 }
 
+/* bwd_kernel_sm90a with the tail bwd.lua declares for kv_outer: the main step may run with one,
+ * and the workspace dkv_tail (one key block of Bc = 64 rows per tail key block). */
+static fg_export_kernel bwd_kernel_with_tail(void) {
+  fg_export_kernel k = bwd_kernel_sm90a();
+  bwd_steps[1].tail = 1;
+  bwd_ws[4] = (fg_export_workspace){"dkv_tail", "dkv_tail", 4 * (2 * 64 * 128 + 4), 64, 0, 1, 0, 1};
+  k.n_workspaces = 5;
+  return k;
+}
+
+/* The tail's fields are read from the table (fg_export_step.tail, fg_export_workspace.tail) and
+ * checked as the plan's text is: a plan with a tail registers; a tail step without a tail
+ * workspace, a tail workspace without a tail step or one that is not per key block of the main
+ * step are refused, saying to export again. */
+Test(register_export, a_tail_is_read_from_the_table) {
+  char err[512] = "x";
+  static fg_export_kernel k[1];
+  k[0] = bwd_kernel_with_tail();
+  static fg_export e;
+  e = table_of(k, 1, NULL, 0);
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_OK, "%s", err);
+  static const struct {
+    int step_tail, ws_tail, ws_rows, n_ws;
+    const char *why;
+  } bad[] = {{1, 1, 64, 4, "no tail workspace"},
+             {0, 1, 64, 5, "runs without a tail"},
+             {1, 1, 32, 5, "not per key block"},
+             {2, 1, 64, 5, "malformed (tail)"},
+             {1, 3, 64, 5, "malformed (tail)"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    static fg_export_kernel kb[1];
+    kb[0] = bwd_kernel_with_tail();
+    bwd_steps[1].tail = bad[i].step_tail;
+    bwd_ws[4].tail = bad[i].ws_tail;
+    bwd_ws[4].rows = bad[i].ws_rows;
+    kb[0].n_workspaces = bad[i].n_ws;
+    fg_export eb = table_of(kb, 1, NULL, 0);
+    cr_assert_eq(fg_register_export(&eb, err, sizeof err), FG_ERROR_INVALID_ARGUMENT, "case %zu",
+                 i);
+    cr_assert(strstr(err, bad[i].why) && strstr(err, "export it again"), "case %zu: %s", i, err);
+  }
+}
+
+/* A table written before the tail reads it as 0. fg_export_step.tail lies in what was the
+ * struct's padding (LP64), so a table of steps from before it may have the same step_size and
+ * garbage there: the tail is read only from a table whose workspace_desc_size covers
+ * fg_export_workspace.tail, which came with it. The same garbage in a table that knows the tail
+ * is read, and refused. */
+Test(register_export, a_table_from_before_the_tail_reads_it_as_zero) {
+  typedef struct older_step {
+    const char *entry;
+    int grid, br, threads, smem_bytes, split_rows;
+  } older_step;
+  typedef struct older_workspace {
+    const char *name, *param;
+    int bytes, rows, deterministic_only, per_key;
+    long long min_group_rows;
+  } older_workspace;
+  cr_assert(sizeof(older_step) >= offsetof(fg_export_step, tail) + sizeof(int),
+            "the garbage overlaps the step's tail (as on LP64)");
+  cr_assert_eq(sizeof(older_workspace), offsetof(fg_export_workspace, tail));
+  static fg_export_kernel k[1];
+  k[0] = bwd_kernel_sm90a();
+  static older_step osteps[3];
+  static older_workspace ows[4];
+  memset(osteps, 0xff, sizeof osteps);
+  memset(ows, 0xff, sizeof ows);
+  for (int i = 0; i < 3; i++) {
+    osteps[i].entry = bwd_steps[i].entry;
+    osteps[i].grid = bwd_steps[i].grid;
+    osteps[i].br = bwd_steps[i].br;
+    osteps[i].threads = bwd_steps[i].threads;
+    osteps[i].smem_bytes = bwd_steps[i].smem_bytes;
+    osteps[i].split_rows = bwd_steps[i].split_rows;
+  }
+  for (int i = 0; i < 4; i++) memcpy(&ows[i], &bwd_ws[i], sizeof ows[i]);
+  k[0].steps = (const fg_export_step *)(const void *)osteps;
+  k[0].workspaces = (const fg_export_workspace *)(const void *)ows;
+  static fg_export e;
+  e = table_of(k, 1, NULL, 0);
+  e.step_size = sizeof(older_step);
+  e.workspace_desc_size = sizeof(older_workspace);
+  char err[512] = "x";
+  cr_assert_eq(fg_register_export(&e, err, sizeof err), FG_OK, "%s", err);
+  /* Today's workspaces with the old steps' garbage: the step's tail is read (-1), and refused. */
+  static fg_export_kernel k2[1];
+  k2[0] = k[0];
+  k2[0].workspaces = bwd_ws;
+  static fg_export e2; /* another table, not a second registration of the first */
+  e2 = table_of(k2, 1, NULL, 0);
+  e2.step_size = sizeof(older_step);
+  cr_assert_eq(fg_register_export(&e2, err, sizeof err), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert(strstr(err, "step of its plan is malformed (tail)"), "%s", err);
+}
+
 Test(register_export, choices_must_name_a_kernel_of_the_table) {
   char err[512];
   fg_export_kernel k = kernel_sm80();
@@ -347,7 +443,7 @@ Test(register_export, a_newer_table_with_appended_fields_reads) {
   nk[1].k.variant = D128 "sm90a";
   nk[1].k.arch = "sm_90a";
   nk[1].k.entry = "fg_" D128 "sm90a";
-  static fg_export_step st90[1] = {{"fg_" D128 "sm90a", FG_EXPORT_GRID_Q_TILES, 128, 256, 104448, 0}};
+  static fg_export_step st90[1] = {{"fg_" D128 "sm90a", FG_EXPORT_GRID_Q_TILES, 128, 256, 104448, 0, 0}};
   nk[1].k.steps = st90;
   nk[0].appended = nk[1].appended = -1;
   static fg_export e;
@@ -625,26 +721,30 @@ Test(export_cli, a_backward_variant_is_exported_with_its_plan_and_runs_from_the_
   snprintf(p, sizeof p, "%s/out/tb_kernels.c", tmp_dir);
   fg_test_slurp(p, text, cap);
 #define E "fg_bwd_d64_br64_bc64_f16_noncausal_kvouter_w8_s2_sm90a"
-  /* Its plan: the three entries of the module in launch order, and the three workspaces. */
+  /* Its plan: the three entries of the module in launch order (the main one may run with a
+   * tail), and the five workspaces. */
   cr_assert(strstr(text, "_steps[3] = {\n"
                          "    {.entry = \"" E "_pre\", .grid = FG_EXPORT_GRID_Q_TILES, .br = 64, "
-                         ".threads = 128, .smem_bytes = 0, .split_rows = 0},\n"
+                         ".threads = 128, .smem_bytes = 0, .split_rows = 0, .tail = 0},\n"
                          "    {.entry = \"" E "\", .grid = FG_EXPORT_GRID_KV_TILES, .br = 64, "),
             "the plan's steps are missing");
-  cr_assert(strstr(text, ", .split_rows = 65536},\n"), "the main step's split is missing");
+  cr_assert(strstr(text, ", .split_rows = 65536, .tail = 1},\n"),
+            "the main step's split and tail are missing");
   cr_assert(strstr(text, "    {.entry = \"" E "_post\", .grid = FG_EXPORT_GRID_Q_TILES, .br = 64, "
-                         ".threads = 128, .smem_bytes = 0, .split_rows = 0},\n};\n"),
+                         ".threads = 128, .smem_bytes = 0, .split_rows = 0, .tail = 0},\n};\n"),
             "the plan's last step is missing");
   /* d = 64, Bc = 64: (2 * 64 * 64 + 4) * 4 = 32784 bytes per key block. */
-  cr_assert(strstr(text, "_workspaces[4] = {\n"
+  cr_assert(strstr(text, "_workspaces[5] = {\n"
                          "    {.name = \"dq_accum\", .param = \"workspace\", .bytes = 256, .rows = 1, "
-                         ".deterministic_only = 0, .per_key = 0, .min_group_rows = 0},\n"
+                         ".deterministic_only = 0, .per_key = 0, .min_group_rows = 0, .tail = 0},\n"
                          "    {.name = \"dkv_accum\", .param = \"dkv\", .bytes = 32784, .rows = 64, "
-                         ".deterministic_only = 0, .per_key = 1, .min_group_rows = 65536},\n"
+                         ".deterministic_only = 0, .per_key = 1, .min_group_rows = 65536, .tail = 0},\n"
+                         "    {.name = \"dkv_tail\", .param = \"dkv_tail\", .bytes = 32784, .rows = 64, "
+                         ".deterministic_only = 0, .per_key = 1, .min_group_rows = 0, .tail = 1},\n"
                          "    {.name = \"dsum\", .param = \"dsum\", .bytes = 4, .rows = 1, "
-                         ".deterministic_only = 0, .per_key = 0, .min_group_rows = 0},\n"
+                         ".deterministic_only = 0, .per_key = 0, .min_group_rows = 0, .tail = 0},\n"
                          "    {.name = \"semaphores\", .param = \"sem\", .bytes = 4, .rows = 16, "
-                         ".deterministic_only = 1, .per_key = 0, .min_group_rows = 0},\n};\n"),
+                         ".deterministic_only = 1, .per_key = 0, .min_group_rows = 0, .tail = 0},\n};\n"),
             "the plan's workspaces are missing");
   const char *k = strstr(text, "{.variant = \"bwd_d64_br64_bc64_f16_noncausal_kvouter_w8_s2_sm90a\"");
   cr_assert_not_null(k, "the kernel entry is missing");
@@ -672,9 +772,11 @@ Test(export_cli, a_backward_variant_is_exported_with_its_plan_and_runs_from_the_
   cr_assert_eq(t->kernels[0].n_steps, 3);
   cr_assert_eq(t->kernels[0].main_step, 1);
   cr_assert_str_eq(t->kernels[0].steps[2].entry, E "_post");
-  cr_assert_eq(t->kernels[0].n_workspaces, 4);
-  cr_assert_eq(t->kernels[0].workspaces[3].deterministic_only, 1);
+  cr_assert_eq(t->kernels[0].n_workspaces, 5);
+  cr_assert_eq(t->kernels[0].workspaces[4].deterministic_only, 1);
   cr_assert_eq(t->kernels[0].steps[1].split_rows, 65536);
+  cr_assert(t->kernels[0].steps[1].tail == 1 && t->kernels[0].steps[0].tail == 0);
+  cr_assert(t->kernels[0].workspaces[2].tail == 1 && t->kernels[0].workspaces[1].tail == 0);
   cr_assert_eq(t->workspace_desc_size, sizeof(fg_export_workspace));
   const fg_export_workspace *dkv = &t->kernels[0].workspaces[1];
   cr_assert(strcmp(dkv->param, "dkv") == 0 && dkv->per_key == 1 && dkv->min_group_rows == 65536 &&

@@ -1,7 +1,8 @@
 /* test_plans.c: what the manifests' launch(v) returns for a variant, rendered (templates/fwd.lua,
  * bwd.lua): the backward's three kernels in one module and their workspaces, the Hopper
  * backward's tiled dQ accumulator, the persistent TMA forward's grid and Q buffers, every
- * backward template's split of long query ranges, and bwd.cu's warp tiles for every block the fit
+ * backward template's split of long query ranges, the tail of kv_outer's and kv_tma's main step
+ * (and the manifest's tail fields read), and bwd.cu's warp tiles for every block the fit
  * rule accepts. (test_generator.c: names, the fit rule, the
  * renderer and its sandbox; test_tma.c / test_tma_bwd.c: the plans' tensor maps.) */
 #include <criterion/criterion.h>
@@ -10,12 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache_support.h" /* fgt_rm_rf */
 #include "fg_autotune.h"
 #include "fg_gen.h"
 #include "tma_support.h"
 
 /* The backward's plan comes from templates/bwd.lua: _pre, the main kernel, _post, in that order,
- * in one module; the four workspaces; and the template renders the auxiliary kernels' rows and
+ * in one module; the five workspaces (kv_outer runs with a tail: dkv_tail third); and the template renders the auxiliary kernels' rows and
  * threads from the same numbers (no second copy in bwd.cu). */
 Test(render, backward_plan_comes_from_the_manifest) {
   fg_generator *g = fgt_generator();
@@ -41,12 +43,14 @@ Test(render, backward_plan_comes_from_the_manifest) {
       cr_assert_eq(sp->threads, v.warps * 32);
       cr_assert_eq(sp->smem_bytes, r.smem_bytes);
       cr_assert_eq(sp->split_rows, 65536, "the main kernel splits past 65536 rows per KV head");
+      cr_assert_eq(sp->tail, 1, "the main kernel may run with a tail");
     } else {
       cr_assert_eq(sp->grid, FG_GRID_Q_TILES, "step %d", i);
       cr_assert_eq(sp->br, 64, "step %d", i);
       cr_assert_eq(sp->threads, 128, "step %d", i);
       cr_assert_eq(sp->smem_bytes, 0, "step %d", i);
       cr_assert_eq(sp->split_rows, 0, "step %d", i);
+      cr_assert_eq(sp->tail, 0, "step %d", i);
     }
     /* Every step is an entry of the one module (bwd_aux.cuh's take the plan's block through
      * BWD_PARAMS: fg_bwd_params p unless the template defines it). */
@@ -59,22 +63,26 @@ Test(render, backward_plan_comes_from_the_manifest) {
     const char *name, *param;
     int bytes, rows, det, per_key;
     long long min_group_rows;
-  } ws[4] = {{"dq_accum", "workspace", 4 * 128, 1, 0, 0, 0},
-             {"dkv_accum", "dkv", 4 * (2 * 128 * 128 + 4), 128, 0, 1, 65536},
-             {"dsum", "dsum", 4, 1, 0, 0, 0},
-             {"semaphores", "sem", 4, 16, 1, 0, 0}};
-  cr_assert_eq(meta.n_workspaces, 4);
-  for (int i = 0; i < 4; i++) {
+    int tail;
+  } ws[5] = {{"dq_accum", "workspace", 4 * 128, 1, 0, 0, 0, 0},
+             {"dkv_accum", "dkv", 4 * (2 * 128 * 128 + 4), 128, 0, 1, 65536, 0},
+             {"dkv_tail", "dkv_tail", 4 * (2 * 128 * 128 + 4), 128, 0, 1, 0, 1},
+             {"dsum", "dsum", 4, 1, 0, 0, 0, 0},
+             {"semaphores", "sem", 4, 16, 1, 0, 0, 0}};
+  cr_assert_eq(meta.n_workspaces, 5);
+  for (int i = 0; i < 5; i++) {
     const fg_plan_workspace *w = &meta.workspaces[i];
     cr_assert_str_eq(w->name, ws[i].name);
     cr_assert_str_eq(w->param, ws[i].param);
     cr_assert(w->bytes == ws[i].bytes && w->rows == ws[i].rows &&
                   w->deterministic_only == ws[i].det && w->per_key == ws[i].per_key &&
-                  w->min_group_rows == ws[i].min_group_rows,
-              "workspace %s: %d B per %d rows, deterministic only %d, per key %d, from %lld",
-              w->name, w->bytes, w->rows, w->deterministic_only, w->per_key, w->min_group_rows);
+                  w->min_group_rows == ws[i].min_group_rows && w->tail == ws[i].tail,
+              "workspace %s: %d B per %d rows, deterministic only %d, per key %d, from %lld, "
+              "tail %d",
+              w->name, w->bytes, w->rows, w->deterministic_only, w->per_key, w->min_group_rows,
+              w->tail);
   }
-  /* (d + 1) * 4 B per row, and 4 B per 16 rows when deterministic. */
+  /* (d + 1) * 4 B per row, and 4 B per 16 rows when deterministic (no tail: dkv_tail empty). */
   uint64_t b = 0;
   cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 5, 100, 100, 0, &b, NULL), 0);
   cr_assert_eq(b, 3u * 5 * 100 * 129 * 4);
@@ -88,6 +96,7 @@ Test(render, backward_plan_comes_from_the_manifest) {
   cr_assert_eq(b, 3u * 8 * 16385 * 129 * 4 + 3u * 2 * 3 * (2 * 128 * 128 + 4) * 4);
   cr_assert_eq(off[1], 3u * 8 * 16385 * 128 * 4);
   cr_assert_eq(off[2], off[1] + 3u * 2 * 3 * (2 * 128 * 128 + 4) * 4);
+  cr_assert_eq(off[3], off[2]);
   cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 8, 2, 16384, 300, 0, &b, NULL), 0);
   cr_assert_eq(b, 3u * 8 * 16384 * 129 * 4);
   cr_assert_not_null(
@@ -134,11 +143,15 @@ Test(render, bulk_dq_backward_tiles_the_dq_accumulator) {
       free(src);
       continue;
     }
-    /* 100 query rows: 128 per head (two tiles of 64 or one of 128), then D (4 B a row). */
+    /* 100 query rows: 128 per head (two tiles of 64 or one of 128), then D (4 B a row; after
+     * dkv_accum and dkv_tail, both empty here). */
     uint64_t b = 0, off[FG_PLAN_MAX_WORKSPACES];
     cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 5, 5, 100, 100, 0, &b, off), 0);
-    cr_assert_eq(off[2], 3u * 5 * 128 * c[i].d * 4, "%s", c[i].name);
-    cr_assert_eq(b, off[2] + 3u * 5 * 100 * 4, "%s", c[i].name);
+    int dsum = 0;
+    while (dsum < meta.n_workspaces && strcmp(meta.workspaces[dsum].name, "dsum")) dsum++;
+    cr_assert_eq(dsum, 3, "%s: dq_accum, dkv_accum, dkv_tail, then dsum", c[i].name);
+    cr_assert_eq(off[dsum], 3u * 5 * 128 * c[i].d * 4, "%s", c[i].name);
+    cr_assert_eq(b, off[dsum] + 3u * 5 * 100 * 4, "%s", c[i].name);
     char want[64];
     snprintf(want, sizeof want, "NBUF = %d;", c[i].bufs);
     cr_assert(c[i].bufs == 0 || strstr(src, want), "%s: %s", c[i].name, want);
@@ -234,6 +247,111 @@ Test(render, every_backward_template_splits_long_query_ranges) {
   }
   fg_generator_destroy(g);
 }
+
+/* The tail (templates/bwd.lua: bwd.cu and bwd_tma.cu; core/fg_tail.h): kv_outer's and kv_tma's
+ * main step may run with one and the plan has dkv_tail third, (2 Bc d + 4) * 4 bytes per key block
+ * of the launch's tail in total (not per head: 0 units; fg_plan_workspace_bytes_tail sizes it,
+ * and the workspaces after it start that much later); kv_wgmma's runs without, with the four
+ * workspaces. */
+Test(render, kv_outer_and_kv_tma_run_with_a_tail_kv_wgmma_without) {
+  fg_generator *g = fgt_generator();
+  static const struct {
+    const char *name;
+    int tail;
+  } c[] = {{"bwd_d64_br128_bc128_bf16_noncausal_kvouter_w8_s2_sm90a", 1},
+           {"bwd_d128_br64_bc128_bf16_noncausal_kvtma_w8_s2_sm90a", 1},
+           {"bwd_d64_br64_bc64_bf16_noncausal_kvwgmma_w4_s2_sm90a", 0}};
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    fg_variant v = fgt_variant(c[i].name);
+    char *src = NULL, err[4096];
+    fg_kernel_meta meta;
+    cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s: %s",
+                 c[i].name, err);
+    free(src);
+    for (int j = 0; j < meta.n_steps; j++)
+      cr_assert_eq(meta.steps[j].tail, j == meta.main_step && c[i].tail, "%s: step %d",
+                   c[i].name, j);
+    cr_assert_eq(meta.n_workspaces, 4 + c[i].tail, "%s", c[i].name);
+    static const char *const names[2][5] = {
+        {"dq_accum", "dkv_accum", "dsum", "semaphores", NULL},
+        {"dq_accum", "dkv_accum", "dkv_tail", "dsum", "semaphores"}};
+    for (int j = 0; j < meta.n_workspaces; j++) {
+      const fg_plan_workspace *w = &meta.workspaces[j];
+      cr_assert_str_eq(w->name, names[c[i].tail][j], "%s", c[i].name);
+      cr_assert_eq(w->tail, c[i].tail && j == 2, "%s: %s", c[i].name, w->name);
+    }
+    uint64_t b0 = 0, bt = 0, off0[FG_PLAN_MAX_WORKSPACES], offt[FG_PLAN_MAX_WORKSPACES];
+    /* GQA 4, seqlen_k 1000: dkv_accum empty (16384 * 4 rows per KV head: not past 65536). */
+    cr_assert_eq(fg_plan_workspace_bytes(&meta, 3, 8, 2, 16384, 1000, 1, &b0, off0), 0);
+    cr_assert_eq(fg_plan_workspace_bytes_tail(&meta, 3, 8, 2, 16384, 1000, 1, 0, &bt, offt), 0);
+    cr_assert_eq(bt, b0, "%s: tail_blocks 0 is fg_plan_workspace_bytes", c[i].name);
+    cr_assert_eq(memcmp(offt, off0, (size_t)meta.n_workspaces * sizeof off0[0]), 0, "%s",
+                 c[i].name);
+    cr_assert_eq(fg_plan_workspace_bytes_tail(&meta, 3, 8, 2, 16384, 1000, 1, 7, &bt, offt), 0);
+    if (!c[i].tail) { /* no tail workspace: tail_blocks changes nothing */
+      cr_assert_eq(bt, b0, "%s", c[i].name);
+      continue;
+    }
+    const fg_plan_workspace *tw = &meta.workspaces[2];
+    cr_assert(tw->per_key == 1 && tw->rows == v.bc && tw->min_group_rows == 0 &&
+                  tw->deterministic_only == 0 && tw->bytes == 4 * (2 * v.bc * v.d + 4) &&
+                  strcmp(tw->param, "dkv_tail") == 0,
+              "%s: %s %d B per %d key rows, per key %d, from %lld, deterministic only %d",
+              c[i].name, tw->param, tw->bytes, tw->rows, tw->per_key, tw->min_group_rows,
+              tw->deterministic_only);
+    cr_assert_eq(fg_plan_workspace_units(tw, v.bc, 8, 2, 16384, 1000, 1), 0,
+                 "%s: the tail's workspace is not sized per head", c[i].name);
+    const uint64_t tail = 7u * (uint64_t)tw->bytes;
+    cr_assert_eq(bt, b0 + tail, "%s", c[i].name);
+    for (int j = 0; j < meta.n_workspaces; j++)
+      cr_assert_eq(offt[j], off0[j] + (j > 2 ? tail : 0), "%s: workspace %d", c[i].name, j);
+    /* The tail's bytes are overflow-checked like the rest. */
+    cr_assert_eq(fg_plan_workspace_bytes_tail(&meta, 3, 8, 2, 16384, 1000, 1, UINT64_MAX / 2,
+                                              &bt, NULL),
+                 -1, "%s", c[i].name);
+  }
+  fg_generator_destroy(g);
+}
+
+/* The manifest's tail fields (generator/plan_lua.c): a boolean or the integer 0 or 1 on a step
+ * and on a workspace (absent: 0); anything else is refused naming the field, and so is a plan
+ * whose tail fields disagree (fg_kernel_meta_invalid). STEP and WS: the texts of bwd.lua
+ * replaced, the main step's tail and the tail workspace's. */
+#define STEP "split_rows = SPLIT_ROWS, tail = tail }"
+#define WS "per = \"key\", tail = true }"
+Test(render, the_manifests_tail_is_a_boolean_or_0_or_1) {
+  static const struct {
+    const char *from, *to, *needle; /* needle NULL: accepted, with tail 1 on both */
+  } c[] = {
+      {STEP, "split_rows = SPLIT_ROWS, tail = tail and 1 }", NULL},
+      {WS, "per = \"key\", tail = 1 }", NULL},
+      {STEP, "split_rows = SPLIT_ROWS, tail = 2 }", "a step whose tail is neither"},
+      {STEP, "split_rows = SPLIT_ROWS, tail = \"yes\" }", "a step whose tail is neither"},
+      {STEP, "split_rows = SPLIT_ROWS, tail = 1.0 }", "a step whose tail is neither"},
+      {WS, "per = \"key\", tail = -1 }", "a workspace whose tail is neither"},
+      {WS, "per = \"key\", tail = {} }", "a workspace whose tail is neither"},
+      {STEP, "split_rows = SPLIT_ROWS, tail = 0 }", "its main step runs without a tail"},
+      {WS, "per = \"key\", tail = false }", "no tail workspace"},
+  };
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    char dir[64], err[4096] = "";
+    fgt_template_dir(dir, "/tmp/fg-plans-tpl-XXXXXX", "bwd.lua", c[i].from, c[i].to);
+    fg_kernel_meta m;
+    const int rc = fgt_render_in(dir, "bwd_d64_br128_bc128_bf16_noncausal_kvouter_w8_s2_sm90a", &m,
+                                 err, sizeof err);
+    if (!c[i].needle) {
+      cr_assert_eq(rc, 0, "%s: %s", c[i].to, err);
+      cr_assert(fg_kernel_main(&m)->tail == 1 && m.workspaces[2].tail == 1, "%s", c[i].to);
+    } else {
+      cr_assert_neq(rc, 0, "accepted: %s", c[i].to);
+      cr_assert(strstr(err, c[i].needle) && strstr(err, "templates/README.md"),
+                "for %s: '%s' lacks '%s'", c[i].to, err, c[i].needle);
+    }
+    fgt_rm_rf(dir);
+  }
+}
+#undef STEP
+#undef WS
 
 /* bwd.cu's warp tiles (bwd.lua: layout) cover its blocks for every mma.sync backward variant the
  * fit rule accepts on sm_80 and sm_90a (Br, Bc 16..128, 4 / 8 / 16 warps, head dims 32..256): S and

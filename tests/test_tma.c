@@ -276,7 +276,7 @@ static fg_export_kernel tma_export_kernel(void) {
   k.cubin = fake_cubin;
   k.cubin_size = sizeof fake_cubin;
   tma_steps[0] = (fg_export_step){"fg_fwd_d64_br128_bc64_bf16_noncausal_qtma_w8_s2_sm90a",
-                                  FG_EXPORT_GRID_Q_TILES, 128, 384, 99584, 0};
+                                  FG_EXPORT_GRID_Q_TILES, 128, 384, 99584, 0, 0};
   k.entry = tma_steps[0].entry;
   k.threads = 384;
   k.smem_bytes = 99584;
@@ -350,7 +350,7 @@ Test(export, malformed_tensor_maps_are_refused_naming_the_kernel) {
   kb[0] = tma_export_kernel();
   kb[0].variant = "bwd_d64_br64_bc128_bf16_noncausal_kvwgmma_w8_s2_sm90a";
   bsteps[0] = (fg_export_step){"fg_bwd_d64_br64_bc128_bf16_noncausal_kvwgmma_w8_s2_sm90a",
-                               FG_EXPORT_GRID_KV_TILES, 128, 256, 1000, 0};
+                               FG_EXPORT_GRID_KV_TILES, 128, 256, 1000, 0, 0};
   kb[0].steps = bsteps;
   kb[0].entry = bsteps[0].entry;
   kb[0].grid = FG_EXPORT_GRID_KV_TILES;
@@ -392,7 +392,7 @@ static void register_kernels(void) {
     snprintf(entries[i], sizeof entries[i], "fg_%s", names[i]);
     const int grid = i == 3 ? FG_EXPORT_GRID_PERSISTENT : FG_EXPORT_GRID_Q_TILES;
     kernels[i].grid = grid;
-    steps3[i][0] = (fg_export_step){entries[i], grid, br[i], threads[i], 99000 + i, 0};
+    steps3[i][0] = (fg_export_step){entries[i], grid, br[i], threads[i], 99000 + i, 0, 0};
     kernels[i].steps = steps3[i];
     kernels[i].entry = entries[i];
     kernels[i].br = br[i];
@@ -704,7 +704,7 @@ Test(export, a_table_from_before_tensor_maps_reads_as_no_maps, .init = fake_setu
   k[0] = tma_export_kernel();
   k[0].variant = name;
   st[0] = (fg_export_step){"fg_fwd_d64_br64_bc64_bf16_noncausal_qwgmma_w4_s2_sm90a",
-                           FG_EXPORT_GRID_Q_TILES, 64, 128, 1000, 0};
+                           FG_EXPORT_GRID_Q_TILES, 64, 128, 1000, 0, 0};
   k[0].steps = st;
   k[0].entry = st[0].entry;
   k[0].params = 1, k[0].n_tmaps = 3; /* past kernel_size */

@@ -251,11 +251,12 @@ static fg_export_kernel bwd_export_kernel(const char *variant) {
   for (int i = 0; i < 3; i++)
     ex_steps[i] = (fg_export_step){m.steps[i].entry,      (int)m.steps[i].grid,
                                    m.steps[i].br,         m.steps[i].threads,
-                                   m.steps[i].smem_bytes, m.steps[i].split_rows};
+                                   m.steps[i].smem_bytes, m.steps[i].split_rows,
+                                   m.steps[i].tail};
   for (int i = 0; i < 4; i++) {
     const fg_plan_workspace *w = &m.workspaces[i];
     ex_ws[i] = (fg_export_workspace){w->name, w->param, w->bytes, w->rows, w->deterministic_only,
-                                     w->per_key, w->min_group_rows};
+                                     w->per_key, w->min_group_rows, w->tail};
     ex_maps[i] = (fg_export_tmap){(int)m.tmaps[i].tensor, m.tmaps[i].rows};
   }
   k.entry = ex_steps[1].entry;
@@ -285,7 +286,7 @@ Test(export, bwd_tma_tables_are_checked) {
   /* A forward variant with the backward's block (its grid made a forward one). */
   k[0] = bwd_export_kernel(FWD_TMA);
   static fg_export_step fsteps[1];
-  fsteps[0] = (fg_export_step){"fg_" FWD_TMA, FG_EXPORT_GRID_Q_TILES, 128, 384, 1000, 0};
+  fsteps[0] = (fg_export_step){"fg_" FWD_TMA, FG_EXPORT_GRID_Q_TILES, 128, 384, 1000, 0, 0};
   k[0].steps = fsteps, k[0].n_steps = 1, k[0].main_step = 0, k[0].n_workspaces = 0;
   k[0].entry = fsteps[0].entry, k[0].grid = FG_EXPORT_GRID_Q_TILES;
   fg_export e = export_of(k);
