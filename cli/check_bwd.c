@@ -96,17 +96,15 @@ static void add_forced_cases(bwd_list *l, fg_arch arch) {
           shapes[i].loop == FG_LOOP_KV_TMA && shapes[i].br == (shapes[i].d == 64 ? 128 : 64);
       /* ... and (no mask) with a tail: 70 heads of 2 key blocks (the second of one key), 140
        * blocks, on 132 SMs the last 8 split into 4 pieces (108 SMs: 32 into 3; core/fg_tail.h) */
-      fg_check_bwd_case *c[4] = {
-          add(l, B_RUN, dt, m, shapes[i].d, 2, 4, 2, 300, 257, quick, "bwd/%s/%s_gqa_nq300_nk257",
-              group, vn),
-          add(l, B_RUN, dt, m, shapes[i].d, 1, 2, 2, 17, 129, 0, "bwd/%s/%s_nq17_nk129", group, vn),
-          add(l, B_DET, dt, m, shapes[i].d, 1, 2, 1, 700, 700, 0, "bwd/%s/%s_deterministic", group,
-              vn),
-          m ? NULL
-            : add(l, B_RUN, dt, m, shapes[i].d, 1, 70, 70, 512, 129, 0,
-                  "bwd/%s/%s_tail_h70_nq512_nk129", group, vn)};
-      for (int k = 0; k < 4; k++)
-        if (c[k]) c[k]->forced = 1, c[k]->v = v;
+      const int first = l->n; /* (add may move the list: the cases are marked by index after) */
+      add(l, B_RUN, dt, m, shapes[i].d, 2, 4, 2, 300, 257, quick, "bwd/%s/%s_gqa_nq300_nk257", group,
+          vn);
+      add(l, B_RUN, dt, m, shapes[i].d, 1, 2, 2, 17, 129, 0, "bwd/%s/%s_nq17_nk129", group, vn);
+      add(l, B_DET, dt, m, shapes[i].d, 1, 2, 1, 700, 700, 0, "bwd/%s/%s_deterministic", group, vn);
+      if (!m)
+        add(l, B_RUN, dt, m, shapes[i].d, 1, 70, 70, 512, 129, 0, "bwd/%s/%s_tail_h70_nq512_nk129",
+            group, vn);
+      for (int k = first; k < l->n; k++) l->c[k].forced = 1, l->c[k].v = v;
     }
   }
 }
@@ -131,10 +129,14 @@ static void build(bwd_list *l) {
   add(l, B_RUN, FG_DTYPE_BF16, 1, 64, 1, 1, 1, 4097, 4097, 0,
       "bwd/seqlen/d64_nq4097_nk4097_causal");
   /* 64 (batch, KV head)s of 17 key blocks, causal: on sm_90a the blocks go in two groups of 32
-   * heads, longest key blocks first (bwd_aux.cuh, causal_kv_pos_store; 16 key blocks or more),
+   * heads, longest key blocks first (bwd_aux.cuh, causal_kv_pos; 16 key blocks or more),
    * every (key block, head) once; most key blocks see no query row (dK = dV = 0). */
   add(l, B_RUN, FG_DTYPE_BF16, 1, 128, 4, 16, 16, 300, 2100, 0,
       "bwd/seqlen/d128_b4_h16_nq300_nk2100_causal");
+  /* The same order in the mma.sync kernel (d = 96 on every arch): 16 (batch, KV head)s of 17
+   * key blocks, one group of 16 heads on 132 SMs. */
+  add(l, B_RUN, FG_DTYPE_BF16, 1, 96, 2, 8, 8, 300, 2100, 0,
+      "bwd/seqlen/d96_b2_h8_nq300_nk2100_causal");
   /* 128 (batch, KV head)s of 2 key blocks, causal: on sm_90a the first 62 heads in launch order,
    * the last 66 (a wave of blocks) as one group, longest key blocks first (common.cuh, deal_tail;
    * under 16 key blocks). */
