@@ -67,8 +67,10 @@ constexpr unsigned SLOT_OFF = DQ_BAR_OFF + 16;
 {% else %}
 constexpr unsigned SLOT_OFF = DS_OFF + BR * PROW * 2;
 {% end %}
-// Last, the block's place (16 bytes: bwd_aux.cuh, bwd_place_store; bwd.lua counts them).
+// Last, the block's place (16 bytes: bwd_aux.cuh, bwd_place_store; bwd.lua counts them); causal
+// without deterministic mode, the blocks in groups of heads, longest key blocks first (as kv_tma).
 #define BWD_PLACE_SLOT 1
+#define BWD_CAUSAL_ORDER 1
 FG_DEV u32 bwd_slot() {
   extern __shared__ __align__(128) u16 smem[];
   return smem_addr(smem) + SLOT_OFF;

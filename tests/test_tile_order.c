@@ -1,7 +1,7 @@
 /* The persistent forward grid's tile order (templates/common.cuh, fwd_persistent_tile): every tile
  * taken exactly once, by blocks that stay even, the tiles of a round from few heads (so they share
  * K and V in L2). The kernel's code is transcribed below (its shape is ptxas's, see common.cuh):
- * change both together. Then the causal backward's block order (bwd_aux.cuh, causal_kv_pos_store):
+ * change both together. Then the causal backward's block order (bwd_aux.cuh, causal_kv_pos):
  * every block once, and a balanced grid where the launch order ends on a tail. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -166,7 +166,7 @@ static void deal_tail(unsigned L, unsigned nx, unsigned ny, unsigned nsm, unsign
 
 /* deal_causal of templates/common.cuh, the causal grids' order (x: the row's blocks, longest
  * first): under 16 blocks a row deal_tail, else deal_grouped over rows / (waves2 / 2 waves of nsm
- * blocks) groups; the causal backward's (bwd_aux.cuh, causal_kv_pos_store: waves2 = 6) and the
+ * blocks) groups; the causal backward's (bwd_aux.cuh, causal_kv_pos: waves2 = 6) and the
  * non-persistent causal forward's (fwd_tma.cu next_tile: GROUP_HALF_WAVES = 3). */
 static void causal_pos(unsigned L, unsigned nx, unsigned ny, unsigned nsm, unsigned waves2,
                        unsigned *x, unsigned *y) {
