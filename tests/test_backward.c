@@ -62,6 +62,8 @@ static void register_backward_kernels(void) {
                      name);
         /* smem: something to recognise */
         test_backward_plan(&k->meta, name, ds[di], v.bc, v.warps * 32, 70000 + ds[di]);
+        /* d = 32 without a mask runs with a tail (the_tail_of_a_partial_last_wave) */
+        if (ds[di] == 32 && !c) test_backward_plan_add_tail(&k->meta, ds[di], v.bc);
         k->meta.regs = k->meta.spill_load_bytes = k->meta.spill_store_bytes = -1;
         k->meta.stack_bytes = -1;
       }
@@ -748,4 +750,56 @@ Test(backward_launch, a_workspace_for_an_unknown_parameter_is_refused, .init = f
                 strstr(fg_context_last_error(ctx), "rebuild"),
             "%s", fg_context_last_error(ctx));
   cr_assert_eq(fake_launch_count(), 0);
+}
+
+/* The tail (core/fg_tail.h): the fake H100's 132 SMs hold 3 blocks of the d = 32 kernel (70032
+ * bytes of shared memory each, 256 threads), 396 at once; 50 heads of 8 key blocks are 400
+ * blocks, so the last 4 are split, each into 8 pieces of one 128-row query block (1024 rows, at
+ * least 128 per piece): 396 + 32 pieces in rows of 8 blocks, grid y 54. Their partial sums go to
+ * dkv_tail, between the dQ accumulator and D; causal and deterministic calls run without. */
+Test(backward_launch, the_tail_of_a_partial_last_wave, .init = fake_setup, .fini = fake_teardown) {
+  fg_attention_backward_args a = bwd_problem(FG_DTYPE_BF16, 0, 1, 50, 50, 1024, 1024, 32);
+  char pre[128], mn[128], post[128];
+  fg_variant v;
+  entries(&a, pre, mn, post, &v);
+  cr_assert_eq(v.bc, 128);
+  const size_t dq = (size_t)50 * 1024 * 32 * 4, tail = 4 * (size_t)(4 * (2 * 128 * 32 + 4));
+  size_t need = 0;
+  cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &need), FG_OK, "%s",
+               fg_context_last_error(ctx));
+  cr_assert_eq(need, ws_bytes(1, 50, 1024, 32) + tail, "%zu bytes", need);
+  a.workspace = P(BASE(10));
+  a.workspace_size = need - 1;
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_ERROR_INVALID_ARGUMENT);
+  cr_assert_eq(fake_launch_count(), 0, "nothing may be launched");
+  a.workspace_size = need;
+  cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+  cr_assert_eq(fake_launch_count(), 3);
+  for (int i = 0; i < 3; i++) {
+    const fg_bwd_params *p = &launch(i)->params;
+    cr_assert(p->tail_first == 396 && p->tail_blocks == 4 && p->tail_splits == 8,
+              "launch %d: tail %lld %lld %lld", i, p->tail_first, p->tail_blocks, p->tail_splits);
+    cr_assert_eq(p->dkv_tail, BASE(10) + dq, "launch %d: dkv_tail 0x%llx", i, p->dkv_tail);
+    cr_assert_eq(p->dsum, BASE(10) + dq + tail);
+    cr_assert_eq(p->dkv, 0);
+  }
+  cr_assert_eq(launch(1)->grid[0], 8u);
+  cr_assert_eq(launch(1)->grid[1], 54u, "grid y %u", launch(1)->grid[1]);
+  cr_assert_eq(launch(0)->grid[1], 50u, "_pre keeps its grid");
+  char text[8192];
+  cr_assert_eq(fg_explain_backward(ctx, &a, text, sizeof text), FG_OK);
+  cr_assert_not_null(strstr(text, "tail: the last 4 of its 400 blocks"), "%s", text);
+  cr_assert_not_null(strstr(text, "split into 8 pieces"), "%s", text);
+  /* No tail: deterministic (the pieces' additions would not be ordered), 396 blocks (whole
+   * waves). */
+  for (int w = 0; w < 2; w++) {
+    fake_reset();
+    a = bwd_problem(FG_DTYPE_BF16, 0, 1, w ? 50 : 99, w ? 50 : 99, w ? 1024 : 512, w ? 1024 : 512, 32);
+    a.deterministic = w;
+    cr_assert_eq(fg_attention_backward_workspace_size(ctx, &a, &need), FG_OK);
+    cr_assert_eq(fg_attention_backward(ctx, &a, NULL), FG_OK, "%s", fg_context_last_error(ctx));
+    const fg_bwd_params *p = &launch(1)->params;
+    cr_assert(p->tail_splits == 0 && p->dkv_tail == 0, "case %d: tail %lld", w, p->tail_splits);
+    cr_assert_eq(launch(1)->grid[1], w ? 50u : 99u);
+  }
 }
