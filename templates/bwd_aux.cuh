@@ -246,16 +246,16 @@ FG_DEV bwd_place bwd_place_of(const fg_bwd_params &p) {
   return {ctaid_x(), ctaid_y(), ctaid_z(), nctaid_z()};
 }
 #ifdef BWD_CAUSAL_ORDER
-// (BWD_CAUSAL_ORDER, which bwd_tma.cu defines.) Causal, not deterministic: key block kb of a head
-// sees the query rows from its diagonal on, so the first key blocks are the longest, and in launch
-// order (x, the key block, fastest: one head after another) the last heads' longest blocks start
-// late and the grid ends on a tail (a host simulation of the list schedule: 0.93-0.95 of the ideal
-// at d = 128 N = 1k-8k). Here the heads go in groups of about three waves of blocks (the heads
-// split evenly), and within a group the key blocks slow and the heads fast, so each group runs
-// longest first (0.985-0.998) while its blocks still share their heads' Q, dO and dQ in L2. Under
-// 16 key blocks only the last wave's heads are dealt so (deal_tail), the rest in launch order: at
-// d = 128 N = 1k (8) the groups lost 6-7% (fg_ab, H100; short blocks, and a head's few key
-// blocks, dealt far apart, read its Q and dO from DRAM again) where the tail alone gained 4%
+// (BWD_CAUSAL_ORDER, which bwd.cu and bwd_tma.cu define.) Causal, not deterministic: key block kb
+// of a head sees the query rows from its diagonal on, so the first key blocks are the longest, and
+// in launch order (x, the key block, fastest: one head after another) the last heads' longest
+// blocks start late and the grid ends on a tail (a host simulation of the list schedule: 0.93-0.95
+// of the ideal at d = 128 N = 1k-8k). Here the heads go in groups of about three waves of blocks
+// (the heads split evenly), and within a group the key blocks slow and the heads fast, so each
+// group runs longest first (0.985-0.998) while its blocks still share their heads' Q, dO and dQ in
+// L2. Under 16 key blocks only the last wave's heads are dealt so (deal_tail), the rest in launch
+// order: at d = 128 N = 1k (8) the groups lost 6-7% (fg_ab, H100; short blocks, and a head's few
+// key blocks, dealt far apart, read its Q and dO from DRAM again) where the tail alone gained 4%
 // (512: 1.8%); the groups gained 2-6% from 2k (bench/NOTES.md session 18).
 FG_DEV void causal_kv_pos(u32 &kb, u32 &bhk) {
   const u32 nkb = nctaid_x(), nbh = nctaid_y(), L = ctaid_y() * nkb + ctaid_x();
