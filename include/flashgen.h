@@ -197,8 +197,12 @@ FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_args *
  * seqlen_q * heads_q / heads_kv exceeds the plan's threshold, 65536 today: the main kernel then
  * splits each key block's query rows over several blocks) fp32 partial sums of dK and dV: per
  * K/V block of the kernel (Bc key rows, seqlen_k rounded up) of each (batch, KV head), 8 * Bc *
- * head_dim + 16 bytes. The kernel's plan declares them all (templates/bwd.lua), so the numbers
- * are its data: fg_attention_backward_workspace_size says how much. With workspace = NULL
+ * head_dim + 16 bytes; and without a mask, not deterministic, where the main kernel's last wave
+ * of blocks on this GPU is partial and the runtime splits it into pieces (the tail: `flashgen
+ * explain --backward` shows it), the same partial sums for the tail's K/V blocks only, fewer
+ * than the GPU's SMs times the blocks each holds. The kernel's plan declares them all
+ * (templates/bwd.lua), so the numbers are its data: fg_attention_backward_workspace_size says
+ * how much (for this GPU: a buffer sized on one GPU may be short on another). With workspace = NULL
  * flashgen takes it, stream-ordered, from a memory pool of the context that keeps its memory
  * between calls (the pool is destroyed with the context; without driver memory pools,
  * cuMemAlloc and a synchronisation of the stream); or pass a device buffer of at least that many
