@@ -756,7 +756,7 @@ Test(backward_launch, a_workspace_for_an_unknown_parameter_is_refused, .init = f
  * bytes of shared memory each, 256 threads), 396 at once; 50 heads of 8 key blocks are 400
  * blocks, so the last 4 are split, each into 8 pieces of one 128-row query block (1024 rows, at
  * least 128 per piece): 396 + 32 pieces in rows of 8 blocks, grid y 54. Their partial sums go to
- * dkv_tail, between the dQ accumulator and D; causal and deterministic calls run without. */
+ * dkv_tail, between the dQ accumulator and D; deterministic calls and whole waves run without. */
 Test(backward_launch, the_tail_of_a_partial_last_wave, .init = fake_setup, .fini = fake_teardown) {
   fg_attention_backward_args a = bwd_problem(FG_DTYPE_BF16, 0, 1, 50, 50, 1024, 1024, 32);
   char pre[128], mn[128], post[128];
