@@ -24,10 +24,9 @@ fg_plan_tail fg_bwd_tail(const fg_context *ctx, const fg_kernel_meta *m,
   const fg_plan_step *s = fg_kernel_main(m);
   const uint64_t grid_y = (uint64_t)ctx->limits.max_grid_y;
   if (!s->tail || a->heads_q <= 0 || (uint64_t)a->batch > grid_y / (uint64_t)a->heads_q) return none;
-  /* 2048 threads per SM on sm_80, sm_90, sm_100; 1536 on sm_86, sm_89, sm_120 */
-  const int threads = ctx->limits.cc_minor == 0 && ctx->limits.cc_major != 12 ? 2048 : 1536;
-  const uint64_t slots = (uint64_t)ctx->limits.sm_count *
-                         (uint64_t)fg_plan_step_blocks_per_sm(s, ctx->limits.smem_per_sm, threads);
+  const uint64_t slots =
+      (uint64_t)ctx->limits.sm_count *
+      (uint64_t)fg_plan_step_blocks_per_sm(s, ctx->limits.smem_per_sm, ctx->limits.max_threads_per_sm);
   fg_plan_tail t = fg_plan_step_tail(s, slots, a->batch, a->heads_q, a->heads_kv, a->seqlen_q,
                                      a->seqlen_k, a->causal != 0, a->deterministic != 0);
   const uint64_t nkb = ((uint64_t)a->seqlen_k + (uint64_t)s->br - 1) / (uint64_t)s->br;

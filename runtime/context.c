@@ -197,6 +197,8 @@ static fg_status fg_read_limits(CUdevice dev, fg_rt_limits *l, char *err, size_t
        "registers per SM"},
       {FG_CU_DEV_MAX_THREADS_PER_BLOCK, offsetof(fg_rt_limits, max_threads_per_block),
        "threads per block"},
+      {FG_CU_DEV_MAX_THREADS_PER_MULTIPROCESSOR, offsetof(fg_rt_limits, max_threads_per_sm),
+       "threads per SM"},
       {FG_CU_DEV_MULTIPROCESSOR_COUNT, offsetof(fg_rt_limits, sm_count), "SM count"},
       {FG_CU_DEV_MAX_GRID_DIM_Y, offsetof(fg_rt_limits, max_grid_y), "grid y limit"},
       {FG_CU_DEV_L2_CACHE_SIZE, offsetof(fg_rt_limits, l2_bytes), "L2 size"},

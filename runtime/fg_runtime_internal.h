@@ -37,6 +37,7 @@ typedef struct fg_rt_limits {
   int smem_per_sm;           /* bytes */
   int regs_per_sm;           /* 32-bit registers */
   int max_threads_per_block;
+  int max_threads_per_sm;    /* resident threads per SM (2048 on sm_80 / sm_90) */
   int sm_count;
   int max_grid_y;            /* 65535 on every GPU so far */
   int l2_bytes;

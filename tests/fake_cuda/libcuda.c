@@ -71,6 +71,7 @@ API CUresult cuDeviceGetAttribute(int *v, int a, int d) {
   case 6: *v = 65535; break;
   case 16: *v = 132; break;
   case 38: *v = 50 << 20; break;
+  case 39: *v = 2048; break;
   case 41: *v = 1; break;
   case 75: *v = 9; break;
   case 76: *v = 0; break;
