@@ -31,6 +31,7 @@ constexpr int WARPS = {{ warps }}, THREADS = 32 * WARPS;
 constexpr int STAGES = {{ stages }};  // Q/dO buffers: 2 = the next query block loads during this one
 constexpr bool CAUSAL = {{ causal }};
 constexpr bool BF16 = {{ dtype == "bf16" }};
+constexpr bool SWZ = {{ swz }};  // Q, dO, K, V rows unpadded (ROW = D), 16-byte chunks at c ^ (row % 8)
 constexpr int PROW = BC + 8;          // shared row stride of P and dS (elements)
 // Warp tiles (bwd.lua: layout). S and dP (BR x BC): WS warps along the queries, WK along the
 // keys. dK, dV (BC x DP): WM along the keys, WN along the head dimension. dQ (BR x DP): WQ along
@@ -112,8 +113,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const u16 *gK = (const u16 *)p.k + b * p.k_sb + hk * p.k_sh + k0 * p.k_sn;
   const u16 *gV = (const u16 *)p.v + b * p.v_sb + hk * p.v_sh + k0 * p.v_sn;
   if (tid < LOAD_THREADS) {
-    load_tile<BC, CHUNKS, ROW, LOAD_THREADS>(sbase + K_OFF, gK, p.k_sn, Nk - k0, tid);
-    load_tile<BC, CHUNKS, ROW, LOAD_THREADS>(sbase + V_OFF, gV, p.v_sn, Nk - k0, tid);
+    load_tile<BC, CHUNKS, ROW, LOAD_THREADS, SWZ>(sbase + K_OFF, gK, p.k_sn, Nk - k0, tid);
+    load_tile<BC, CHUNKS, ROW, LOAD_THREADS, SWZ>(sbase + V_OFF, gV, p.v_sn, Nk - k0, tid);
   }
 
   // Query block qi of the span of query head hk * G + ho into stage `st`: Q, dO, the forward's
@@ -123,8 +124,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     const i64 h = (i64)hk * G + ho, q0 = (i64)(span().i0 + qi) * BR;
     const u32 s_q = sbase + Q_OFF + st * STAGE_BYTES;
     if (tid < LOAD_THREADS) {
-      load_tile<BR, CHUNKS, ROW, LOAD_THREADS>(s_q, (const u16 *)p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_sn, p.q_sn, Nq - q0, tid);
-      load_tile<BR, CHUNKS, ROW, LOAD_THREADS>(s_q + DO_IN, (const u16 *)p.d_o + b * p.do_sb + h * p.do_sh + q0 * p.do_sn, p.do_sn, Nq - q0, tid);
+      load_tile<BR, CHUNKS, ROW, LOAD_THREADS, SWZ>(s_q, (const u16 *)p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_sn, p.q_sn, Nq - q0, tid);
+      load_tile<BR, CHUNKS, ROW, LOAD_THREADS, SWZ>(s_q + DO_IN, (const u16 *)p.d_o + b * p.do_sb + h * p.do_sh + q0 * p.do_sn, p.do_sn, Nq - q0, tid);
     }
     // (Two loops, not one over 2 BR: choosing the pointer per thread compiled to an indexed
     // load of the parameter block, LDC, waited for in every iteration. Trip counts known here: a
@@ -145,6 +146,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   const int ws = warp % WS, wk = warp / WS, wm = warp % WM, wn = warp / WM, wq = warp % WQ, wd = warp / WQ;
   const int a_row = lane % 8 + ((lane / 8) % 2) * 8, a_col = (lane / 16) * 8;  // ldmatrix A / B^T
   const int k_row = lane % 8 + (lane / 16) * 8, k_col = ((lane / 8) % 2) * 8;  // ldmatrix B / A^T
+  // A lane's ldmatrix address in a Q, dO, K or V tile at `tile`: row r + a_row, column c + a_col
+  // (tb false), or r + k_row, c + k_col (tb true); r a multiple of 8, c of 16. Swizzled (SWZ), the
+  // lane's part (its row, its chunk XOR the row % 8: ta0, tb0) is fixed, the low three bits of c's
+  // chunk are one XOR with it and the rest an add (the tiles are 128-byte aligned).
+  const u32 ta0 = SWZ ? (u32)(a_row * ROW * 2 + (((a_col / 8) ^ (lane & 7)) << 4)) : (u32)((a_row * ROW + a_col) * 2);
+  const u32 tb0 = SWZ ? (u32)(k_row * ROW * 2 + (((k_col / 8) ^ (lane & 7)) << 4)) : (u32)((k_row * ROW + k_col) * 2);
+  auto tile_at = [&](u32 tile, bool tb, int r, int c) -> u32 {
+    if constexpr (SWZ) return tile + (((tb ? tb0 : ta0) ^ (u32)((c / 8 % 8) << 4)) + (u32)(r * ROW * 2 + c / 64 * 128));
+    else return tile + (u32)(((r + (tb ? k_row : a_row)) * ROW + c + (tb ? k_col : a_col)) * 2);
+  };
   const float sl2 = (float)p.scale_log2;
 
   float dk[MT][ND][4], dv[MT][ND][4];
@@ -193,21 +204,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       u32 aq[MS][4], ao[MS][4];
 #pragma unroll
       for (int mt = 0; mt < MS; ++mt) {
-        const u32 off = (u32)((((ws * MS + mt) * 16 + a_row) * ROW + ks * 16 + a_col) * 2);
-        ldsm_x4(s_q + off, aq[mt][0], aq[mt][1], aq[mt][2], aq[mt][3]);
-        ldsm_x4(s_do + off, ao[mt][0], ao[mt][1], ao[mt][2], ao[mt][3]);
+        ldsm_x4(tile_at(s_q, false, (ws * MS + mt) * 16, ks * 16), aq[mt][0], aq[mt][1], aq[mt][2], aq[mt][3]);
+        ldsm_x4(tile_at(s_do, false, (ws * MS + mt) * 16, ks * 16), ao[mt][0], ao[mt][1], ao[mt][2], ao[mt][3]);
       }
 #pragma unroll
       for (int np = 0; np < NS / 2; ++np) {
-        const u32 off = (u32)(((wk * NS * 8 + np * 16 + k_row) * ROW + ks * 16 + k_col) * 2);
         u32 b0, b1, b2, b3;
-        ldsm_x4(sbase + K_OFF + off, b0, b1, b2, b3);
+        ldsm_x4(tile_at(sbase + K_OFF, true, wk * NS * 8 + np * 16, ks * 16), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MS; ++mt) {
           mma16816<BF16>(sv[mt][2 * np], aq[mt], b0, b1);
           mma16816<BF16>(sv[mt][2 * np + 1], aq[mt], b2, b3);
         }
-        ldsm_x4(sbase + V_OFF + off, b0, b1, b2, b3);
+        ldsm_x4(tile_at(sbase + V_OFF, true, wk * NS * 8 + np * 16, ks * 16), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MS; ++mt) {
           mma16816<BF16>(dp[mt][2 * np], ao[mt], b0, b1);
@@ -266,7 +275,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 #pragma unroll
       for (int np = 0; np < ND / 2; ++np) {
         u32 b0, b1, b2, b3;
-        ldsm_x4_t(sb + (u32)(((kk * 16 + a_row) * ROW + wn * ND * 8 + np * 16 + a_col) * 2), b0, b1, b2, b3);
+        ldsm_x4_t(tile_at(sb, false, kk * 16, wn * ND * 8 + np * 16), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma16816<BF16>(acc[mt][2 * np], a[mt], b0, b1);
@@ -294,15 +303,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       }
 #pragma unroll
       for (int np = 0; np < ND / 2; ++np) {
-        const u32 off = (u32)(((kk * 16 + a_row) * ROW + wn * ND * 8 + np * 16 + a_col) * 2);
         u32 b0, b1, b2, b3;
-        ldsm_x4_t(s_do + off, b0, b1, b2, b3);
+        ldsm_x4_t(tile_at(s_do, false, kk * 16, wn * ND * 8 + np * 16), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma16816<BF16>(dv[mt][2 * np], ap[mt], b0, b1);
           mma16816<BF16>(dv[mt][2 * np + 1], ap[mt], b2, b3);
         }
-        ldsm_x4_t(s_q + off, b0, b1, b2, b3);
+        ldsm_x4_t(tile_at(s_q, false, kk * 16, wn * ND * 8 + np * 16), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma16816<BF16>(dk[mt][2 * np], ad[mt], b0, b1);
@@ -333,7 +341,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 #pragma unroll
       for (int np = 0; np < NQ / 2; ++np) {
         u32 b0, b1, b2, b3;
-        ldsm_x4_t(sbase + K_OFF + (u32)(((kk * 16 + a_row) * ROW + wd * NQ * 8 + np * 16 + a_col) * 2), b0, b1, b2, b3);
+        ldsm_x4_t(tile_at(sbase + K_OFF, false, kk * 16, wd * NQ * 8 + np * 16), b0, b1, b2, b3);
 #pragma unroll
         for (int mq = 0; mq < MQ; ++mq) {
           mma16816<BF16>(dq[mq][2 * np], a[mq], b0, b1);
