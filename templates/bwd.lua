@@ -20,13 +20,14 @@ local function round_up(x, m) return (x + m - 1) // m * m end
 -- zeros, in shared memory) to 16 columns per warp along it: d_pad = d rounded up to
 -- 16 * max(WN, WD).
 --
--- swz (sm_90, sm_90a; d = 64 and 128, where no column is padded and the tile loader's threads
--- cover rows in multiples of 8): Q, dO, K and V rows are stored unpadded (row = d), the 16-byte
+-- swz (sm_90, sm_90a; d a multiple of 64, where no column is padded and a row is whole groups
+-- of eight 16-byte chunks): Q, dO, K and V rows are stored unpadded (row = d), the 16-byte
 -- chunk c of row r at chunk c ^ (r % 8) (bwd.cu SWZ; FlashAttention-2's layout), so ldmatrix stays
 -- free of bank conflicts without the 8-element pad. With the pad (rows of 272 bytes at d = 128)
 -- the cp.async stores of Q and dO took 10.5 shared-memory wavefronts per instruction against 4
--- (Nsight Compute, H100); swizzled, the H100 ran d = 128 +2-5% and d = 64 +3-4% (bench/NOTES.md,
--- session 23). Elsewhere (sm_80/86/89, other head dims) the padded rows, as measured before.
+-- (Nsight Compute, H100); swizzled, the H100 ran d = 64 +3-4%, d = 128 +2-5%, d = 192 +4% and
+-- d = 256 +5-6% (bench/NOTES.md, session 23). Elsewhere (sm_80/86/89, other head dims) the
+-- padded rows, as measured before.
 --
 -- dq_bulk (sm_90, sm_90a): each query block's dQ goes through shared memory (Br x d floats after
 -- P and dS, in the accumulator's tiled fragment order: bwd_aux.cuh, DQ_TILED; then a 16-byte
@@ -53,8 +54,7 @@ function M.layout(v)
   local d_pad = round_up(v.d, 16 * split)
   local dq_bulk = (v.arch == "sm_90" or v.arch == "sm_90a") and v.br == 128 and
                   kv_outer_smem(v, d_pad + 8) + v.br * v.d * 4 + 32 <= SM90_SMEM
-  local swz = (v.arch == "sm_90" or v.arch == "sm_90a") and d_pad == v.d and (v.d == 64 or v.d == 128) and
-              (32 * v.warps) % (v.d // 8 * 8) == 0
+  local swz = (v.arch == "sm_90" or v.arch == "sm_90a") and d_pad == v.d and v.d % 64 == 0
   return { d_pad = d_pad, row = swz and v.d or d_pad + 8, wm = wm, wq = wq, ws = ws, dq_bulk = dq_bulk,
            swz = swz }
 end

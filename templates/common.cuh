@@ -186,23 +186,26 @@ FG_DEV void cp_async16_row(u32 dst, const void *grow, i64 lane_off, bool pred) {
 // threads cover whole rows, each thread copies chunk c of rows r0, r0 + RPI, ...: its state is
 // one 64-bit global offset and one shared offset, the row addresses are uniform, and the bound
 // is one 32-bit compare per row.
-// SW (rows of SROW = 8 NCHUNK elements, RPI a multiple of 8): chunk c of row r goes to chunk
-// c ^ (r % 8) of its row (bwd.cu, SWZ).
+// SW (rows of SROW = 8 NCHUNK elements, NCHUNK a multiple of 8): chunk c of row r goes to chunk
+// c ^ (r % 8) of its row (bwd.cu, SWZ); where the rows per pass are a multiple of 8, every pass
+// of a thread has the same XOR.
 template <int ROWS, int NCHUNK, int SROW, int THREADS, bool SW = false, class TID>
 FG_DEV void load_tile(u32 sbase, const u16 *g, i64 row_stride, i64 rows_left, TID tid) {
   if constexpr (THREADS % NCHUNK == 0) {
     constexpr int RPI = THREADS / NCHUNK;  // rows per pass
-    static_assert(!SW || (RPI % 8 == 0 && SROW == 8 * NCHUNK), "swizzled rows");
+    static_assert(!SW || (NCHUNK % 8 == 0 && SROW == 8 * NCHUNK), "swizzled rows");
     const int r0 = (int)(tid / NCHUNK), c = (int)(tid % NCHUNK);  // unsigned when TID is (lean)
     const int left = (int)(rows_left < ROWS ? rows_left : ROWS) - r0;
     const i64 lane_off = (r0 * row_stride + c * 8) * 2;
-    const u32 dst = sbase + (SW ? (u32)(r0 * SROW * 2 + ((c ^ (r0 & 7)) << 4)) : (u32)(r0 * SROW + c * 8) * 2u);
+    const u32 dst = sbase + (SW ? (u32)(r0 * SROW * 2) : (u32)(r0 * SROW + c * 8) * 2u);
 #pragma unroll
     for (int it = 0; it < (ROWS + RPI - 1) / RPI; ++it) {
+      const u32 sw = SW ? (u32)((c ^ ((r0 + it * RPI) & 7)) << 4) : 0u;
       if (ROWS % RPI == 0 || r0 + it * RPI < ROWS)
-        cp_async16_row(dst + (u32)(it * RPI * SROW * 2), g + it * RPI * row_stride, lane_off, it * RPI < left);
+        cp_async16_row(dst + (u32)(it * RPI * SROW * 2) + sw, g + it * RPI * row_stride, lane_off, it * RPI < left);
     }
   } else {
+    static_assert(!SW, "swizzled rows: threads cover whole rows");
 #pragma unroll
     for (int it = 0; it < (ROWS * NCHUNK + THREADS - 1) / THREADS; ++it) {
       const int idx = tid + it * THREADS;
