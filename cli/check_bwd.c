@@ -158,6 +158,13 @@ static void build(bwd_list *l) {
   for (int m = 0; m < 2; m++)
     add(l, B_RUN, FG_DTYPE_BF16, m, 64, 1, 8, 1, 16384 + 17, 129, 0,
         "bwd/gqa/long_hq8_hkv1_d64_nq16401_nk129_%s", cw(m));
+  /* The same at d = 192 and 256 (8 * 8209 = 65672 rows: 2 splits), where the mma.sync kernel is
+   * the built-in on every arch and on sm_90 its dK/dV sums are staged over the swizzled K and V
+   * tiles (bwd.lua: swz), exactly Bc x d floats. */
+  add(l, B_RUN, FG_DTYPE_F16, 0, 192, 1, 8, 1, 8209, 65, 0,
+      "bwd/gqa/long_hq8_hkv1_d192_nq8209_nk65_noncausal");
+  add(l, B_RUN, FG_DTYPE_BF16, 1, 256, 1, 8, 1, 8209, 65, 0,
+      "bwd/gqa/long_hq8_hkv1_d256_nq8209_nk65_causal");
   /* (B, N, H, d) strides for every tensor. */
   fg_check_bwd_case *c =
       add(l, B_RUN, FG_DTYPE_BF16, 1, 64, 2, 4, 2, 200, 200, 1, "bwd/layout/bnhd_d64");

@@ -309,6 +309,14 @@ fg_variant fg_builtin_backward_variant(int d, fg_dtype dtype, int causal, fg_arc
     if (d > 64) v.bc = 64;
     if (d > 128) v.bc = 32, v.br = 32, v.warps = 4;
   }
+  /* sm_90 / sm_90a at d = 192 and 256, whose rows are swizzled without a pad (bwd.lua: swz), so
+   * Br 64 double-buffered fits (d = 256: 216 KB): 1.17-1.19x (d = 192) and 1.51-1.55x (d = 256)
+   * the single-buffered Br 64 / Br 32 before (H100, bf16, N = 4k-16k, causal or not;
+   * bench/NOTES.md, session 23). */
+  if (arch >= FG_ARCH_SM90 && (d == 192 || d == 256)) {
+    v.br = 64;
+    v.stages = 2;
+  }
   /* Hopper (sm_90a), d = 64 and 128: the wgmma kernels, two warpgroups of 64 keys; query blocks
    * of 64 at d = 128 (dQ split by columns), 128 at d = 64 (one block each): the warp-specialised
    * kernel (bwd_tma.cu: TMA loads, bulk dQ reductions; H100, bf16, B N = 16k, N = 1k-16k, causal or
