@@ -56,6 +56,9 @@ constexpr unsigned K_OFF = 0, V_OFF = TILE_BYTES, Q_OFF = 2 * TILE_BYTES;
 constexpr unsigned DO_IN = QTILE_BYTES, L_IN = 2 * QTILE_BYTES, DD_IN = L_IN + BR * 4;
 constexpr unsigned STAGE_BYTES = 2 * QTILE_BYTES + 2 * BR * 4;
 constexpr unsigned P_OFF = Q_OFF + STAGES * STAGE_BYTES, DS_OFF = P_OFF + BR * PROW * 2;
+static_assert(!SWZ || (ROW == D && D % 64 == 0 && TILE_BYTES % 128 == 0 && STAGE_BYTES % 128 == 0 &&
+                       QTILE_BYTES % 128 == 0),
+              "swizzled tiles: whole 128-byte groups of chunks, 128-byte aligned (tile_at's XOR)");
 {% if dq_bulk then %}
 // dQ of a query block, staged after dS (BR x D floats) in the accumulator's tiled order: 64-row
 // chunks of one part (DQ_N = D), float4 per thread and 8 columns (bwd_aux.cuh, DQ_TILED).
