@@ -179,7 +179,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     }
     cp_async_wait<0>();
 {% if dq_bulk then %}
-    if (tid == 0) bulk_wait_read0();  // the last block's dQ read out of shared memory (rewritten below)
+    // The last block's dQ read out of shared memory (rewritten below), by each lane that issued a
+    // part of it (lanes 0 .. BR / 64 - 1 of warp 0: a thread waits for its own bulk groups only).
+    if (tid < BR / 64) bulk_wait_read0();
 {% end %}
     __syncthreads();  // this block's Q, dO, LSE, D have landed; every warp is done with the last
     const bool last_qi = qi + 1 == span().per_head;
@@ -433,7 +435,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
   }
 
 {% if dq_bulk then %}
-  if (tid == 0) bulk_wait0();  // the last block's dQ read before the block exits
+  if (tid < BR / 64) bulk_wait0();  // the last block's dQ added before the block exits (each issuing lane)
 {% end %}
   // dK = scale * sum dS^T Q and dV, in the element type, straight from the accumulators; or (long
   // query ranges, split) this split's sums added into dkv_accum, which _post converts.
