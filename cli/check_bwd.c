@@ -69,7 +69,8 @@ static const char *cw(int causal) { return causal ? "causal" : "noncausal"; }
 /* Forced variants, each on a GQA shape with ragged ends and on a short one, deterministic on one;
  * both dtypes alternate. bwd/hopper/ (sm_90a only): the Hopper kernels the tuner tries besides
  * the built-in, kv_tma at both head dims with every query-block size and stage count its rule
- * admits, and kv_wgmma (the built-in before it). bwd/portable/ (sm_80 and sm_90, where 163 KB or
+ * admits, on tiles padded past the head dim (d = 72 and 40: tiles of 128 and 64 columns, an odd
+ * number of 16-byte chunks per row), and kv_wgmma (the built-in before it). bwd/portable/ (sm_80 and sm_90, where 163 KB or
  * more of shared memory per block hold them): the mma.sync kernel at the shapes sm_80 and sm_90
  * run as built-ins at d = 64 and 128, so a Hopper GPU checks what an A100 runs. */
 static void add_forced_cases(bwd_list *l, fg_arch arch) {
@@ -79,6 +80,7 @@ static void add_forced_cases(bwd_list *l, fg_arch arch) {
     fg_loop_order loop;
   } shapes[] = {{64, 128, 2, FG_LOOP_KV_TMA},   {64, 64, 2, FG_LOOP_KV_TMA},
                 {64, 64, 3, FG_LOOP_KV_TMA},    {128, 64, 2, FG_LOOP_KV_TMA},
+                {72, 64, 2, FG_LOOP_KV_TMA},    {40, 128, 2, FG_LOOP_KV_TMA},
                 {64, 128, 2, FG_LOOP_KV_WGMMA}, {128, 64, 2, FG_LOOP_KV_WGMMA},
                 {64, 128, 1, FG_LOOP_KV_OUTER}, {128, 64, 1, FG_LOOP_KV_OUTER},
                 {64, 128, 2, FG_LOOP_KV_OUTER}, {128, 64, 2, FG_LOOP_KV_OUTER}};
@@ -92,8 +94,8 @@ static void add_forced_cases(bwd_list *l, fg_arch arch) {
                             8, shapes[i].stages, arch};
       char vn[FG_VARIANT_NAME_MAX];
       fg_variant_name(&v, vn, sizeof vn);
-      const int quick =
-          shapes[i].loop == FG_LOOP_KV_TMA && shapes[i].br == (shapes[i].d == 64 ? 128 : 64);
+      const int quick = shapes[i].loop == FG_LOOP_KV_TMA && (shapes[i].d == 64 || shapes[i].d == 128) &&
+                        shapes[i].br == (shapes[i].d == 64 ? 128 : 64);
       /* ... and (no mask) with a tail: 70 heads of 2 key blocks (the second of one key), 140
        * blocks, on 132 SMs the last 8 split into 4 pieces (108 SMs: 32 into 3; core/fg_tail.h) */
       const int first = l->n; /* (add may move the list: the cases are marked by index after) */
@@ -133,10 +135,10 @@ static void build(bwd_list *l) {
    * every (key block, head) once; most key blocks see no query row (dK = dV = 0). */
   add(l, B_RUN, FG_DTYPE_BF16, 1, 128, 4, 16, 16, 300, 2100, 0,
       "bwd/seqlen/d128_b4_h16_nq300_nk2100_causal");
-  /* The same order in the mma.sync kernel (d = 96 on every arch): 16 (batch, KV head)s of 17
-   * key blocks, one group of 16 heads on 132 SMs. */
-  add(l, B_RUN, FG_DTYPE_BF16, 1, 96, 2, 8, 8, 300, 2100, 0,
-      "bwd/seqlen/d96_b2_h8_nq300_nk2100_causal");
+  /* The same order in the mma.sync kernel (d = 160 on every arch): 16 (batch, KV head)s of 33
+   * key blocks (of 64), one group of 16 heads on 132 SMs. */
+  add(l, B_RUN, FG_DTYPE_BF16, 1, 160, 2, 8, 8, 300, 2100, 0,
+      "bwd/seqlen/d160_b2_h8_nq300_nk2100_causal");
   /* 128 (batch, KV head)s of 2 key blocks, causal: on sm_90a the first 62 heads in launch order,
    * the last 66 (a wave of blocks) as one group, longest key blocks first (common.cuh, deal_tail;
    * under 16 key blocks). */
@@ -165,6 +167,10 @@ static void build(bwd_list *l) {
       "bwd/gqa/long_hq8_hkv1_d192_nq8209_nk65_noncausal");
   add(l, B_RUN, FG_DTYPE_BF16, 1, 256, 1, 8, 1, 8209, 65, 0,
       "bwd/gqa/long_hq8_hkv1_d256_nq8209_nk65_causal");
+  /* ... and at d = 96, which sm_90a runs on kv_tma's tiles padded to 128 columns (bwd_tma.cu DP):
+   * the splits add only the columns below d into dkv_accum's rows of d. */
+  add(l, B_RUN, FG_DTYPE_F16, 0, 96, 1, 8, 1, 8209, 65, 0,
+      "bwd/gqa/long_hq8_hkv1_d96_nq8209_nk65_noncausal");
   /* (B, N, H, d) strides for every tensor. */
   fg_check_bwd_case *c =
       add(l, B_RUN, FG_DTYPE_BF16, 1, 64, 2, 4, 2, 200, 200, 1, "bwd/layout/bnhd_d64");

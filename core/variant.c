@@ -317,13 +317,15 @@ fg_variant fg_builtin_backward_variant(int d, fg_dtype dtype, int causal, fg_arc
     v.br = 64;
     v.stages = 2;
   }
-  /* Hopper (sm_90a), d = 64 and 128: the wgmma kernels, two warpgroups of 64 keys; query blocks
+  /* Hopper (sm_90a), d up to 128: the wgmma kernels, two warpgroups of 64 keys; query blocks
    * of 64 at d = 128 (dQ split by columns), 128 at d = 64 (one block each): the warp-specialised
    * kernel (bwd_tma.cu: TMA loads, bulk dQ reductions; H100, bf16, B N = 16k, N = 1k-16k, causal or
-   * not: 1.25-1.48x kv_wgmma at d = 128, 1.14-1.39x at d = 64 with a dQ buffer per warpgroup). */
-  if (arch == FG_ARCH_SM90A && (d == 64 || d == 128)) {
+   * not: 1.25-1.48x kv_wgmma at d = 128, 1.14-1.39x at d = 64 with a dQ buffer per warpgroup).
+   * Head dims between run it on tiles of d rounded up to 64 (bwd.lua, tma_dp), with that head
+   * dim's shape. */
+  if (arch == FG_ARCH_SM90A && d <= 128) {
     v.loop = FG_LOOP_KV_TMA;
-    v.br = d == 128 ? 64 : 128;
+    v.br = d > 64 ? 64 : 128;
     v.bc = 128;
     v.warps = 8;
     v.stages = 2;

@@ -126,12 +126,17 @@ end
 -- Registers: the producer gives its own up (setmaxnreg 40), the consumers take 232; the block's
 -- 64K over its 384 threads is what the fit rule counts (168 each: what ptxas reports for the
 -- kernel, which launches with that many).
+-- Head dims off 64-column blocks (a multiple of 8 up to 128) run on tiles dp wide (d rounded up
+-- to 64): the TMA fills the columns past d with zeros (bwd_tma.cu DP), so their shapes are those
+-- of d = dp.
 local function tma_loop(v) return v.loop == "kv_tma" end
 local TMA_BLOCK_REGS = 65536
+local function tma_dp(v) return (v.d + 63) // 64 * 64 end
 
 local function tma_smem(v, dq_bufs)
-  return 1024 + (2 * v.bc * v.d + v.stages * 2 * v.br * v.d + 2 * v.bc * v.br) * 2 +
-         dq_bufs * v.br * v.d * 4 + v.stages * 2 * v.br * 4
+  local dp = tma_dp(v)
+  return 1024 + (2 * v.bc * dp + v.stages * 2 * v.br * dp + 2 * v.bc * v.br) * 2 +
+         dq_bufs * v.br * dp * 4 + v.stages * 2 * v.br * 4
 end
 local function tma_dq_bufs(v) return tma_smem(v, 2) <= SM90_SMEM and 2 or 1 end
 
@@ -144,16 +149,18 @@ local function tma_check(v)
   if v.arch ~= "sm_90a" then
     return "kv_tma needs sm_90a: TMA and wgmma are instructions of Hopper (compute capability 9.0)"
   end
-  if v.d ~= 64 and v.d ~= 128 then
-    return "kv_tma takes d = 64 or 128 (dK and dV of larger head dims do not fit in registers)"
+  if v.d > 128 or v.d % 8 ~= 0 then
+    return "kv_tma takes d up to 128, a multiple of 8 (dK and dV of larger head dims do not fit " ..
+           "in registers)"
   end
   if v.bc ~= 128 or v.warps ~= 8 then
     return "kv_tma has two consumer warpgroups of 64 keys: Bc = 128, warps = 8"
   end
   if v.stages ~= 2 and v.stages ~= 3 then return "kv_tma takes 2 or 3 stages of Q and dO" end
-  if not ((v.br == 64 and v.d == 128) or (v.br == 128 and v.d == 64) or (v.br == 64 and v.d == 64)) then
-    return "kv_tma splits dQ (Br x d) into one 64-row block per warpgroup (Br = 128 at d = 64) " ..
-           "or one block into 64-column halves (Br = 64 at d = 128)"
+  local dp = tma_dp(v)
+  if not ((v.br == 64 and dp == 128) or (v.br == 128 and dp == 64) or (v.br == 64 and dp == 64)) then
+    return "kv_tma splits dQ (Br x d) into one 64-row block per warpgroup (Br = 128 at d <= 64) " ..
+           "or one block into 64-column halves (Br = 64 at d = 72..128)"
   end
   return nil
 end
@@ -270,10 +277,10 @@ end
 -- dQ's accumulator in tiles of Br rows (each head's rows rounded up to them) laid out as the
 -- mma fragments (bwd_aux.cuh, DQ_TILED: kv_tma, and kv_outer's dq_bulk), so that bulk reductions
 -- add whole parts of a tile; _post puts a 64-row chunk back in row order through shared memory
--- (rows of d + 8 elements).
-local function tiled_dq(t, v)
-  t.workspaces[1].rows, t.workspaces[1].bytes = v.br, 4 * v.d * v.br
-  t.steps[3].smem = 64 * (v.d + 8) * 2
+-- (rows of the tiles' width + 8 elements: d, or kv_tma's dp).
+local function tiled_dq(t, v, width)
+  t.workspaces[1].rows, t.workspaces[1].bytes = v.br, 4 * width * v.br
+  t.steps[3].smem = 64 * (width + 8) * 2
 end
 
 function M.launch(v)
@@ -281,14 +288,14 @@ function M.launch(v)
   if tma_loop(v) then
     local t = plan(v, "bwd_tma.cu", r.threads, r.smem, true)
     t.params = "bwd_tma"
-    tiled_dq(t, v)
+    tiled_dq(t, v, tma_dp(v))  -- (tiles dp wide: bwd_tma.cu DQ_W)
     t.constants.dq_bufs = tma_dq_bufs(v)
     t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "do", rows = v.br },
                 { tensor = "k", rows = v.bc }, { tensor = "v", rows = v.bc } }
     return t
   end
   local t = plan(v, wgmma_loop(v) and "bwd_wgmma.cu" or "bwd.cu", r.threads, r.smem, not wgmma_loop(v))
-  if not wgmma_loop(v) and M.layout(v).dq_bulk then tiled_dq(t, v) end
+  if not wgmma_loop(v) and M.layout(v).dq_bulk then tiled_dq(t, v, v.d) end
   return t
 end
 

@@ -477,15 +477,20 @@ FG_DEV void row_out(const float *acc_row, u16 *dst, float sc, int lane) {
   }
 }
 #ifdef DQ_TILED
+// The tiled accumulator's width: D, or (a template that defines DQ_W: bwd_tma.cu) its tiles'
+// width, D rounded up to 64-column blocks (the columns past D are sums of the TMA's zeros).
+#ifndef DQ_W
+#define DQ_W D
+#endif
 // The dQ accumulator in the consumers' fragment order (a template that defines DQ_TILED, with DQ_N
 // and NT_Q: bwd_tma.cu). Per (batch, query head) its query rows rounded up to BR (the plan's
-// workspace rows) in chunks of 64 rows x D floats; a chunk holds D / DQ_N parts (a warpgroup's
+// workspace rows) in chunks of 64 rows x DQ_W floats; a chunk holds DQ_W / DQ_N parts (a warpgroup's
 // 64 rows x DQ_N columns of a dQ tile), each NT_Q groups of 128 float4s: group nt's float4 of
 // warpgroup thread c (warp w = c / 32, g = c % 32 / 4, t = c % 4) is dq[4 nt ... 4 nt + 3] of
 // the wgmma fragment: rows 16 w + g and 16 w + g + 8, columns 8 nt + 2 t and 8 nt + 2 t + 1 of the
 // part. The consumers store a part with one float4 per thread and group (no bank conflicts) and
 // the dQ warp adds it with one bulk reduction; _post puts the rows back in order.
-static_assert(PRE_ROWS == 64 && BR % 64 == 0 && D % DQ_N == 0 && NT_Q == DQ_N / 8, "64-row chunks");
+static_assert(PRE_ROWS == 64 && BR % 64 == 0 && DQ_W % DQ_N == 0 && NT_Q == DQ_N / 8 && D <= DQ_W, "64-row chunks");
 // Deterministic mode, the warp that adds a tile's parts with bulk reductions (every lane calls
 // these): waits until the tile's semaphore (rows q0 ...) reaches PARTS times this key block's
 // rank (the key blocks before it in the tile's order have added all their parts), ordering
@@ -509,18 +514,18 @@ template <u32 PARTS> FG_DEV void dq_bulk_release(u32 *sem, int lane) {
 }
 FG_DEV i64 dq_chunks(const fg_bwd_params &p) { return (p.seqlen_q + BR - 1) / BR * (BR / 64); }
 FG_DEV float *dq_chunk(const fg_bwd_params &p, i64 bh, i64 c) {
-  return dq_acc(p) + (bh * dq_chunks(p) + c) * 64 * D;
+  return dq_acc(p) + (bh * dq_chunks(p) + c) * 64 * DQ_W;
 }
 // _post's block: its 64-row chunk times sc, through shared memory (dynamic: the plan's _post step
-// declares 64 rows of D + 8 elements; padded by 16 bytes, the fragments' 4-byte stores hit every
-// bank once), into dQ's rows below Nq.
+// declares 64 rows of DQ_W + 8 elements; padded by 16 bytes, the fragments' 4-byte stores hit
+// every bank once), into dQ's rows below Nq, columns below D.
 FG_DEV void dq_chunk_out(const fg_bwd_params &p, u32 bh, u32 b, u32 h, float sc) {
-  constexpr int ROW = D + 8;  // u16 per staged row
+  constexpr int ROW = DQ_W + 8;  // u16 per staged row
   extern __shared__ __align__(16) u16 st[];
   const int c = threadIdx.x, g = c % 32 / 4, t = c % 4, r = 16 * (c / 32) + g;
   const float *chunk = dq_chunk(p, bh, blockIdx.x);
 #pragma unroll
-  for (int part = 0; part < D / DQ_N; ++part) {
+  for (int part = 0; part < DQ_W / DQ_N; ++part) {
 #pragma unroll
     for (int nt = 0; nt < NT_Q; ++nt) {
       u32 x[4];
@@ -571,7 +576,7 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_pre(BWD_PA
 #ifdef DQ_TILED
   {  // the accumulator's 64-row chunk of these rows (a tile's padding past Nq included)
     float *chunk = dq_chunk(p, bh, blockIdx.x);
-    for (int i = threadIdx.x; i < 64 * D / 4; i += PRE_THREADS) st_global_v4(chunk + 4 * i, 0u, 0u, 0u, 0u);
+    for (int i = threadIdx.x; i < 64 * DQ_W / 4; i += PRE_THREADS) st_global_v4(chunk + 4 * i, 0u, 0u, 0u, 0u);
   }
 #endif
   if (p.deterministic && threadIdx.x < PRE_ROWS / SEM_ROWS) {  // this block's rows' semaphores

@@ -3,7 +3,9 @@
 // wgmma.cuh with {% include("bwd_consumer.cuh") %}, called after the template's constants). They
 // use the kernel's names: k_wg, v_wg (the warpgroup's K and V rows), s_q, s_do, s_l (this query
 // block's Q, dO, LSE/D), q0, p, wg, wr, g, t, sl2, Nk, diag, dk, dv (the accumulators), b, hk (for
-// the stores); and the constants D, BR, BC, KSTEPS, NT_S, NT_D, CAUSAL, BF16.
+// the stores); and the constants D, DP (the tiles' width: D rounded up to 64-column blocks, whose
+// columns past D hold zeros; bwd_tma.cu), BR, BC, KSTEPS, NT_S, NT_D (DP / 8), CAUSAL, BF16. The
+// Lua variable dp is DP (set here).
 //   {% bwd_wgmma_decls() %}      the wgmma instructions of the four products (wgmma.cuh) and the
 //                                shared-memory helpers both kernels use
 //   {% bwd_sdp(after, split) %}  S^T = K Q^T and dP^T = V dO^T into s, dp, issued and waited for
@@ -18,19 +20,20 @@
 //                                thread's index among the working threads)
 //   {% bwd_dkdv_store() %}       dK = scale * dK and dV stored in the element type
 // Text, not functions: the verified kernels' cubins stay byte for byte what they were.
+{% dp = (d + 63) // 64 * 64 %}
 {% function bwd_wgmma_decls() %}
 // d (64 x BR, f32) = A B^T over one k-step (16 columns of D), A (64 keys) and B (BR query rows)
 // from shared memory, both K-major: S^T = K Q^T and dP^T = V dO^T. scale_d = 0 starts from zero.
 {% wgmma_ss("wgmma_sdp", br, 0, 0) %}
-// dV (64 x D, f32) += P^T dO over 16 query rows: A = P^T from registers (the mma.sync m16k16
-// fragment, per warp), B = dO (16 x D) from shared memory, D-major (transposed).
-{% wgmma_rs("wgmma_dv", d) %}
-// dK (64 x D, f32) += dS^T Q over 16 query rows (called with scale_d = 1): A = dS^T from shared
-// memory (key rows, K-major), B = Q (16 x D) from shared memory, D-major (transposed).
-{% wgmma_ss("wgmma_dk", d, 0, 1) %}
+// dV (64 x DP, f32) += P^T dO over 16 query rows: A = P^T from registers (the mma.sync m16k16
+// fragment, per warp), B = dO (16 x DP) from shared memory, D-major (transposed).
+{% wgmma_rs("wgmma_dv", dp) %}
+// dK (64 x DP, f32) += dS^T Q over 16 query rows (called with scale_d = 1): A = dS^T from shared
+// memory (key rows, K-major), B = Q (16 x DP) from shared memory, D-major (transposed).
+{% wgmma_ss("wgmma_dk", dp, 0, 1) %}
 // d (64 x DQ_N, f32) (+)= dS K over 16 keys: A = dS from dS^T in shared memory (query-major:
 // transposed), B = K (16 x DQ_N) from shared memory, D-major (transposed).
-{% wgmma_ss("wgmma_dq", (br // 64 == warps // 4) and d or d // (warps // 4), 1, 1) %}
+{% wgmma_ss("wgmma_dq", (br // 64 == warps // 4) and dp or dp // (warps // 4), 1, 1) %}
 FG_DEV void ld_shared_f2(u32 a, float &x, float &y) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x), "=f"(y) : "r"(a));
 }
@@ -192,8 +195,8 @@ FG_DEV void stsm_x4(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
 {% end %}
 {% end %}
 {% function bwd_dv() %}
-    fence_regs<D / 2>(dv);
-    fence_regs<D / 2>(dk);
+    fence_regs<DP / 2>(dv);
+    fence_regs<DP / 2>(dk);
     wg_fence();
     const u64 dv_b = fresh(sw128_desc(s_do, BR * 128, 1024));
 #pragma unroll
@@ -217,7 +220,7 @@ FG_DEV void stsm_x4(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
     const int r0 = wg * 64 + wr, kvl = (int)(Nk - k0e < BC ? Nk - k0e : BC) - r0;
     dkv_wait(p, blk, {{ tid }});
 #pragma unroll
-    for (int nt = 0; nt < NT_D; ++nt) {
+    for (int nt = 0; nt < D / 8; ++nt) {  // the columns below D (dkv_accum's rows are D wide)
       dkv_add(p, blk + r0 * D, g, t, 8 * nt + 2 * t, kvl, dk[4 * nt], dk[4 * nt + 1], dk[4 * nt + 2], dk[4 * nt + 3]);
       dkv_add(p, blk + BC * D + r0 * D, g, t, 8 * nt + 2 * t, kvl, dv[4 * nt], dv[4 * nt + 1], dv[4 * nt + 2], dv[4 * nt + 3]);
     }

@@ -17,27 +17,33 @@
 // every row is written with 16-byte stores. The plan's other kernels ({{ entry }}_pre,
 // {{ entry }}_post) are bwd_aux.cuh's, taking the same parameter block. Tiles are 64-column blocks
 // of 128-byte rows, 128-byte swizzled (the TMA's SWIZZLE_128B, what wgmma's descriptors read).
-// Do not edit.
+// Head dims off 64-column blocks (d = 40-56, 72-120) run on tiles d rounded up to 64 wide (DP):
+// the TMA fills the columns past d with zeros, which add nothing to S^T, dP^T or dQ and give dK, dV, dQ columns
+// that are not stored. Do not edit.
 {% include("common.cuh") %}
 {% include("wgmma.cuh") %}
 {% include("tma.cuh") %}
 {% include("bwd_consumer.cuh") %}
 
 namespace {
-constexpr int D = {{ d }};            // head dimension: 64 or 128 (bwd.lua)
+constexpr int D = {{ d }};            // head dimension: a multiple of 8 up to 128 (bwd.lua)
+// The tiles' width: D rounded up to 64-column blocks (a macro, not a declaration: when DP == D
+// the cubin is what it was before padded head dims, byte for byte).
+#define DP {{ dp }}
 constexpr int BR = {{ br }}, BC = {{ bc }};  // query rows per step, key rows per block
 constexpr int CWARPS = {{ warps }}, NWG = CWARPS / 4;  // consumer warps; BC / 64 warpgroups
 constexpr int THREADS = 32 * CWARPS + 128;             // + the producer warpgroup
 constexpr int STAGES = {{ stages }};  // Q/dO/LSE/D buffers
 constexpr bool CAUSAL = {{ causal }};
 constexpr bool BF16 = {{ dtype == "bf16" }};
-constexpr int CHUNKS = D / 8, KSTEPS = D / 16;
+// k-steps of S^T and dP^T: the columns below D only (past D both operands are the TMA's zeros).
+constexpr int CHUNKS = D / 8, KSTEPS = (D + 15) / 16;
 constexpr int MB = BR / 64;           // 64-row query blocks: dQ's wgmma tiles along the rows
 // dQ (BR x D) over the warpgroups: one 64-row block each (MB == NWG), or one block in column
 // halves (bwd.lua admits only these).
-constexpr int DQ_N = MB == NWG ? D : D / NWG;
-constexpr int NT_S = BR / 8, NT_D = D / 8, NT_Q = DQ_N / 8;
-static_assert(D % 64 == 0 && BC == 64 * NWG && NWG == 2 && (BR == 64 || BR == 128) &&
+constexpr int DQ_N = MB == NWG ? DP : DP / NWG;
+constexpr int NT_S = BR / 8, NT_D = DP / 8, NT_Q = DQ_N / 8;
+static_assert(D % 8 == 0 && D <= DP && DP % 64 == 0 && BC == 64 * NWG && NWG == 2 && (BR == 64 || BR == 128) &&
               (STAGES == 2 || STAGES == 3) && (MB == NWG || (MB == 1 && DQ_N % 32 == 0)),
               "tile shape (bwd.lua)");
 // Shared memory, from a 1024-byte aligned base: K and V (BC rows), STAGES x (Q, dO) (BR rows),
@@ -45,7 +51,7 @@ static_assert(D % 64 == 0 && BC == 64 * NWG && NWG == 2 && (BR == 64 || BR == 12
 // x NBUF buffers (below), STAGES x (LSE * log2(e), D) (BR floats each); the mbarriers in the
 // alignment's slack (see bars in the kernel).
 constexpr int NDS = 2;  // dS^T buffers
-constexpr u32 KV_BYTES = BC * D * 2, QT_BYTES = BR * D * 2, DS_BYTES = BC * BR * 2;
+constexpr u32 KV_BYTES = BC * DP * 2, QT_BYTES = BR * DP * 2, DS_BYTES = BC * BR * 2;
 // The dQ tile in NDQ parts of DQ_ROWS rows, each with its own dQ warp (producer warp 2 + part):
 // where each warpgroup owns whole rows of the tile (BR = 64 per warpgroup) one per warpgroup, so
 // the warpgroups never wait for each other's reductions (d = 64: 1.25-1.4x one shared buffer);
@@ -59,7 +65,7 @@ constexpr int NDQ = MB == NWG ? NWG : 1, NBUF = {{ dq_bufs }};
 // (deterministic mode waits for completion before passing a tile on: with one warp per part or
 // per tile that wait serialized the tiles).
 constexpr int DQ_WARPS = NDQ == 1 ? NBUF : NDQ;
-constexpr u32 DQ_ROWS = BR / NDQ, DQ_BYTES = DQ_ROWS * D * 4, DQ_PART = 64 * DQ_N * 4;
+constexpr u32 DQ_ROWS = BR / NDQ, DQ_BYTES = DQ_ROWS * DP * 4, DQ_PART = 64 * DQ_N * 4;
 constexpr u32 K_OFF = 0, V_OFF = KV_BYTES, Q_OFF = 2 * KV_BYTES;
 constexpr u32 DS_OFF = Q_OFF + STAGES * 2 * QT_BYTES, DQ_OFF = DS_OFF + NDS * DS_BYTES;
 constexpr u32 L_OFF = DQ_OFF + NDQ * NBUF * DQ_BYTES, BAR_OFF = L_OFF + STAGES * 2 * BR * 4;
@@ -118,6 +124,7 @@ FG_DEV void turn_pass(int wg) {
 // N = 512 without deterministic mode (fg_ab, H100, bench/NOTES.md session 15), so not there.
 constexpr bool DET_ROTATE = NDQ == 2;
 #define DQ_TILED 1        // the dQ accumulator in fragment order (bwd_aux.cuh)
+#define DQ_W DP           // ... of tiles DP wide
 // The mbarriers' address: before the 1024-byte aligned base where the alignment left BAR_BYTES
 // there, else after the layout (the 1024 bytes' rest, at least 1024 - BAR_BYTES).
 FG_DEV u32 bars_addr() {
@@ -185,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
       mbar_expect_tx(bars + BAR_KV, 2 * KV_BYTES);
       const int k0 = (int)k0_of(p);
 #pragma unroll
-      for (int c = 0; c < D / 64; ++c) {
+      for (int c = 0; c < DP / 64; ++c) {
         tma_load_4d(sbase + K_OFF + (u32)c * BC * 128, &P.tmap[2], 64 * c, k0, (int)hk, (int)b, bars + BAR_KV);
         tma_load_4d(sbase + V_OFF + (u32)c * BC * 128, &P.tmap[3], 64 * c, k0, (int)hk, (int)b, bars + BAR_KV);
       }
@@ -196,7 +203,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
         const u32 s_q = sbase + Q_OFF + (u32)st * 2 * QT_BYTES;
         mbar_expect_tx(bars + bar_full(st), 2 * QT_BYTES);
 #pragma unroll
-        for (int c = 0; c < D / 64; ++c) {
+        for (int c = 0; c < DP / 64; ++c) {
           tma_load_4d(s_q + (u32)c * BR * 128, &P.tmap[0], 64 * c, q0, h, (int)b, bars + bar_full(st));
           tma_load_4d(s_q + QT_BYTES + (u32)c * BR * 128, &P.tmap[1], 64 * c, q0, h, (int)b, bars + bar_full(st));
         }
@@ -271,9 +278,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   // dQ's tile of this warpgroup: query rows 64 qb ..., columns n0 ...
   const int qb = MB == NWG ? wg : 0, n0 = MB == NWG ? 0 : wg * DQ_N;
   const int dqb = NDQ == 1 ? 0 : wg;  // its dQ buffer (rows wr + g + 8 hh of it, columns n0 on)
-  float dk[D / 2], dv[D / 2];  // this thread's share of the warpgroup's 64 x D dK, dV
+  float dk[DP / 2], dv[DP / 2];  // this thread's share of the warpgroup's 64 x DP dK, dV
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  for (int i = 0; i < DP / 2; ++i) dk[i] = dv[i] = 0.f;
   mbar_wait(bars + BAR_KV, 0);  // also when there is no item: the loads land before the block ends
 
   // dQ of block j (this warpgroup's 64 x DQ_N) = dS K: dS^T query-major, K D-major (column block
@@ -304,8 +311,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   };
   auto wait_all = [&] {
     wg_wait<0>();
-    fence_regs<D / 2>(dv);
-    fence_regs<D / 2>(dk);
+    fence_regs<DP / 2>(dv);
+    fence_regs<DP / 2>(dk);
   };
   // Query block it: S^T, dP^T, P^T, dS^T, dV and dK issued (front); dQ of block it - 1 after them
   // (both warpgroups' dS^T rows of it - 1 were written a whole block ago: its mbarrier has long
@@ -406,7 +413,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   // (long query ranges, split) this split's sums added into dkv_accum, which _post converts.
 {% bwd_dkdv_split("ctid") %}
   const u32 b = KV_HEAD_BLOCK(p) / (u32)p.heads_kv, hk = KV_HEAD_BLOCK(p) % (u32)p.heads_kv;
-  // Stored through shared memory: the warpgroup's 64 rows of V (D / 64 chunks of 64 rows x 128
+  // Stored through shared memory: the warpgroup's 64 rows of V (DP / 64 chunks of 64 rows x 128
   // bytes), which only its own dP^T read and which its last wait freed, take dV, then dK, in the
   // element type, 16-byte units XOR-swizzled by row (the fragments' 4-byte stores hit every bank
   // once); then each row leaves in 16-byte stores (before: 4-byte stores straight from the
@@ -425,7 +432,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     for (int hh = 0; hh < 2; ++hh) {
       const int r = wr + g + 8 * hh;
 #pragma unroll
-      for (int nt = 0; nt < NT_D; ++nt)
+      for (int nt = 0; nt < D / 8; ++nt)  // the columns below D
         st_shared_u32(s_out + (u32)(nt / 8) * BC * 128 + (u32)r * 128 + (u32)(((nt % 8) ^ (r % 8)) * 16 + 4 * t),
                       pack2<BF16>(acc[4 * nt + 2 * hh] * f, acc[4 * nt + 2 * hh + 1] * f));
     }
@@ -433,8 +440,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     u16 *dst = m == 0 ? gdV : gdK;
     const i64 sn = m == 0 ? p.dv_sn : p.dk_sn;
 #pragma unroll
-    for (int i = 0; i < 64 * CHUNKS / 128; ++i) {
+    for (int i = 0; i < (64 * CHUNKS + 127) / 128; ++i) {
       const int u = i * 128 + wt, r = u / CHUNKS, ch = u % CHUNKS;
+      if (64 * CHUNKS % 128 != 0 && u >= 64 * CHUNKS) break;  // (CHUNKS odd: d = 40, 56, 72, ...)
       u32 x, y, z, w;
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
                    : "r"(s_out + (u32)(ch / 8) * BC * 128 + (u32)r * 128 + (u32)(((ch % 8) ^ (r % 8)) * 16)));

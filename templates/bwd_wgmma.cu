@@ -18,6 +18,7 @@
 
 namespace {
 constexpr int D = {{ d }};            // head dimension: 64 or 128 (bwd.lua)
+#define DP D  // the tiles' width (bwd_consumer.cuh): D, a multiple of 64 here
 constexpr int BR = {{ br }}, BC = {{ bc }};  // query rows per step, key rows per block
 constexpr int WARPS = {{ warps }}, THREADS = 32 * WARPS, NWG = WARPS / 4;  // BC / 64 warpgroups
 constexpr int STAGES = {{ stages }};  // Q/dO buffers (2: the next query block loads during this one)

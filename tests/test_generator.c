@@ -151,8 +151,10 @@ Test(fit, backward_wgmma_rules) {
 /* The warp-specialised Hopper backward (kv_tma, templates/bwd.lua): the built-in shapes and the
  * third stage fit an H100 (the block's 64K registers over 384 threads count, not the consumers'
  * 232), with the dQ tile double-buffered where two fit in the 227 KB (the built-in shapes: to the
- * byte at d = 64) and single-buffered at d = 128 with three stages; each rule refuses with its
- * reason, and three stages at d = 64 with Br 128 exceed the shared memory. */
+ * byte at d = 64) and single-buffered at d = 128 with three stages; head dims off 64-column
+ * blocks take the tiles, shape and shared memory of d rounded up to 64 (d = 96 and 72 those of
+ * d = 128, d = 40 those of d = 64); each rule refuses with its reason, and three stages at d = 64
+ * with Br 128 exceed the shared memory. */
 Test(fit, backward_tma_rules) {
   fg_generator *g = fgt_generator();
   char why[256];
@@ -165,6 +167,10 @@ Test(fit, backward_tma_rules) {
       {"bwd_d64_br128_bc128_f16_noncausal_kvtma_w8_s2_sm90a", 1024 + 163840 + 2 * 32768 + 2048},
       {"bwd_d64_br64_bc128_bf16_noncausal_kvtma_w8_s3_sm90a", 1024 + 114688 + 2 * 16384 + 1536},
       {"bwd_d128_br64_bc128_bf16_noncausal_kvtma_w8_s3_sm90a", 1024 + 196608 + 32768 + 1536},
+      /* head dims off 64-column blocks: the tiles of d rounded up to 64 (d = 128's, d = 64's) */
+      {"bwd_d96_br64_bc128_bf16_causal_kvtma_w8_s2_sm90a", 1024 + 163840 + 2 * 32768 + 1024},
+      {"bwd_d72_br64_bc128_f16_noncausal_kvtma_w8_s2_sm90a", 1024 + 163840 + 2 * 32768 + 1024},
+      {"bwd_d40_br128_bc128_f16_noncausal_kvtma_w8_s2_sm90a", 1024 + 163840 + 2 * 32768 + 2048},
   };
   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
     fg_variant v = fgt_variant(ok[i].name);
@@ -179,7 +185,8 @@ Test(fit, backward_tma_rules) {
     const char *name, *reason;
   } bad[] = {
       {"bwd_d128_br64_bc128_bf16_causal_kvtma_w8_s2_sm80", "needs sm_90a"},
-      {"bwd_d96_br64_bc128_bf16_causal_kvtma_w8_s2_sm90a", "d = 64 or 128"},
+      {"bwd_d136_br64_bc128_bf16_causal_kvtma_w8_s2_sm90a", "d up to 128"},
+      {"bwd_d96_br128_bc128_bf16_causal_kvtma_w8_s2_sm90a", "64-column halves"},
       {"bwd_d128_br64_bc64_bf16_causal_kvtma_w4_s2_sm90a", "Bc = 128, warps = 8"},
       {"bwd_d128_br64_bc128_bf16_causal_kvtma_w8_s1_sm90a", "2 or 3 stages"},
       {"bwd_d128_br128_bc128_bf16_causal_kvtma_w8_s2_sm90a", "64-column halves"},

@@ -110,7 +110,8 @@ Test(render, backward_plan_comes_from_the_manifest) {
 
 /* kv_tma's dQ accumulator is tiled (templates/bwd.lua, bwd_tma.cu), and so is kv_outer's on
  * sm_90 / sm_90a where Br = 128 and the staging fits (dq_bulk: bwd.cu adds dQ with bulk
- * reductions): a unit of Br query rows of Br * d floats, so each head's rows are rounded up
+ * reductions): a unit of Br query rows of Br * d floats (kv_tma off 64-column blocks: d rounded
+ * up to 64, its tiles' width), so each head's rows are rounded up
  * to Br (the last tile's parts are added whole), laid out in fragment order (DQ_TILED: _pre and
  * _post follow); kv_tma's dQ tile is double-buffered where two fit (the constant the template
  * renders) and single-buffered at d = 128 with three stages; _post's step declares the shared
@@ -124,6 +125,9 @@ Test(render, bulk_dq_backward_tiles_the_dq_accumulator) {
   } c[] = {{"bwd_d64_br128_bc128_bf16_noncausal_kvtma_w8_s2_sm90a", 128, 64, 2},
            {"bwd_d128_br64_bc128_f16_causal_kvtma_w8_s2_sm90a", 64, 128, 2},
            {"bwd_d128_br64_bc128_bf16_noncausal_kvtma_w8_s3_sm90a", 64, 128, 1},
+           /* d = 96 and 40 on tiles 128 and 64 wide (bwd_tma.cu DQ_W): the accumulator too */
+           {"bwd_d96_br64_bc128_bf16_noncausal_kvtma_w8_s2_sm90a", 64, 128, 2},
+           {"bwd_d40_br128_bc128_f16_causal_kvtma_w8_s2_sm90a", 128, 64, 2},
            {"bwd_d64_br128_bc128_bf16_noncausal_kvouter_w8_s2_sm90a", 128, 64, 0},
            {"bwd_d32_br128_bc128_f16_causal_kvouter_w8_s2_sm90", 128, 32, 0},
            {"bwd_d128_br64_bc128_f16_causal_kvouter_w8_s2_sm90a", 1, 128, -1},
