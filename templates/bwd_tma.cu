@@ -17,9 +17,9 @@
 // every row is written with 16-byte stores. The plan's other kernels ({{ entry }}_pre,
 // {{ entry }}_post) are bwd_aux.cuh's, taking the same parameter block. Tiles are 64-column blocks
 // of 128-byte rows, 128-byte swizzled (the TMA's SWIZZLE_128B, what wgmma's descriptors read).
-// Head dims off 64-column blocks (d = 40-56, 72-120) run on tiles d rounded up to 64 wide (DP):
-// the TMA fills the columns past d with zeros, which add nothing to S^T, dP^T or dQ and give dK, dV, dQ columns
-// that are not stored. Do not edit.
+// Head dims off 64-column blocks (d = 32-56, 72-120) run on tiles of d rounded up to 64 columns
+// (DP): the TMA fills the columns past d with zeros, which add nothing to S^T, dP^T or dQ and give
+// dK, dV and dQ columns that are not stored. Do not edit.
 {% include("common.cuh") %}
 {% include("wgmma.cuh") %}
 {% include("tma.cuh") %}
