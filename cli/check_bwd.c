@@ -147,7 +147,8 @@ static void build(bwd_list *l) {
       "bwd/seqlen/d128_b8_h16_nq200_nk200_causal");
   /* The grid's tail (core/fg_tail.h; no mask, not deterministic): 140 blocks (35 KV heads of 2
    * key blocks, the second of one key) of GQA groups of 2, on 132 SMs the last 8 each split into
-   * 4 pieces (108 SMs: 32 into 3); at d = 96 the mma.sync kernel on every arch. */
+   * 4 pieces (108 SMs: 32 into 3); at d = 96 kv_tma's padded tiles on sm_90a, the mma.sync
+   * kernel elsewhere. */
   for (int d = 64; d <= 128; d += 32)
     add(l, B_RUN, FG_DTYPE_BF16, 0, d, 2, 70, 35, 600, 129, d != 96,
         "bwd/tail/d%d_b2_hq70_hkv35_nq600_nk129", d);
@@ -161,17 +162,17 @@ static void build(bwd_list *l) {
   for (int m = 0; m < 2; m++)
     add(l, B_RUN, FG_DTYPE_BF16, m, 64, 1, 8, 1, 16384 + 17, 129, 0,
         "bwd/gqa/long_hq8_hkv1_d64_nq16401_nk129_%s", cw(m));
-  /* The same at d = 192 and 256 (8 * 8209 = 65672 rows: 2 splits), where the mma.sync kernel is
-   * the built-in on every arch and on sm_90 its dK/dV sums are staged over the swizzled K and V
-   * tiles (bwd.lua: swz), exactly Bc x d floats. */
-  add(l, B_RUN, FG_DTYPE_F16, 0, 192, 1, 8, 1, 8209, 65, 0,
-      "bwd/gqa/long_hq8_hkv1_d192_nq8209_nk65_noncausal");
-  add(l, B_RUN, FG_DTYPE_BF16, 1, 256, 1, 8, 1, 8209, 65, 0,
-      "bwd/gqa/long_hq8_hkv1_d256_nq8209_nk65_causal");
-  /* ... and at d = 96, which sm_90a runs on kv_tma's tiles padded to 128 columns (bwd_tma.cu DP):
-   * the splits add only the columns below d into dkv_accum's rows of d. */
-  add(l, B_RUN, FG_DTYPE_F16, 0, 96, 1, 8, 1, 8209, 65, 0,
-      "bwd/gqa/long_hq8_hkv1_d96_nq8209_nk65_noncausal");
+  /* The same with 8 * 8209 = 65672 rows (2 splits): at d = 192 and 256, where the mma.sync kernel
+   * is the built-in on every arch and on sm_90 its dK/dV sums are staged over the swizzled K and
+   * V tiles (bwd.lua: swz), exactly Bc x d floats; at d = 96, which sm_90a runs on kv_tma's tiles
+   * padded to 128 columns (bwd_tma.cu DP), whose splits add only the columns below d. */
+  static const struct {
+    int d, causal;
+    fg_dtype dt;
+  } longs[] = {{192, 0, FG_DTYPE_F16}, {256, 1, FG_DTYPE_BF16}, {96, 0, FG_DTYPE_F16}};
+  for (size_t i = 0; i < sizeof longs / sizeof longs[0]; i++)
+    add(l, B_RUN, longs[i].dt, longs[i].causal, longs[i].d, 1, 8, 1, 8209, 65, 0,
+        "bwd/gqa/long_hq8_hkv1_d%d_nq8209_nk65_%s", longs[i].d, cw(longs[i].causal));
   /* (B, N, H, d) strides for every tensor. */
   fg_check_bwd_case *c =
       add(l, B_RUN, FG_DTYPE_BF16, 1, 64, 2, 4, 2, 200, 200, 1, "bwd/layout/bnhd_d64");
