@@ -43,8 +43,11 @@ local function kv_outer_smem(v, row)
   local pds = 2 * v.br * (v.bc + 8) * 2
   return 2 * tile + v.stages * stage + pds
 end
+-- The wgmma loops' tiles are 64-column blocks: d rounded up to 64 (kv_tma pads head dims off them
+-- with the TMA's zeros; kv_wgmma takes only multiples of 64). Their templates render it as dp.
+local function tma_dp(v) return (v.d + 63) // 64 * 64 end
 function M.layout(v)
-  if v.loop == "kv_wgmma" or v.loop == "kv_tma" then return {} end
+  if v.loop == "kv_wgmma" or v.loop == "kv_tma" then return { dp = tma_dp(v) } end
   local wm = math.min(v.warps, math.max(1, v.bc // 32))
   if v.br % (16 * (v.warps // wm)) ~= 0 then wm = math.min(v.warps, v.bc // 16) end
   local wq = math.min(v.warps, math.max(1, v.br // 32))
@@ -131,7 +134,6 @@ end
 -- of d = dp.
 local function tma_loop(v) return v.loop == "kv_tma" end
 local TMA_BLOCK_REGS = 65536
-local function tma_dp(v) return (v.d + 63) // 64 * 64 end
 
 local function tma_smem(v, dq_bufs)
   local dp = tma_dp(v)

@@ -4,8 +4,8 @@
 // use the kernel's names: k_wg, v_wg (the warpgroup's K and V rows), s_q, s_do, s_l (this query
 // block's Q, dO, LSE/D), q0, p, wg, wr, g, t, sl2, Nk, diag, dk, dv (the accumulators), b, hk (for
 // the stores); and the constants D, DP (the tiles' width: D rounded up to 64-column blocks, whose
-// columns past D hold zeros; bwd_tma.cu), BR, BC, KSTEPS, NT_S, NT_D (DP / 8), CAUSAL, BF16. The
-// Lua variable dp is DP (set here).
+// columns past D hold zeros; bwd_tma.cu), BR, BC, KSTEPS, NT_S, NT_D (DP / 8), CAUSAL, BF16; and
+// the template parameter dp (DP, from bwd.lua's layout).
 //   {% bwd_wgmma_decls() %}      the wgmma instructions of the four products (wgmma.cuh) and the
 //                                shared-memory helpers both kernels use
 //   {% bwd_sdp(after, split) %}  S^T = K Q^T and dP^T = V dO^T into s, dp, issued and waited for
@@ -20,7 +20,6 @@
 //                                thread's index among the working threads)
 //   {% bwd_dkdv_store() %}       dK = scale * dK and dV stored in the element type
 // Text, not functions: the verified kernels' cubins stay byte for byte what they were.
-{% dp = (d + 63) // 64 * 64 %}
 {% function bwd_wgmma_decls() %}
 // d (64 x BR, f32) = A B^T over one k-step (16 columns of D), A (64 keys) and B (BR query rows)
 // from shared memory, both K-major: S^T = K Q^T and dP^T = V dO^T. scale_d = 0 starts from zero.
