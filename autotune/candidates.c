@@ -122,8 +122,9 @@ static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, in
  *     counts (up to 255 at 8 warps) registers, not shared memory, bound the blocks per SM, so
  *     the double-buffered variant has the same occupancy and prefetches.
  * The rules count under "rules". On an A100: 4 candidates at d = 64, 2 at d = 128; on an H100 the
- * kv_wgmma and kv_tma ones too (kv_tma at every d up to 128, on tiles padded to 64 or 128
- * columns), the built-in variant first (kv_tma, Bc 128; Br 128 up to d = 64, 64 above). */
+ * kv_wgmma and kv_tma ones too (kv_tma at every d, on tiles padded to 64-column blocks; past
+ * d = 128 only Br = Bc = 64), the built-in variant first (kv_tma: Bc 128 up to d = 128, Br 128
+ * up to d = 64, 64 above; past d = 128 Br = Bc = 64). */
 static int bwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
                           const fg_device_limits *lim, const fg_variant *seed, fg_variant *out,
                           int n, int cap, fg_prune_counts *pc) {

@@ -70,27 +70,31 @@ static const char *cw(int causal) { return causal ? "causal" : "noncausal"; }
  * both dtypes alternate. bwd/hopper/ (sm_90a only): the Hopper kernels the tuner tries besides
  * the built-in, kv_tma at both head dims with every query-block size and stage count its rule
  * admits, on tiles padded past the head dim (d = 72 and 40: tiles of 128 and 64 columns, an odd
- * number of 16-byte chunks per row), and kv_wgmma (the built-in before it). bwd/portable/ (sm_80 and sm_90, where 163 KB or
+ * number of 16-byte chunks per row), above d = 128 (bwd_tmat.cu: d = 256; d = 200 and 136 on
+ * tiles of 256 and 192 columns, where warpgroup 1's last m-tile is partly or mostly padding),
+ * and kv_wgmma (the built-in before it). bwd/portable/ (sm_80 and sm_90, where 163 KB or
  * more of shared memory per block hold them): the mma.sync kernel at the shapes sm_80 and sm_90
  * run as built-ins at d = 64 and 128, so a Hopper GPU checks what an A100 runs. */
 static void add_forced_cases(bwd_list *l, fg_arch arch) {
   const int hopper = arch == FG_ARCH_SM90A, big_smem = arch == FG_ARCH_SM80 || arch >= FG_ARCH_SM90;
   static const struct {
-    int d, br, stages;
+    int d, br, bc, stages;
     fg_loop_order loop;
-  } shapes[] = {{64, 128, 2, FG_LOOP_KV_TMA},   {64, 64, 2, FG_LOOP_KV_TMA},
-                {64, 64, 3, FG_LOOP_KV_TMA},    {128, 64, 2, FG_LOOP_KV_TMA},
-                {72, 64, 2, FG_LOOP_KV_TMA},    {40, 128, 2, FG_LOOP_KV_TMA},
-                {64, 128, 2, FG_LOOP_KV_WGMMA}, {128, 64, 2, FG_LOOP_KV_WGMMA},
-                {64, 128, 1, FG_LOOP_KV_OUTER}, {128, 64, 1, FG_LOOP_KV_OUTER},
-                {64, 128, 2, FG_LOOP_KV_OUTER}, {128, 64, 2, FG_LOOP_KV_OUTER}};
+  } shapes[] = {{64, 128, 128, 2, FG_LOOP_KV_TMA},   {64, 64, 128, 2, FG_LOOP_KV_TMA},
+                {64, 64, 128, 3, FG_LOOP_KV_TMA},    {128, 64, 128, 2, FG_LOOP_KV_TMA},
+                {72, 64, 128, 2, FG_LOOP_KV_TMA},    {40, 128, 128, 2, FG_LOOP_KV_TMA},
+                {256, 64, 64, 2, FG_LOOP_KV_TMA},    {200, 64, 64, 2, FG_LOOP_KV_TMA},
+                {136, 64, 64, 2, FG_LOOP_KV_TMA},
+                {64, 128, 128, 2, FG_LOOP_KV_WGMMA}, {128, 64, 128, 2, FG_LOOP_KV_WGMMA},
+                {64, 128, 128, 1, FG_LOOP_KV_OUTER}, {128, 64, 128, 1, FG_LOOP_KV_OUTER},
+                {64, 128, 128, 2, FG_LOOP_KV_OUTER}, {128, 64, 128, 2, FG_LOOP_KV_OUTER}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     const int portable = shapes[i].loop == FG_LOOP_KV_OUTER;
     if (portable ? !big_smem || (shapes[i].stages == 2 && arch < FG_ARCH_SM90) : !hopper) continue;
     const char *group = portable ? "portable" : "hopper";
     for (int m = 0; m < 2; m++) {
       const fg_dtype dt = (i + (size_t)m) % 2 ? FG_DTYPE_F16 : FG_DTYPE_BF16;
-      const fg_variant v = {FG_PASS_BWD, shapes[i].d, shapes[i].br, 128, dt, m, shapes[i].loop,
+      const fg_variant v = {FG_PASS_BWD, shapes[i].d, shapes[i].br, shapes[i].bc, dt, m, shapes[i].loop,
                             8, shapes[i].stages, arch};
       char vn[FG_VARIANT_NAME_MAX];
       fg_variant_name(&v, vn, sizeof vn);

@@ -22,7 +22,9 @@ const char *fg_pass_name(fg_pass p);
  * consuming them, one warpgroup per 64 query rows; the block has 128 threads more than 32 * warps.
  * kv_tma is kv_wgmma with a producer warpgroup (sm_90a only: bwd_tma.cu): TMA loads of K, V, Q and
  * dO, LSE/D by a producer warp, dQ added by bulk reductions from shared memory; the variant's warps
- * (8) are the consumers, the block has 128 threads more. q_tma_p is q_tma on a persistent grid
+ * (8) are the consumers, the block has 128 threads more; past d = 128 (bwd_tmat.cu) the same
+ * producer with dK and dV computed transposed, split over the consumers by d, and dQ added from
+ * registers. q_tma_p is q_tma on a persistent grid
  * (one block per SM looping over the tiles, the next tile's loads under this one's epilogue; grid
  * kind "persistent"). */
 typedef enum fg_loop_order {
@@ -98,7 +100,8 @@ int fg_variant_spill_limit(const fg_variant *v);
 /* The built-in rule's backward variant (templates/bwd.lua): kv_outer with K/V blocks of 128 up
  * to d = 128 (64 above; less on sm_86/89's 99 KB), query blocks of 128 up to d = 64, then 64 (32
  * above d = 192), 8 warps;
- * on sm_90a at d = 64 and 128 the warp-specialised kernel (kv_tma, Bc 128, 8 consumer warps; Br
- * 128 at d = 64, 64 at d = 128). */
+ * on sm_90a at every d the warp-specialised kernel (kv_tma, 8 consumer warps; up to d = 128 Bc
+ * 128 and Br 128 up to d = 64, 64 above; past d = 128 bwd_tmat.cu, dK and dV transposed, Br = Bc =
+ * 64). */
 fg_variant fg_builtin_backward_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
 #endif

@@ -330,5 +330,14 @@ fg_variant fg_builtin_backward_variant(int d, fg_dtype dtype, int causal, fg_arc
     v.warps = 8;
     v.stages = 2;
   }
+  /* Above d = 128 kv_tma is bwd_tmat.cu (dK and dV transposed, split over the two consumer
+   * warpgroups by d; query and key blocks of 64). */
+  if (arch == FG_ARCH_SM90A && d > 128) {
+    v.loop = FG_LOOP_KV_TMA;
+    v.br = 64;
+    v.bc = 64;
+    v.warps = 8;
+    v.stages = 2;
+  }
   return v;
 }

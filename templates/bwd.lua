@@ -1,5 +1,5 @@
 -- bwd.lua: the backward templates' plan, launch contracts and resource formulas (bwd.cu: mma.sync;
--- bwd_wgmma.cu: sm_90a). The fit rule and the renderer read only this file for backward variants, so a
+-- bwd_wgmma.cu, bwd_tma.cu, bwd_tmat.cu: sm_90a). The fit rule and the renderer read only this file for backward variants, so a
 -- change to a template's shared-memory layout is made here, next to the template, and nowhere else.
 --
 -- The plan is launch(v) below; runtime/backward.c launches its steps in order on the caller's
@@ -135,6 +135,26 @@ end
 local function tma_loop(v) return v.loop == "kv_tma" end
 local TMA_BLOCK_REGS = 65536
 
+-- Above d = 128 kv_tma is bwd_tmat.cu: dK and dV computed transposed (d along the products' rows,
+-- split over the 2 consumer warpgroups by 64-row m-tiles), S and dP split over them by keys, P^T
+-- and dS^T through shared memory (two buffers), dQ added from registers with vector reductions
+-- into the accumulator tiled in the fragments' order (tiled_dq, parts of 64 x 64). Query and key blocks of 64; shared memory, from a 1024-byte
+-- aligned base: K, V; the Q/dO stages; two buffers of P^T and dS^T (Bc x Br each); LSE and D per
+-- stage (226 KB at d = 256 with 2 stages). Registers: warpgroup 0 holds dK^T and dV^T of
+-- ceil(dp / 128) m-tiles (Bc / 2 floats each per m-tile) and its dQ columns (32 per m-tile).
+local function tmat_loop(v) return v.loop == "kv_tma" and v.d > 128 end
+local function tmat_smem(v)
+  local dp = tma_dp(v)
+  return 1024 + (2 * v.bc * dp + v.stages * 2 * v.br * dp + 4 * v.bc * v.br) * 2 + v.stages * 2 * v.br * 4
+end
+local function tmat_check(v)
+  if v.br ~= 64 or v.bc ~= 64 or v.warps ~= 8 then
+    return "kv_tma above d = 128 (dK and dV transposed) takes Br = 64, Bc = 64 and 8 consumer warps"
+  end
+  if v.stages ~= 2 then return "kv_tma above d = 128 takes 2 stages of Q and dO" end
+  return nil
+end
+
 local function tma_smem(v, dq_bufs)
   local dp = tma_dp(v)
   return 1024 + (2 * v.bc * dp + v.stages * 2 * v.br * dp + 2 * v.bc * v.br) * 2 +
@@ -143,7 +163,7 @@ end
 local function tma_dq_bufs(v) return tma_smem(v, 2) <= SM90_SMEM and 2 or 1 end
 
 local function tma_resources(v)
-  return { threads = 32 * v.warps + 128, smem = tma_smem(v, tma_dq_bufs(v)),
+  return { threads = 32 * v.warps + 128, smem = tmat_loop(v) and tmat_smem(v) or tma_smem(v, tma_dq_bufs(v)),
            regs = TMA_BLOCK_REGS // (32 * v.warps + 128) // 8 * 8 }
 end
 
@@ -151,10 +171,8 @@ local function tma_check(v)
   if v.arch ~= "sm_90a" then
     return "kv_tma needs sm_90a: TMA and wgmma are instructions of Hopper (compute capability 9.0)"
   end
-  if v.d > 128 or v.d % 8 ~= 0 then
-    return "kv_tma takes d up to 128, a multiple of 8 (dK and dV of larger head dims do not fit " ..
-           "in registers)"
-  end
+  if v.d % 8 ~= 0 then return "kv_tma takes a multiple of 8 for d" end
+  if v.d > 128 then return tmat_check(v) end
   if v.bc ~= 128 or v.warps ~= 8 then
     return "kv_tma has two consumer warpgroups of 64 keys: Bc = 128, warps = 8"
   end
@@ -288,10 +306,10 @@ end
 function M.launch(v)
   local r = M.resources(v)
   if tma_loop(v) then
-    local t = plan(v, "bwd_tma.cu", r.threads, r.smem, true)
+    local t = plan(v, tmat_loop(v) and "bwd_tmat.cu" or "bwd_tma.cu", r.threads, r.smem, true)
     t.params = "bwd_tma"
-    tiled_dq(t, v, tma_dp(v))  -- (tiles dp wide: bwd_tma.cu DQ_W)
-    t.constants.dq_bufs = tma_dq_bufs(v)
+    tiled_dq(t, v, tma_dp(v))  -- (tiles dp wide: bwd_tma.cu, bwd_tmat.cu DQ_W)
+    if not tmat_loop(v) then t.constants.dq_bufs = tma_dq_bufs(v) end
     t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "do", rows = v.br },
                 { tensor = "k", rows = v.bc }, { tensor = "v", rows = v.bc } }
     return t

@@ -251,10 +251,14 @@ Test(cli_inputs, check_lists_the_forced_backward_variants) {
   cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
   n = 0;
   for (const char *p = fg_test_out; (p = strstr(p, "bwd/hopper/bwd_")) != NULL; p++) n++;
-  cr_assert_eq(n, 8 * (2 * 3 + 1), "eight Hopper variants, two masks, three cases each, a tail:\n%s",
+  cr_assert_eq(n, 11 * (2 * 3 + 1), "eleven Hopper variants, two masks, three cases each, a tail:\n%s",
                fg_test_out);
-  /* ... two of them on tiles padded past the head dim (cli/check_bwd.c) */
+  /* ... two of them on tiles padded past the head dim (cli/check_bwd.c), and three above d = 128
+   * (bwd_tmat.cu: d = 256, and 200 and 136 on padded tiles) */
   cr_assert(strstr(fg_test_out, "bwd/hopper/bwd_d72_br64_bc128_") && strstr(fg_test_out, "bwd/hopper/bwd_d40_br128_bc128_"),
+            "%s", fg_test_out);
+  cr_assert(strstr(fg_test_out, "bwd/hopper/bwd_d256_br64_bc64_") && strstr(fg_test_out, "bwd/hopper/bwd_d200_br64_bc64_") &&
+                strstr(fg_test_out, "bwd/hopper/bwd_d136_br64_bc64_"),
             "%s", fg_test_out);
 }
 
@@ -269,7 +273,7 @@ Test(cli_inputs, check_filter_takes_alternatives_in_the_full_order) {
   cr_assert(big && bad && hop && big < bad && bad < hop, "%s", fg_test_out);
   int n = 0;
   for (const char *p = fg_test_out; (p = strchr(p, '\n')) != NULL; p++) n++;
-  cr_assert_eq(n, 2 + 1 + 8 * (2 * 3 + 1), "two big, one bad, 56 Hopper cases:\n%s", fg_test_out);
+  cr_assert_eq(n, 2 + 1 + 11 * (2 * 3 + 1), "two big, one bad, 77 Hopper cases:\n%s", fg_test_out);
   cr_assert_null(strstr(fg_test_out, "bwd/bad/lse_null"), "%s", fg_test_out);
   /* An empty alternative selects nothing by itself. */
   rc = fg_test_run_cli(NULL, NULL, "check --list --filter bwd/bad/d_o_null,");

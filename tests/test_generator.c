@@ -171,6 +171,9 @@ Test(fit, backward_tma_rules) {
       {"bwd_d96_br64_bc128_bf16_causal_kvtma_w8_s2_sm90a", 1024 + 163840 + 2 * 32768 + 1024},
       {"bwd_d72_br64_bc128_f16_noncausal_kvtma_w8_s2_sm90a", 1024 + 163840 + 2 * 32768 + 1024},
       {"bwd_d40_br128_bc128_f16_noncausal_kvtma_w8_s2_sm90a", 1024 + 163840 + 2 * 32768 + 2048},
+      /* above d = 128 (bwd_tmat.cu): K, V, two Q/dO stages, two P^T/dS^T buffers, LSE/D */
+      {"bwd_d256_br64_bc64_bf16_noncausal_kvtma_w8_s2_sm90a", 1024 + 65536 + 131072 + 32768 + 1024},
+      {"bwd_d136_br64_bc64_f16_causal_kvtma_w8_s2_sm90a", 1024 + 49152 + 98304 + 32768 + 1024},
   };
   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
     fg_variant v = fgt_variant(ok[i].name);
@@ -185,7 +188,8 @@ Test(fit, backward_tma_rules) {
     const char *name, *reason;
   } bad[] = {
       {"bwd_d128_br64_bc128_bf16_causal_kvtma_w8_s2_sm80", "needs sm_90a"},
-      {"bwd_d136_br64_bc128_bf16_causal_kvtma_w8_s2_sm90a", "d up to 128"},
+      {"bwd_d136_br64_bc128_bf16_causal_kvtma_w8_s2_sm90a", "Br = 64, Bc = 64 and 8 consumer warps"},
+      {"bwd_d256_br64_bc64_bf16_causal_kvtma_w8_s1_sm90a", "2 stages of Q and dO"},
       {"bwd_d96_br128_bc128_bf16_causal_kvtma_w8_s2_sm90a", "64-column halves"},
       {"bwd_d128_br64_bc64_bf16_causal_kvtma_w4_s2_sm90a", "Bc = 128, warps = 8"},
       {"bwd_d128_br64_bc128_bf16_causal_kvtma_w8_s1_sm90a", "2 or 3 stages"},
