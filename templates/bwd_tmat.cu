@@ -98,15 +98,96 @@ constexpr int DQ_N = 64, NT_Q = 8;
 {% include("bwd_aux.cuh") %}
 
 namespace {
-// Consumer warpgroup W: S / dP of keys NS W ..., dK^T / dV^T (and dQ's columns) of m-tiles M0 ...
-template <int W> FG_DEV void consume(const fg_bwd_params &p, u32 sbase, u32 bars, int ctid) {
-  constexpr int M0 = W == 0 ? 0 : MT0, MTW = W == 0 ? MT0 : MT - MT0;  // first m-tile, how many
-  const int warp = ctid / 32 % 4, lane = ctid % 32, g = lane / 4, t = lane % 4, wr = warp * 16;
-  const i64 Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
-  const float sl2 = (float)p.scale_log2;
-  float dk[MTW][BC / 2], dv[MTW][BC / 2];  // dK^T, dV^T: d rows 64 (M0 + mt) + wr + g + 8 hh, keys 8 nt + 2 t + e
+// The products of query block it whose shape depends on the warpgroup (m-tiles M0 ... M0 + MTW -
+// 1 of dK^T, dV^T; dQ's columns 64 M0 ...), called by both warpgroups in one branch each (every
+// wgmma waited for inside: nothing in flight across the branch), while everything both do alike,
+// and every barrier, is one code path (compute-sanitizer's synccheck flagged the consumers' named
+// barrier reached from two code paths, one per warpgroup). dV^T += dO^T P, dK^T += Q^T dS (64
+// columns of dO / Q per m-tile, a 64-column block BR x 128 bytes on; k-step kk = 16 query rows,
+// 2048 bytes on in A, 32 bytes into B's 128-byte key rows) and dQ = dS K, 64 of the columns at a
+// time (K's column block M0 + j; k-step kk = 16 keys, 2048 bytes on in both), each added to the
+// accumulator (the tile's chunk acc, tiled: part M0 + j, group nt, this thread's float4) while
+// the next products run: dQ's block j, then dV^T (j = 0) and dK^T (the last j).
+template <int M0, int MTW>
+FG_DEV void kv_products(float (&dk)[MT0][BC / 2], float (&dv)[MT0][BC / 2], u32 sbase, u32 s_q, u32 s_do, u32 s_p,
+                        u32 s_ds, float *acc, int ctid) {
+  const u64 pb = fresh(sw128_desc(s_p, 16, 1024)), dsb = fresh(sw128_desc(s_ds, 16, 1024));
+  const u64 doa = fresh(sw128_desc(s_do + (u32)M0 * BR * 128, BR * 128, 1024));
+  const u64 qa = fresh(sw128_desc(s_q + (u32)M0 * BR * 128, BR * 128, 1024));
+  const u64 dsa = fresh(sw128_desc(s_ds, BC * 128, 1024));
+#pragma unroll
+  for (int j = 0; j < MTW; ++j) {
+    float dq[32];
+    const u64 kq = fresh(sw128_desc(sbase + K_OFF + (u32)(M0 + j) * BC * 128, BC * 128, 1024));
+#pragma unroll
+    for (int mt = 0; mt < MTW; ++mt) {
+      fence_regs<BC / 2>(dv[mt]);
+      fence_regs<BC / 2>(dk[mt]);
+    }
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) wgmma_dq(dq, dsa + kk * 2048 / 16, kq + kk * 2048 / 16, kk > 0);
+    wg_commit();
+    if (j == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MTW; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; ++kk) wgmma_kv(dv[mt], doa + (mt * BR * 128 + kk * 2048) / 16, pb + kk * 32 / 16, 1);
+    }
+    if (j == MTW - 1) {
+#pragma unroll
+      for (int mt = 0; mt < MTW; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < BR / 16; ++kk) wgmma_kv(dk[mt], qa + (mt * BR * 128 + kk * 2048) / 16, dsb + kk * 32 / 16, 1);
+    }
+    wg_commit();
+    wg_wait<1>();
+    fence_regs<32>(dq);
+    float *a = acc + ((M0 + j) * NT_Q * 128 + ctid % 128) * 4;
+#pragma unroll
+    for (int nt = 0; nt < NT_Q; ++nt) red_add_v4_if(a + nt * 128 * 4, true, dq[4 * nt], dq[4 * nt + 1], dq[4 * nt + 2], dq[4 * nt + 3]);
+  }
+  wg_wait<0>();
+#pragma unroll
+  for (int mt = 0; mt < MTW; ++mt) {
+    fence_regs<BC / 2>(dv[mt]);
+    fence_regs<BC / 2>(dk[mt]);
+  }
+}
+// dK^T and dV^T of m-tiles M0 ... into shared memory, fp32 key-major (key row c, BC x D each at
+// s_k and s_v), the rows below D.
+template <int M0, int MTW>
+FG_DEV void kv_stage(const float (&dk)[MT0][BC / 2], const float (&dv)[MT0][BC / 2], u32 s_k, u32 s_v, int wr, int g,
+                     int t) {
 #pragma unroll
   for (int mt = 0; mt < MTW; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int dc = 64 * (M0 + mt) + wr + g + 8 * hh;
+        if (dc < D) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const u32 at = (u32)((8 * nt + 2 * t + e) * D + dc) * 4;
+            st_shared_f1(s_k + at, dk[mt][4 * nt + 2 * hh + e]);
+            st_shared_f1(s_v + at, dv[mt][4 * nt + 2 * hh + e]);
+          }
+        }
+      }
+}
+
+// The consumer warpgroups: wg's S / dP of keys NS wg ..., its dK^T / dV^T m-tiles (warpgroup 0
+// the first MT0, 1 the rest).
+FG_DEV void consume(const fg_bwd_params &p, u32 sbase, u32 bars, int ctid) {
+  const int wg = ctid / 128, warp = ctid / 32 % 4, lane = ctid % 32, g = lane / 4, t = lane % 4, wr = warp * 16;
+  const i64 Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
+  const float sl2 = (float)p.scale_log2;
+  // dK^T, dV^T: d rows 64 (M0 + mt) + wr + g + 8 hh, keys 8 nt + 2 t + e (warpgroup 1 uses the
+  // first MT - MT0 m-tiles)
+  float dk[MT0][BC / 2], dv[MT0][BC / 2];
+#pragma unroll
+  for (int mt = 0; mt < MT0; ++mt)
 #pragma unroll
     for (int i = 0; i < BC / 2; ++i) dk[mt][i] = dv[mt][i] = 0.f;
   mbar_wait(bars + BAR_KV, 0);  // also when there is no item: the loads land before the block ends
@@ -125,8 +206,8 @@ template <int W> FG_DEV void consume(const fg_bwd_params &p, u32 sbase, u32 bars
     float s[NS / 2], dp[NS / 2];
     {
       const u64 qa = fresh(sw128_desc(s_q, 16, 1024)), doa = fresh(sw128_desc(s_do, 16, 1024));
-      const u64 kb = fresh(sw128_desc(sbase + K_OFF + (u32)W * NS * 128, 16, 1024));
-      const u64 vb = fresh(sw128_desc(sbase + V_OFF + (u32)W * NS * 128, 16, 1024));
+      const u64 kb = fresh(sw128_desc(sbase + K_OFF + (u32)wg * NS * 128, 16, 1024));
+      const u64 vb = fresh(sw128_desc(sbase + V_OFF + (u32)wg * NS * 128, 16, 1024));
       wg_fence();
 #pragma unroll
       for (int ks = 0; ks < KSTEPS; ++ks)
@@ -154,22 +235,22 @@ template <int W> FG_DEV void consume(const fg_bwd_params &p, u32 sbase, u32 bars
     const bool need_mask = kv_left < BC || (CAUSAL && dlim < BC - 1);
     wg_wait<1>();
     fence_regs<NS / 2>(s);
-    // P (in place of S): s[4 nt + 2 hh + e] is query wr + g + 8 hh, key NS W + 8 nt + 2 t + e.
+    // P (in place of S): s[4 nt + 2 hh + e] is query wr + g + 8 hh, key NS wg + 8 nt + 2 t + e.
 #pragma unroll
     for (int nt = 0; nt < NS / 8; ++nt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int i = 4 * nt + 2 * hh + e, c = NS * W + 8 * nt + 2 * t + e, r = wr + g + 8 * hh;
+          const int i = 4 * nt + 2 * hh + e, c = NS * wg + 8 * nt + 2 * t + e, r = wr + g + 8 * hh;
           s[i] = fast_exp2(fmaf(s[i], sl2, -l2[hh]));
           if (need_mask && !(c < kv_left && (!CAUSAL || c <= r + dlim))) s[i] = 0.f;
         }
     // P^T and dS^T leave by stmatrix.trans, four 8 x 8 matrices (n8 tiles nt, nt + 1 x row halves)
-    // per instruction: lane l addresses row l % 8 of matrix l / 8, i.e. key NS W + 8 (nt + l / 16)
+    // per instruction: lane l addresses row l % 8 of matrix l / 8, i.e. key NS wg + 8 (nt + l / 16)
     // + l % 8, whose 16-byte chunk (wr + 8 ((l / 8) % 2)) / 8 holds the 8 query rows, swizzled by
     // the key row (chunk ^ key % 8).
-    const u32 st_row = (u32)(NS * W + 8 * (lane / 16) + lane % 8) * 128;
+    const u32 st_row = (u32)(NS * wg + 8 * (lane / 16) + lane % 8) * 128;
     const u32 st_ch = (u32)(((wr / 8 + (lane / 8) % 2) ^ (lane % 8)) * 16);
 #pragma unroll
     for (int nt = 0; nt < NS / 8; nt += 2)
@@ -192,88 +273,27 @@ template <int W> FG_DEV void consume(const fg_bwd_params &p, u32 sbase, u32 bars
     fence_async_smem();
     consumers_sync();  // both warpgroups' P^T and dS^T rows are in shared memory
 
-    // dV^T += dO^T P, dK^T += Q^T dS (this warpgroup's m-tiles: 64 columns of dO / Q each, a
-    // 64-column block BR x 128 bytes on; k-step kk = 16 query rows, 2048 bytes on in A, 32 bytes
-    // into B's 128-byte key rows) and dQ = dS K, 64 of this warpgroup's columns (64 M0 ...) at a
-    // time (K's column block M0 + j; k-step kk = 16 keys, 2048 bytes on in both), each added to
-    // the accumulator while the next products run: dQ's block j, then dV^T (j = 0) or dK^T.
+    // dV^T, dK^T and dQ (kv_products), dQ added to the tile's chunk (deterministic mode: behind the
+    // tile's semaphore, taken before the products); then the stage is free.
     const u32 bhk = KV_HEAD_BLOCK(p), b = bhk / (u32)p.heads_kv;
     const i64 h = (i64)(bhk % (u32)p.heads_kv) * G + it / sp.per_head;
     u32 *sem = dq_sem(p, b, h, q0);
-    const u64 pb = fresh(sw128_desc(s_p, 16, 1024)), dsb = fresh(sw128_desc(s_ds, 16, 1024));
-    const u64 doa = fresh(sw128_desc(s_do + (u32)M0 * BR * 128, BR * 128, 1024));
-    const u64 qa = fresh(sw128_desc(s_q + (u32)M0 * BR * 128, BR * 128, 1024));
-    const u64 dsa = fresh(sw128_desc(s_ds, BC * 128, 1024));
-#pragma unroll
-    for (int j = 0; j < MTW; ++j) {
-      float dq[32];
-      const u64 kq = fresh(sw128_desc(sbase + K_OFF + (u32)(M0 + j) * BC * 128, BC * 128, 1024));
-#pragma unroll
-      for (int mt = 0; mt < MTW; ++mt) {
-        fence_regs<BC / 2>(dv[mt]);
-        fence_regs<BC / 2>(dk[mt]);
-      }
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk) wgmma_dq(dq, dsa + kk * 2048 / 16, kq + kk * 2048 / 16, kk > 0);
-      wg_commit();
-      if (j == 0) {
-#pragma unroll
-        for (int mt = 0; mt < MTW; ++mt)
-#pragma unroll
-          for (int kk = 0; kk < BR / 16; ++kk)
-            wgmma_kv(dv[mt], doa + (mt * BR * 128 + kk * 2048) / 16, pb + kk * 32 / 16, 1);
-      }
-      if (j == MTW - 1) {
-#pragma unroll
-        for (int mt = 0; mt < MTW; ++mt)
-#pragma unroll
-          for (int kk = 0; kk < BR / 16; ++kk)
-            wgmma_kv(dk[mt], qa + (mt * BR * 128 + kk * 2048) / 16, dsb + kk * 32 / 16, 1);
-      }
-      wg_commit();
-      wg_wait<1>();
-      fence_regs<32>(dq);
-      // dq[4 nt ... 4 nt + 3] to part M0 + j of the tile's chunk, group nt, this thread's float4
-      // (deterministic mode: behind the tile's semaphore).
-      if (j == 0) dq_sem_wait(p, sem, q0, ctid);
-      float *acc = dq_chunk(p, (i64)b * p.heads_q + h, q0 / 64) + ((M0 + j) * NT_Q * 128 + ctid % 128) * 4;
-#pragma unroll
-      for (int nt = 0; nt < NT_Q; ++nt)
-        red_add_v4_if(acc + nt * 128 * 4, true, dq[4 * nt], dq[4 * nt + 1], dq[4 * nt + 2], dq[4 * nt + 3]);
-    }
-    wg_wait<0>();
-#pragma unroll
-    for (int mt = 0; mt < MTW; ++mt) {
-      fence_regs<BC / 2>(dv[mt]);
-      fence_regs<BC / 2>(dk[mt]);
-    }
+    dq_sem_wait(p, sem, q0, ctid);
+    float *acc = dq_chunk(p, (i64)b * p.heads_q + h, q0 / 64);
+    if (wg == 0) kv_products<0, MT0>(dk, dv, sbase, s_q, s_do, s_p, s_ds, acc, ctid);
+    else kv_products<MT0, MT - MT0>(dk, dv, sbase, s_q, s_do, s_p, s_ds, acc, ctid);
     mbar_arrive(bars + bar_empty(st));  // Q, dO, LSE and D of this stage read
     dq_sem_release(p, sem, ctid);
   }
 
-  // dK^T and dV^T into shared memory (the Q/dO stages, read by now: every consumer thread is past
-  // its last stage's products), fp32 key-major (key row c, BC x D each; dK at Q_OFF, dV after),
-  // then stored: dK = scale * sum, dV, in the element type with 16-byte stores; or (a split) the
-  // sums added into dkv_accum (bwd_aux.cuh: dkv_add_rows), which _post converts.
+  // dK^T and dV^T into shared memory (the Q/dO stages, read by now: both warpgroups are past
+  // their last stage's products), fp32 key-major (dK at Q_OFF, dV after), then stored: dK = scale
+  // * sum, dV, in the element type with 16-byte stores; or (a split) the sums added into
+  // dkv_accum (bwd_aux.cuh: dkv_add_rows), which _post converts.
   consumers_sync();
   const u32 s_k = sbase + Q_OFF, s_v = s_k + BC * D * 4;
-#pragma unroll
-  for (int mt = 0; mt < MTW; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < BC / 8; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int dc = 64 * (M0 + mt) + wr + g + 8 * hh;
-        if (dc < D) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const u32 at = (u32)((8 * nt + 2 * t + e) * D + dc) * 4;
-            st_shared_f1(s_k + at, dk[mt][4 * nt + 2 * hh + e]);
-            st_shared_f1(s_v + at, dv[mt][4 * nt + 2 * hh + e]);
-          }
-        }
-      }
+  if (wg == 0) kv_stage<0, MT0>(dk, dv, s_k, s_v, wr, g, t);
+  else kv_stage<MT0, MT - MT0>(dk, dv, s_k, s_v, wr, g, t);
   consumers_sync();
   extern __shared__ __align__(1024) u16 smem_raw[];
   const float *sk = (const float *)((char *)smem_raw + (sbase - smem_addr(smem_raw)) + Q_OFF), *sv = sk + BC * D;
@@ -368,6 +388,5 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   }
   regs_inc<CONSUMER_REGS>();
   const int ctid = tid - 128;
-  if (ctid < 128) consume<0>(p, sbase, bars, ctid);
-  else consume<1>(p, sbase, bars, ctid);
+  consume(p, sbase, bars, ctid);
 }
