@@ -403,14 +403,14 @@ FG_DEV void dkv_wait(const fg_bwd_params &p, float *blk, int tid) {
   }
 }
 // Adds rows [0, rows) of a split's dK or dV, staged in shared memory (sacc: BC x D fp32,
-// row-major), to dkv_accum's block at dst: 16 bytes per thread and step, coalesced; vector
-// reductions (sm_90; four scalar ones before), or in deterministic mode (behind dkv_wait) a
-// plain load, add and store, L2-coherent (.cg), so the bits are those of the z order every run.
-// Called by every thread of the block.
-FG_DEV void dkv_add_rows(const fg_bwd_params &p, float *dst, const float *sacc, int rows, int tid) {
+// row-major, rows srow floats apart: D, or bwd_tmat.cu's padded rows), to dkv_accum's block at
+// dst: 16 bytes per thread and step, coalesced; vector reductions (sm_90; four scalar ones
+// before), or in deterministic mode (behind dkv_wait) a plain load, add and store, L2-coherent
+// (.cg), so the bits are those of the z order every run. Called by every thread of the block.
+FG_DEV void dkv_add_rows(const fg_bwd_params &p, float *dst, const float *sacc, int rows, int tid, int srow = D) {
   const int n4 = rows * (D / 4);
   for (int i = tid; i < n4; i += MAIN_THREADS) {
-    const float4 x = ((const float4 *)sacc)[i];
+    const float4 x = srow == D ? ((const float4 *)sacc)[i] : *(const float4 *)(sacc + i / (D / 4) * srow + i % (D / 4) * 4);
     float *a = dst + 4 * i;
     if (p.deterministic) {
       float y0, y1, y2, y3;

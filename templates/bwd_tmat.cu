@@ -40,8 +40,11 @@ static_assert(D % 8 == 0 && D <= DP && DP % 64 == 0 && NWG == 2 && BR == 64 && B
 constexpr u32 KV_BYTES = BC * DP * 2, QT_BYTES = BR * DP * 2, PT_BYTES = BC * BR * 2;
 constexpr u32 K_OFF = 0, V_OFF = KV_BYTES, Q_OFF = 2 * KV_BYTES, PD_OFF = Q_OFF + STAGES * 2 * QT_BYTES;
 constexpr u32 L_OFF = PD_OFF + 2 * 2 * PT_BYTES;
-// At the end dK, dV (fp32, BC x D each, key-major) are staged where the Q/dO stages were.
-static_assert(2 * BC * D * 4 <= STAGES * 2 * QT_BYTES + 4 * PT_BYTES, "dK, dV staged in the Q/dO stages");
+// At the end dK, dV (fp32, BC x D each, key-major, rows SROW floats apart: 4 more than D, so that
+// the fragments' stores hit every bank once; rows D apart, 4-way conflicts, took 2-3 us a block)
+// are staged where the Q/dO stages and P^T/dS^T buffers were.
+constexpr int SROW = D + 4;
+static_assert(2 * BC * SROW * 4 <= STAGES * 2 * QT_BYTES + 4 * PT_BYTES, "dK, dV staged in the Q/dO stages");
 // mbarriers (8 bytes each; bytes 8-23 hold the block's place, bwd_slot): K/V full; per stage
 // full (the TMA's bytes and the 32 lanes of the LSE/D warp) and empty (every consumer thread).
 constexpr u32 BAR_KV = 0, BAR_BYTES = 24u + 8u * (2 * STAGES);
@@ -155,7 +158,7 @@ FG_DEV void kv_products(float (&dk)[MT0][BC / 2], float (&dv)[MT0][BC / 2], u32 
   }
 }
 // dK^T and dV^T of m-tiles M0 ... into shared memory, fp32 key-major (key row c, BC x D each at
-// s_k and s_v), the rows below D.
+// s_k and s_v, rows SROW apart), the rows below D.
 template <int M0, int MTW>
 FG_DEV void kv_stage(const float (&dk)[MT0][BC / 2], const float (&dv)[MT0][BC / 2], u32 s_k, u32 s_v, int wr, int g,
                      int t) {
@@ -169,7 +172,7 @@ FG_DEV void kv_stage(const float (&dk)[MT0][BC / 2], const float (&dv)[MT0][BC /
         if (dc < D) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const u32 at = (u32)((8 * nt + 2 * t + e) * D + dc) * 4;
+            const u32 at = (u32)((8 * nt + 2 * t + e) * SROW + dc) * 4;
             st_shared_f1(s_k + at, dk[mt][4 * nt + 2 * hh + e]);
             st_shared_f1(s_v + at, dv[mt][4 * nt + 2 * hh + e]);
           }
@@ -291,19 +294,19 @@ FG_DEV void consume(const fg_bwd_params &p, u32 sbase, u32 bars, int ctid) {
   // * sum, dV, in the element type with 16-byte stores; or (a split) the sums added into
   // dkv_accum (bwd_aux.cuh: dkv_add_rows), which _post converts.
   consumers_sync();
-  const u32 s_k = sbase + Q_OFF, s_v = s_k + BC * D * 4;
+  const u32 s_k = sbase + Q_OFF, s_v = s_k + BC * SROW * 4;
   if (wg == 0) kv_stage<0, MT0>(dk, dv, s_k, s_v, wr, g, t);
   else kv_stage<MT0, MT - MT0>(dk, dv, s_k, s_v, wr, g, t);
   consumers_sync();
   extern __shared__ __align__(1024) u16 smem_raw[];
-  const float *sk = (const float *)((char *)smem_raw + (sbase - smem_addr(smem_raw)) + Q_OFF), *sv = sk + BC * D;
+  const float *sk = (const float *)((char *)smem_raw + (sbase - smem_addr(smem_raw)) + Q_OFF), *sv = sk + BC * SROW;
   const i64 k0e = k0_of(p);
   const int kv_left = (int)(Nk - k0e < BC ? Nk - k0e : BC);
   if (bwd_split()) {
     float *blk = dkv_block(p, KV_HEAD_BLOCK(p), k0e / BC);
     dkv_wait(p, blk, ctid);
-    dkv_add_rows(p, blk, sk, kv_left, ctid);
-    dkv_add_rows(p, blk + BC * D, sv, kv_left, ctid);
+    dkv_add_rows(p, blk, sk, kv_left, ctid, SROW);
+    dkv_add_rows(p, blk + BC * D, sv, kv_left, ctid, SROW);
     dq_sem_release(p, dkv_sem(blk), ctid);  // the next split's turn (deterministic mode)
     return;
   }
@@ -313,7 +316,7 @@ FG_DEV void consume(const fg_bwd_params &p, u32 sbase, u32 bars, int ctid) {
   u16 *gdV = (u16 *)p.dv + b * p.dv_sb + hk * p.dv_sh + k0e * p.dv_sn;
   for (int u = ctid; u < kv_left * CHUNKS; u += CONSUMER_THREADS) {
     const int r = u / CHUNKS, ch = u % CHUNKS;
-    const float4 *xk = (const float4 *)(sk + r * D + ch * 8), *xv = (const float4 *)(sv + r * D + ch * 8);
+    const float4 *xk = (const float4 *)(sk + r * SROW + ch * 8), *xv = (const float4 *)(sv + r * SROW + ch * 8);
     const float4 k0v = xk[0], k1v = xk[1], v0v = xv[0], v1v = xv[1];
     st_global_v4(gdK + r * p.dk_sn + ch * 8, pack2<BF16>(k0v.x * sc, k0v.y * sc), pack2<BF16>(k0v.z * sc, k0v.w * sc),
                  pack2<BF16>(k1v.x * sc, k1v.y * sc), pack2<BF16>(k1v.z * sc, k1v.w * sc));
