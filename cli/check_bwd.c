@@ -74,7 +74,8 @@ static const char *cw(int causal) { return causal ? "causal" : "noncausal"; }
  * tiles of 256 and 192 columns, where warpgroup 1's last m-tile is partly or mostly padding),
  * and kv_wgmma (the built-in before it). bwd/portable/ (sm_80 and sm_90, where 163 KB or
  * more of shared memory per block hold them): the mma.sync kernel at the shapes sm_80 and sm_90
- * run as built-ins at d = 64 and 128, so a Hopper GPU checks what an A100 runs. */
+ * run as built-ins at d = 64 and 128, and sm_80's at d = 192 and 256 (which sm_90a no longer
+ * runs as built-ins), so a Hopper GPU checks what an A100 runs. */
 static void add_forced_cases(bwd_list *l, fg_arch arch) {
   const int hopper = arch == FG_ARCH_SM90A, big_smem = arch == FG_ARCH_SM80 || arch >= FG_ARCH_SM90;
   static const struct {
@@ -87,7 +88,8 @@ static void add_forced_cases(bwd_list *l, fg_arch arch) {
                 {136, 64, 64, 2, FG_LOOP_KV_TMA},
                 {64, 128, 128, 2, FG_LOOP_KV_WGMMA}, {128, 64, 128, 2, FG_LOOP_KV_WGMMA},
                 {64, 128, 128, 1, FG_LOOP_KV_OUTER}, {128, 64, 128, 1, FG_LOOP_KV_OUTER},
-                {64, 128, 128, 2, FG_LOOP_KV_OUTER}, {128, 64, 128, 2, FG_LOOP_KV_OUTER}};
+                {64, 128, 128, 2, FG_LOOP_KV_OUTER}, {128, 64, 128, 2, FG_LOOP_KV_OUTER},
+                {192, 64, 64, 1, FG_LOOP_KV_OUTER},  {256, 32, 64, 1, FG_LOOP_KV_OUTER}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     const int portable = shapes[i].loop == FG_LOOP_KV_OUTER;
     if (portable ? !big_smem || (shapes[i].stages == 2 && arch < FG_ARCH_SM90) : !hopper) continue;
@@ -140,8 +142,8 @@ static void build(bwd_list *l) {
    * every (key block, head) once; most key blocks see no query row (dK = dV = 0). */
   add(l, B_RUN, FG_DTYPE_BF16, 1, 128, 4, 16, 16, 300, 2100, 0,
       "bwd/seqlen/d128_b4_h16_nq300_nk2100_causal");
-  /* The same order in the mma.sync kernel (d = 160 on every arch): 16 (batch, KV head)s of 33
-   * key blocks (of 64), one group of 16 heads on 132 SMs. */
+  /* The same order with key blocks of 64 (d = 160: bwd_tmat.cu on sm_90a, the mma.sync kernel
+   * elsewhere): 16 (batch, KV head)s of 33 key blocks, one group of 16 heads on 132 SMs. */
   add(l, B_RUN, FG_DTYPE_BF16, 1, 160, 2, 8, 8, 300, 2100, 0,
       "bwd/seqlen/d160_b2_h8_nq300_nk2100_causal");
   /* 128 (batch, KV head)s of 2 key blocks, causal: on sm_90a the first 62 heads in launch order,
@@ -166,10 +168,11 @@ static void build(bwd_list *l) {
   for (int m = 0; m < 2; m++)
     add(l, B_RUN, FG_DTYPE_BF16, m, 64, 1, 8, 1, 16384 + 17, 129, 0,
         "bwd/gqa/long_hq8_hkv1_d64_nq16401_nk129_%s", cw(m));
-  /* The same with 8 * 8209 = 65672 rows (2 splits): at d = 192 and 256, where the mma.sync kernel
-   * is the built-in on every arch and on sm_90 its dK/dV sums are staged over the swizzled K and
-   * V tiles (bwd.lua: swz), exactly Bc x d floats; at d = 96, which sm_90a runs on kv_tma's tiles
-   * padded to 128 columns (bwd_tma.cu DP), whose splits add only the columns below d. */
+  /* The same with 8 * 8209 = 65672 rows (2 splits): at d = 192 and 256, where sm_90a runs
+   * bwd_tmat.cu (its dK/dV sums staged in shared memory on rows of d + 4 floats) and the other
+   * archs the mma.sync kernel (on sm_90 its sums staged over the swizzled K and V tiles, bwd.lua:
+   * swz); at d = 96, which sm_90a runs on kv_tma's tiles padded to 128 columns (bwd_tma.cu DP),
+   * whose splits add only the columns below d. */
   static const struct {
     int d, causal;
     fg_dtype dt;

@@ -222,17 +222,19 @@ Test(cli_inputs, check_lists_the_backward_past_2_31_elements) {
 /* `flashgen check` forces the mma.sync backward at the shapes sm_80 and sm_90 run as built-ins
  * (bwd/portable/, cli/check_bwd.c) beside the Hopper kernels (bwd/hopper/): listed without a GPU
  * as for an sm_90a device, each variant on a ragged GQA shape, a short one and deterministic,
- * both masks, and without a mask on a grid with a tail; and the sm_80 built-ins at d = 64 and
- * 128 are among them. */
+ * both masks, and without a mask on a grid with a tail; and the sm_80 built-ins at d = 64, 128,
+ * 192 and 256 are among them. */
 Test(cli_inputs, check_lists_the_forced_backward_variants) {
   int rc = fg_test_run_cli(NULL, NULL, "check --list --filter bwd/portable/");
   cr_assert_eq(rc, 0, "exit %d: %s", rc, fg_test_err);
   int n = 0;
   for (const char *p = fg_test_out; (p = strstr(p, "bwd/portable/bwd_")) != NULL; p++) n++;
-  cr_assert_eq(n, 4 * (2 * 3 + 1), "four shapes, two masks, three cases each and a tail without one:\n%s",
+  cr_assert_eq(n, 6 * (2 * 3 + 1), "six shapes, two masks, three cases each and a tail without one:\n%s",
                fg_test_out);
   cr_assert_null(strstr(fg_test_out, "kvtma"), "%s", fg_test_out);
-  for (int d = 64; d <= 128; d += 64) {
+  static const int pds[] = {64, 128, 192, 256};
+  for (size_t di = 0; di < sizeof pds / sizeof pds[0]; di++) {
+    const int d = pds[di];
     int found = 0;
     for (int dt = 0; dt < 2; dt++) { /* the cases alternate the dtypes */
       const fg_variant b = fg_builtin_backward_variant(d, dt ? FG_DTYPE_F16 : FG_DTYPE_BF16, 0, FG_ARCH_SM80);
