@@ -23,6 +23,7 @@
 {% include("common.cuh") %}
 {% include("wgmma.cuh") %}
 {% include("tma.cuh") %}
+{% include("bwd_producer.cuh") %}
 {% include("bwd_consumer.cuh") %}
 
 namespace {
@@ -174,50 +175,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     }
     mbar_init_fence();
   }
-  __syncthreads();  // the last block-wide barrier: the producer warps leave early
-  if (place_splits() == 0) return;  // past the tail's last piece (bwd_place_of)
-
-  if (tid < 128) {
-    // The producer warpgroup. Items (query head of the group, query block) as bwd_span_of.
-    regs_dec<PRODUCER_REGS>();
-    const int warp = tid / 32, lane = tid % 32;
-    const u32 bhk = KV_HEAD_BLOCK(p), b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
-    const int G = (int)p.hq_per_hkv;
-    const bwd_span sp = bwd_span_now(p);
+{% bwd_producer_enter() %}
     const int rot = item_rot(p, sp);  // the first item's query block (deterministic, no mask)
     if (warp == 0 && lane == 0) {
       // K and V once, then Q and dO of each item into its stage once the consumers freed it.
-#pragma unroll
-      for (int m = 0; m < 4; ++m) tma_prefetch_map(&P.tmap[m]);
-      mbar_expect_tx(bars + BAR_KV, 2 * KV_BYTES);
-      const int k0 = (int)k0_of(p);
-#pragma unroll
-      for (int c = 0; c < DP / 64; ++c) {
-        tma_load_4d(sbase + K_OFF + (u32)c * BC * 128, &P.tmap[2], 64 * c, k0, (int)hk, (int)b, bars + BAR_KV);
-        tma_load_4d(sbase + V_OFF + (u32)c * BC * 128, &P.tmap[3], 64 * c, k0, (int)hk, (int)b, bars + BAR_KV);
-      }
-      for (int it = 0; it < sp.n_items; ++it) {
-        const int st = it % STAGES;
-        if (it >= STAGES) mbar_wait(bars + bar_empty(st), (u32)(it / STAGES + 1) & 1);
-        const int h = (int)hk * G + it / sp.per_head, q0 = (int)item_q0(sp, rot, it);
-        const u32 s_q = sbase + Q_OFF + (u32)st * 2 * QT_BYTES;
-        mbar_expect_tx(bars + bar_full(st), 2 * QT_BYTES);
-#pragma unroll
-        for (int c = 0; c < DP / 64; ++c) {
-          tma_load_4d(s_q + (u32)c * BR * 128, &P.tmap[0], 64 * c, q0, h, (int)b, bars + bar_full(st));
-          tma_load_4d(s_q + QT_BYTES + (u32)c * BR * 128, &P.tmap[1], 64 * c, q0, h, (int)b, bars + bar_full(st));
-        }
-      }
+{% bwd_producer_kv() %}
+{% bwd_producer_qdo("(int)item_q0(sp, rot, it)") %}
     } else if (warp == 1) {
       // LSE * log2(e) and D of each item's query rows (load_lse_d: rows past Nq and rows that saw
       // no key get LSE +inf, so P = 0), then one arrival per lane on the stage's full barrier.
-      for (int it = 0; it < sp.n_items; ++it) {
-        const int st = it % STAGES;
-        if (it >= STAGES) mbar_wait(bars + bar_empty(st), (u32)(it / STAGES + 1) & 1);
-        const i64 h = (i64)hk * G + it / sp.per_head, q0 = item_q0(sp, rot, it);
-        load_lse_d((float *)(sgen + L_OFF + st * 2 * BR * 4), p, b, h, q0, lane, 32);
-        mbar_arrive(bars + bar_full(st));
-      }
+{% bwd_producer_lse("item_q0(sp, rot, it)") %}
     } else if (warp >= 2 && warp < 2 + DQ_WARPS) {
       // The dQ tiles, once the consumers have written a part into its slot, added to the
       // accumulator's chunk (bwd_aux.cuh: dq_chunk) with one bulk reduction per 64 x DQ_N (lane k

@@ -19,6 +19,7 @@
 {% include("common.cuh") %}
 {% include("wgmma.cuh") %}
 {% include("tma.cuh") %}
+{% include("bwd_producer.cuh") %}
 
 namespace {
 constexpr int D = {{ d }};            // head dimension: a multiple of 8, 136 ... 256 (bwd.lua)
@@ -71,6 +72,15 @@ FG_DEV void stsm_x4_t(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x0), "r"(x1),
                "r"(x2), "r"(x3)
                : "memory");
+}
+// A warpgroup's NS / 8 n8 tiles of 64 x NS fp32 fragments x (x[4 nt + 2 hh + e]), in the element
+// type, transposed to shared memory by stsm_x4_t: tiles nt, nt + 1 per instruction, 8 key rows
+// (1024 bytes) apart; a: this lane's row and chunk in the first.
+FG_DEV void st_tiles_t(u32 a, const float *x) {
+#pragma unroll
+  for (int nt = 0; nt < NS / 8; nt += 2)
+    stsm_x4_t(a + (u32)nt * 8 * 128, pack2<BF16>(x[4 * nt], x[4 * nt + 1]), pack2<BF16>(x[4 * nt + 2], x[4 * nt + 3]),
+              pack2<BF16>(x[4 * nt + 4], x[4 * nt + 5]), pack2<BF16>(x[4 * nt + 6], x[4 * nt + 7]));
 }
 FG_DEV void ld_shared_f1(u32 a, float &x) { asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(a)); }
 FG_DEV void st_shared_f1(u32 a, float x) { asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(x) : "memory"); }
@@ -255,11 +265,7 @@ FG_DEV void consume(const fg_bwd_params &p, u32 sbase, u32 bars, int ctid) {
     // the key row (chunk ^ key % 8).
     const u32 st_row = (u32)(NS * wg + 8 * (lane / 16) + lane % 8) * 128;
     const u32 st_ch = (u32)(((wr / 8 + (lane / 8) % 2) ^ (lane % 8)) * 16);
-#pragma unroll
-    for (int nt = 0; nt < NS / 8; nt += 2)
-      stsm_x4_t(s_p + st_row + (u32)nt * 8 * 128 + st_ch, pack2<BF16>(s[4 * nt], s[4 * nt + 1]),
-                pack2<BF16>(s[4 * nt + 2], s[4 * nt + 3]), pack2<BF16>(s[4 * nt + 4], s[4 * nt + 5]),
-                pack2<BF16>(s[4 * nt + 6], s[4 * nt + 7]));
+    st_tiles_t(s_p + st_row + st_ch, s);
     wg_wait<0>();
     fence_regs<NS / 2>(dp);
 #pragma unroll
@@ -268,11 +274,7 @@ FG_DEV void consume(const fg_bwd_params &p, u32 sbase, u32 bars, int ctid) {
       for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
         for (int e = 0; e < 2; ++e) dp[4 * nt + 2 * hh + e] = s[4 * nt + 2 * hh + e] * (dp[4 * nt + 2 * hh + e] - dd[hh]);
-#pragma unroll
-    for (int nt = 0; nt < NS / 8; nt += 2)
-      stsm_x4_t(s_ds + st_row + (u32)nt * 8 * 128 + st_ch, pack2<BF16>(dp[4 * nt], dp[4 * nt + 1]),
-                pack2<BF16>(dp[4 * nt + 2], dp[4 * nt + 3]), pack2<BF16>(dp[4 * nt + 4], dp[4 * nt + 5]),
-                pack2<BF16>(dp[4 * nt + 6], dp[4 * nt + 7]));
+    st_tiles_t(s_ds + st_row + st_ch, dp);
     fence_async_smem();
     consumers_sync();  // both warpgroups' P^T and dS^T rows are in shared memory
 
@@ -344,48 +346,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     }
     mbar_init_fence();
   }
-  __syncthreads();  // the last block-wide barrier: the producer warps leave early
-  if (place_splits() == 0) return;  // past the tail's last piece (bwd_place_of)
-
-  if (tid < 128) {
-    // The producer warpgroup. Items (query head of the group, query block) as bwd_span_of.
-    regs_dec<PRODUCER_REGS>();
-    const int warp = tid / 32, lane = tid % 32;
-    const u32 bhk = KV_HEAD_BLOCK(p), b = bhk / (u32)p.heads_kv, hk = bhk % (u32)p.heads_kv;
-    const int G = (int)p.hq_per_hkv;
-    const bwd_span sp = bwd_span_now(p);
+{% bwd_producer_enter() %}
     if (warp == 0 && lane == 0) {
       // K and V once, then Q and dO of each item into its stage once the consumers freed it.
-#pragma unroll
-      for (int m = 0; m < 4; ++m) tma_prefetch_map(&P.tmap[m]);
-      mbar_expect_tx(bars + BAR_KV, 2 * KV_BYTES);
-      const int k0 = (int)k0_of(p);
-#pragma unroll
-      for (int c = 0; c < DP / 64; ++c) {
-        tma_load_4d(sbase + K_OFF + (u32)c * BC * 128, &P.tmap[2], 64 * c, k0, (int)hk, (int)b, bars + BAR_KV);
-        tma_load_4d(sbase + V_OFF + (u32)c * BC * 128, &P.tmap[3], 64 * c, k0, (int)hk, (int)b, bars + BAR_KV);
-      }
-      for (int it = 0; it < sp.n_items; ++it) {
-        const int st = it % STAGES;
-        if (it >= STAGES) mbar_wait(bars + bar_empty(st), (u32)(it / STAGES + 1) & 1);
-        const int h = (int)hk * G + it / sp.per_head, q0 = (sp.i0 + it % sp.per_head) * BR;
-        const u32 s_q = sbase + Q_OFF + (u32)st * 2 * QT_BYTES;
-        mbar_expect_tx(bars + bar_full(st), 2 * QT_BYTES);
-#pragma unroll
-        for (int c = 0; c < DP / 64; ++c) {
-          tma_load_4d(s_q + (u32)c * BR * 128, &P.tmap[0], 64 * c, q0, h, (int)b, bars + bar_full(st));
-          tma_load_4d(s_q + QT_BYTES + (u32)c * BR * 128, &P.tmap[1], 64 * c, q0, h, (int)b, bars + bar_full(st));
-        }
-      }
+{% bwd_producer_kv() %}
+{% bwd_producer_qdo("(sp.i0 + it % sp.per_head) * BR") %}
     } else if (warp == 1) {
       // LSE * log2(e) and D of each item's query rows (load_lse_d), then one arrival per lane.
-      for (int it = 0; it < sp.n_items; ++it) {
-        const int st = it % STAGES;
-        if (it >= STAGES) mbar_wait(bars + bar_empty(st), (u32)(it / STAGES + 1) & 1);
-        const i64 h = (i64)hk * G + it / sp.per_head, q0 = (i64)(sp.i0 + it % sp.per_head) * BR;
-        load_lse_d((float *)(sgen + L_OFF + st * 2 * BR * 4), p, b, h, q0, lane, 32);
-        mbar_arrive(bars + bar_full(st));
-      }
+{% bwd_producer_lse("(i64)(sp.i0 + it % sp.per_head) * BR") %}
     }
     return;
   }
