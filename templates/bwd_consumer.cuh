@@ -39,14 +39,6 @@ FG_DEV void ld_shared_f2(u32 a, float &x, float &y) {
 FG_DEV void st_shared_f2(u32 a, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(x), "f"(y) : "memory");
 }
-// A descriptor the compiler must form anew where it is used (volatile): descriptors derived from
-// it by adding offsets (desc + (bytes >> 4)) are then not hoisted out of the query-block loop
-// and kept live (16 64-bit K and V descriptors at d = 128: registers the accumulators need).
-FG_DEV u64 fresh(u64 x) {
-  u64 r;
-  asm volatile("mov.b64 %0, %1;\n" : "=l"(r) : "l"(x));
-  return r;
-}
 FG_DEV void st_shared_u32(u32 a, u32 x) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(x) : "memory"); }
 // Four 8 x 8 matrices of 16-bit elements from a warp's mma fragments (x[j]: matrix j, this lane's
 // row lane / 4, columns 2 (lane % 4) ...) into shared memory, lane l giving the address of row l % 8

@@ -61,11 +61,6 @@ constexpr int CONSUMER_THREADS = 128 * NWG;
 {% wgmma_ss("wgmma_kv", bc, 1, 0) %}
 // dQ = dS K over 16 keys, 64 columns: A = dS (dS^T read MN-major), B = K (MN-major).
 {% wgmma_ss("wgmma_dq", 64, 1, 1) %}
-FG_DEV u64 fresh(u64 x) {
-  u64 r;
-  asm volatile("mov.b64 %0, %1;\n" : "=l"(r) : "l"(x));
-  return r;
-}
 // Four 8 x 8 matrices of 16-bit elements from a warp's mma fragments, each stored transposed
 // (lane l gives the address of row l % 8 of matrix l / 8: a column of the fragment's matrix).
 FG_DEV void stsm_x4_t(u32 a, u32 x0, u32 x1, u32 x2, u32 x3) {

@@ -1,6 +1,7 @@
 // wgmma.cuh: Hopper (sm_90a) helpers shared by the wgmma templates (fwd_wgmma.cu, bwd_wgmma.cu):
-// the 128-byte-swizzled tile loader, shared-memory matrix descriptors, the wgmma fences, commit
-// and wait, and the async-proxy fence. Included after common.cuh with {% include("wgmma.cuh") %}.
+// the 128-byte-swizzled tile loader, shared-memory matrix descriptors (and fresh, which keeps derived
+// descriptors from being hoisted), the wgmma fences, commit and wait, and the async-proxy fence.
+// Included after common.cuh with {% include("wgmma.cuh") %}.
 
 // Copies ROWS rows of 8 * CHUNKS columns (row stride in elements) from global into the swizzled
 // tile at sbase (1024-byte aligned) with cp.async, by THREADS threads: 16-byte chunk c of row r
@@ -29,6 +30,14 @@ FG_DEV u64 sw128_desc(u32 addr, u32 lbo, u32 sbo) {
   return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);
 }
 
+// A descriptor the compiler must form anew where it is used (volatile): descriptors derived from
+// it by adding offsets (desc + (bytes >> 4)) are then not hoisted out of the loop over blocks
+// and kept live (16 64-bit K and V descriptors at d = 128: registers the accumulators need).
+FG_DEV u64 fresh(u64 x) {
+  u64 r;
+  asm volatile("mov.b64 %0, %1;\n" : "=l"(r) : "l"(x));
+  return r;
+}
 FG_DEV void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 FG_DEV void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> FG_DEV void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
