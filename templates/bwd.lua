@@ -1,6 +1,7 @@
 -- bwd.lua: the backward templates' plan, launch contracts and resource formulas (bwd.cu: mma.sync;
--- bwd_wgmma.cu, bwd_tma.cu, bwd_tmat.cu: sm_90a). The fit rule and the renderer read only this file for backward variants, so a
--- change to a template's shared-memory layout is made here, next to the template, and nowhere else.
+-- bwd_wgmma.cu, bwd_tma.cu, bwd_tmat.cu: sm_90a). The fit rule and the renderer read only this
+-- file for backward variants, so a change to a template's shared-memory layout is made here, next
+-- to the template, and nowhere else.
 --
 -- The plan is launch(v) below; runtime/backward.c launches its steps in order on the caller's
 -- stream, and sizes the workspaces from it.
@@ -138,14 +139,17 @@ local TMA_BLOCK_REGS = 65536
 -- Above d = 128 kv_tma is bwd_tmat.cu: dK and dV computed transposed (d along the products' rows,
 -- split over the 2 consumer warpgroups by 64-row m-tiles), S and dP split over them by keys, P^T
 -- and dS^T through shared memory (two buffers), dQ added from registers with vector reductions
--- into the accumulator tiled in the fragments' order (tiled_dq, parts of 64 x 64). Query and key blocks of 64; shared memory, from a 1024-byte
--- aligned base: K, V; the Q/dO stages; two buffers of P^T and dS^T (Bc x Br each); LSE and D per
--- stage (226 KB at d = 256 with 2 stages). Registers: warpgroup 0 holds dK^T and dV^T of
--- ceil(dp / 128) m-tiles (Bc / 2 floats each per m-tile) and its dQ columns (32 per m-tile).
+-- into the accumulator tiled in the fragments' order (tiled_dq, parts of 64 x 64). Query and key
+-- blocks of 64; shared memory, from a 1024-byte aligned base: K, V; the Q/dO stages; two buffers
+-- of P^T and dS^T (Bc x Br each); LSE and D per stage (226 KB at d = 256 with 2 stages; the end's
+-- fp32 dK / dV staging reuses the stages and buffers). Registers: warpgroup 0 holds dK^T and
+-- dV^T of ceil(dp / 128) m-tiles (Bc / 2 floats each per m-tile) and 32 of dQ (one 64-column part
+-- at a time).
 local function tmat_loop(v) return v.loop == "kv_tma" and v.d > 128 end
 local function tmat_smem(v)
   local dp = tma_dp(v)
-  return 1024 + (2 * v.bc * dp + v.stages * 2 * v.br * dp + 4 * v.bc * v.br) * 2 + v.stages * 2 * v.br * 4
+  return 1024 + (2 * v.bc * dp + v.stages * 2 * v.br * dp + 4 * v.bc * v.br) * 2 +
+         v.stages * 2 * v.br * 4
 end
 local function tmat_check(v)
   if v.br ~= 64 or v.bc ~= 64 or v.warps ~= 8 then
@@ -163,7 +167,8 @@ end
 local function tma_dq_bufs(v) return tma_smem(v, 2) <= SM90_SMEM and 2 or 1 end
 
 local function tma_resources(v)
-  return { threads = 32 * v.warps + 128, smem = tmat_loop(v) and tmat_smem(v) or tma_smem(v, tma_dq_bufs(v)),
+  return { threads = 32 * v.warps + 128,
+           smem = tmat_loop(v) and tmat_smem(v) or tma_smem(v, tma_dq_bufs(v)),
            regs = TMA_BLOCK_REGS // (32 * v.warps + 128) // 8 * 8 }
 end
 
@@ -258,7 +263,7 @@ local SPLIT_ROWS, DKV_SEM_FLOATS = 65536, 4
 --
 -- The plan of a backward template whose main kernel takes `threads` and `smem` (another
 -- backward template returns its own through this, with its own main kernel).
--- The tail (tail = true on the main step: bwd.cu and bwd_tma.cu; runtime/backward.c chooses
+-- The tail (tail = true on the main step: bwd.cu, bwd_tma.cu and bwd_tmat.cu; runtime/backward.c chooses
 -- it, fg_plan_step_tail): without a mask, every key block of a head sums over the same query
 -- rows, so the grid's blocks take equally long and its last wave, partial, leaves the rest of the
 -- SMs idle for a whole block (measured on an H100, 132 SMs: d = 64 N = 16k, 4096 blocks, 31.03

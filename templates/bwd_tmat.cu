@@ -8,10 +8,10 @@
 // Q K^T and dP = dO V^T (operands from shared memory), P = exp2(S scale log2(e) - LSE log2(e)) and
 // dS = P (dP - D) in registers, and stores P^T and dS^T to shared memory (stmatrix, transposed);
 // once both warpgroups have, dV^T, dK^T and this warpgroup's columns of dQ = dS K (the columns of
-// its m-tiles) run from shared memory, and dQ goes to the fp32 accumulator (tiled in the fragments'
-// order) with vector reductions from registers. A producer warpgroup feeds them: one thread loads K and V once and Q, dO of
-// every query block into {{ stages }} buffers with TMA, completing on mbarriers, one warp LSE *
-// log2(e) and D. At the end dK and dV go through shared memory (fp32, key-major) and leave in
+// its m-tiles) run from shared memory, and dQ goes to the fp32 accumulator (tiled in the
+// fragments' order) with vector reductions from registers. A producer warpgroup feeds them
+// (bwd_producer.cuh): one thread loads K and V once and Q, dO of every query block into
+// {{ stages }} buffers with TMA, completing on mbarriers, one warp LSE * log2(e) and D. At the end dK and dV go through shared memory (fp32, key-major) and leave in
 // 16-byte stores, or (a split, bwd_aux.cuh) into dkv_accum. The plan's other kernels
 // ({{ entry }}_pre, {{ entry }}_post) are bwd_aux.cuh's. Tiles are 64-column blocks of 128-byte
 // rows, 128-byte swizzled; head dims off 64-column blocks run on tiles of d rounded up to 64
