@@ -11,7 +11,9 @@
  * holds; then, per backward problem (forward with lse, then fg_attention_backward), the max
  * errors of dQ, dK and dV against the reference and PASS or FAIL, and the same
  * FG_ERROR_KERNEL_MISSING for a backward the export lacks. Exit status 0 when everything
- * passed.
+ * passed. Built with EMBED_HOPPER (-DFLASHGEN_EMBED_HOPPER=ON: the export holds the sm_90a TMA
+ * kernels of variants_hopper.txt) it also runs head_dim 256 problems, and every problem must
+ * have run a Hopper kernel with tensor maps (its fg_explain / fg_explain_backward says so).
  *
  * Device memory: the example loads the CUDA driver itself (dlopen, like flashgen: nothing here
  * needs the CUDA toolkit at build time) and works in the device's primary context, which is
@@ -117,6 +119,28 @@ static double from_f16(uint16_t h) {
   return (h & 0x8000u) ? -v : v;
 }
 
+/* Prints text indented, one line each. */
+static void print_indented(const char *text) {
+  for (const char *line = text; *line;) {
+    size_t n = strcspn(line, "\n");
+    if (n) printf("    %.*s\n", (int)n, line);
+    line += n + (line[n] == '\n');
+  }
+}
+
+/* EMBED_HOPPER: whether the plan explained in `why` is an sm_90a kernel's with tensor maps (the
+ * export holds no other), else 1. */
+static int hopper_plan(const char *why, const char *loop) {
+#ifdef EMBED_HOPPER
+  const int ok = strstr(why, "TMA:") != NULL && strstr(why, "_sm90a") != NULL && strstr(why, loop) != NULL;
+  if (!ok) printf("  not a Hopper TMA plan (fg_explain names no \"TMA:\", \"_sm90a\" and \"%s\"): FAIL\n", loop);
+  return ok;
+#else
+  (void)why, (void)loop;
+  return 1;
+#endif
+}
+
 /* ---- one problem ---------------------------------------------------------------------------- */
 typedef struct problem {
   fg_dtype dtype;
@@ -214,11 +238,8 @@ static int run(fg_context *ctx, CUcontext cuctx, const problem *p) {
     free(srow);
     pass = max_err <= p->tol;
     printf("  fg_explain:\n");
-    for (const char *line = why; *line;) { /* indented, one line each */
-      size_t n = strcspn(line, "\n");
-      if (n) printf("    %.*s\n", (int)n, line);
-      line += n + (line[n] == '\n');
-    }
+    print_indented(why);
+    pass &= hopper_plan(why, "qtma");
     printf("  max error %.3g (tolerance %.3g): %s\n", max_err, p->tol, pass ? "PASS" : "FAIL");
   }
   cu.MemFree(dq), cu.MemFree(dk), cu.MemFree(dv), cu.MemFree(dout);
@@ -369,6 +390,13 @@ static int run_backward(fg_context *ctx, CUcontext cuctx, const problem *p) {
     what = "fg_attention_backward";
     s = fg_attention_backward(ctx, &a, NULL);
   }
+#ifdef EMBED_HOPPER
+  char why[4096] = "?";
+  if (s == FG_OK) {
+    what = "fg_explain_backward";
+    s = fg_explain_backward(ctx, &a, why, sizeof why);
+  }
+#endif
   int pass = 0;
   if (s != FG_OK) {
     printf("  FAIL: %s: %s: %s\n", what, fg_status_string(s), fg_context_last_error(ctx));
@@ -383,6 +411,11 @@ static int run_backward(fg_context *ctx, CUcontext cuctx, const problem *p) {
     const double *ref[3] = {rq, rk, rv};
     const size_t n[3] = {nq, nk, nk};
     pass = 1;
+#ifdef EMBED_HOPPER
+    printf("  fg_explain_backward:\n");
+    print_indented(why);
+    pass = hopper_plan(why, "kvtma");
+#endif
     printf("  workspace %zu bytes (fg_attention_backward_workspace_size)\n", ws);
     for (int t = 0; t < 3; t++) {
       double mag;
@@ -429,11 +462,18 @@ int main(void) {
   CU_CHECK(cu.PrimaryCtxRetain(&cuctx, dev));
   printf("flashgen %s, runtime only, exported table: %s\n", fg_version(), "embed_flashgen_export()");
 
-  /* 3. Problems covered by the export (examples/embed/variants.txt: d = 64 and 128). */
+  /* 3. Problems covered by the export (examples/embed/variants.txt: d = 64 and 128; with
+   * EMBED_HOPPER variants_hopper.txt: d = 256 too, the head dims the backward problems below run
+   * first, and a problem past 512 keys, where the built-in rule takes K/V blocks of 80). */
   const problem probs[] = {
       {FG_DTYPE_F16, 0, 2, 4, 4, 128, 128, 64, 4e-3},
       {FG_DTYPE_BF16, 1, 1, 4, 2, 200, 256, 128, 2e-2}, /* GQA, Nq != Nk, causal bottom-right */
       {FG_DTYPE_BF16, 0, 2, 2, 2, 77, 300, 128, 2e-2},  /* ragged tails */
+#ifdef EMBED_HOPPER
+      {FG_DTYPE_BF16, 1, 1, 4, 2, 100, 130, 256, 2e-2}, /* GQA, Nq != Nk, causal */
+      {FG_DTYPE_BF16, 0, 2, 2, 2, 77, 77, 256, 2e-2},   /* a ragged tail, K/V blocks of 64 */
+      {FG_DTYPE_BF16, 0, 1, 2, 2, 200, 600, 256, 2e-2}, /* past 512 keys: K/V blocks of 80 */
+#endif
   };
   int passed = 0, total = 0;
   for (size_t i = 0; i < sizeof probs / sizeof probs[0]; i++, total++) passed += run(ctx, cuctx, &probs[i]);
@@ -468,6 +508,11 @@ int main(void) {
   const problem bwd[] = {
       {FG_DTYPE_BF16, 1, 1, 4, 2, 100, 130, 128, 16 * 0x1p-8}, /* GQA, Nq != Nk, ragged tails */
       {FG_DTYPE_F16, 0, 2, 2, 2, 64, 64, 64, 16 * 0x1p-11},
+#ifdef EMBED_HOPPER
+      /* d = 256 (bwd_tmat.cu): causal with GQA and Nq != Nk; non-causal with a ragged tail */
+      {FG_DTYPE_BF16, 1, 1, 4, 2, 100, 130, 256, 16 * 0x1p-8},
+      {FG_DTYPE_BF16, 0, 2, 2, 2, 77, 77, 256, 16 * 0x1p-8},
+#endif
   };
   for (size_t i = 0; i < sizeof bwd / sizeof bwd[0]; i++, total++)
     passed += run_backward(ctx, cuctx, &bwd[i]);

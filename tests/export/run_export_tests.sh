@@ -3,8 +3,9 @@
 # into a clean prefix; examples/embed, copied out of the tree, configured with find_package
 # against that prefix and built (its kernels exported at build time by the installed flashgen);
 # its link line, symbols and ldd show the runtime only (no Lua, SQLite or NVRTC); it runs forward
-# and backward on the fake driver (tests/fake_cuda), with no NVRTC, and prints PASS; the
-# pkg-config files and the Python package.
+# and backward on the fake driver (tests/fake_cuda), with no NVRTC, and prints PASS, and so does
+# its Hopper build (FLASHGEN_EMBED_HOPPER: exported TMA kernels); the pkg-config files and the
+# Python package.
 #
 # Environment (set by tests/CMakeLists.txt): FLASHGEN_TEST_SOURCE_DIR, FLASHGEN_BUILD_DIR,
 # CMAKE (the cmake command), CC. Prints "N passed, N failed"; exit status 0 when none failed.
@@ -100,6 +101,22 @@ if [ -x "$EXE" ]; then
     else bad "pkg-config build" "$T/pc.log"; fi
   fi
 fi
+
+# The example with the Hopper kernels (-DFLASHGEN_EMBED_HOPPER=ON: variants_hopper.txt, sm_90a
+# TMA kernels, whose tensor maps the runtime encodes for an exported plan too) on the fake driver
+# (compute capability 9.0; FAKE_CUDA_EXACT: its planted errors off), with no NVRTC: 12 checks, every
+# problem run by a kernel with tensor maps.
+if [ -f "$T/libcuda_fake.so" ] &&
+   "$CMAKE" -S "$T/embed-src" -B "$T/ebh" -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_BUILD_TYPE=Release \
+     -DFLASHGEN_EMBED_HOPPER=ON >"$T/configure_h.log" 2>&1 &&
+   "$CMAKE" --build "$T/ebh" >"$T/build_h.log" 2>&1; then
+  if FAKE_CUDA_EXACT=1 FLASHGEN_CUDA_LIBRARY="$T/libcuda_fake.so" FLASHGEN_NVRTC_LIBRARY=/nonexistent \
+       "$T/ebh/flashgen_embed" >"$T/run_h.log" 2>&1 &&
+     grep -q '^12 passed, 0 failed: PASS' "$T/run_h.log" && ! grep -q 'not a Hopper TMA plan' "$T/run_h.log" &&
+     [ "$(grep -c '^backward: ' "$T/run_h.log")" -eq 4 ]; then
+    ok "the example with the Hopper kernels (exported TMA plans, d = 64, 128, 256) on the fake driver"
+  else bad "the example with the Hopper kernels on the fake driver" "$T/run_h.log"; fi
+else bad "examples/embed with FLASHGEN_EMBED_HOPPER=ON" "$T/build_h.log"; [ -f "$T/build_h.log" ] || bad "configure" "$T/configure_h.log"; fi
 
 # flashgen::flashgen (everything, static Lua and SQLite by absolute path) links from the prefix.
 mkdir -p "$T/full"
