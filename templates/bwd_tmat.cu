@@ -264,11 +264,7 @@ FG_DEV void consume(const fg_bwd_params &p, u32 sbase, u32 bars, int ctid) {
     wg_wait<0>();
     fence_regs<NS / 2>(dp);
 #pragma unroll
-    for (int nt = 0; nt < NS / 8; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) dp[4 * nt + 2 * hh + e] = s[4 * nt + 2 * hh + e] * (dp[4 * nt + 2 * hh + e] - dd[hh]);
+    for (int i = 0; i < NS / 2; ++i) dp[i] = s[i] * (dp[i] - dd[i / 2 % 2]);  // dS (element i's row half: i / 2 % 2)
     st_tiles_t(s_ds + st_row + st_ch, dp);
     fence_async_smem();
     consumers_sync();  // both warpgroups' P^T and dS^T rows are in shared memory
