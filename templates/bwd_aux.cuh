@@ -114,7 +114,7 @@ struct bwd_span {
   int i0, per_head, n_items;
 };
 #ifdef BWD_DET_GROUPS
-// Deterministic mode without a mask (bwd_tma.cu defines BWD_DET_GROUPS): the key blocks of a
+// Deterministic mode without a mask (bwd_tma.cu and bwd_tmat.cu define BWD_DET_GROUPS): the key blocks of a
 // (batch, head) in groups of KBG (det_kv_pos, below; the last group the remainder). Within a group
 // of n, block j walks the span's P query blocks from the (j P / n)-th on, wrapping, and the tile of
 // query block i is added by the group's blocks in the order they reach it: j_i (the last whose
@@ -135,7 +135,7 @@ struct bwd_span {
 // H100's 50 MB L2) and either the head has one group or a round of the deal (8 blocks of every
 // head) is at least twice the SMs (the GPU finishes a group before the next of its head starts);
 // else the ascending order, each group close behind the last.
-FG_DEV u32 det_kbg(u32 nkb) { return nkb >= 64 ? 16 : 8; }
+FG_DEV u32 det_kbg(u32 nkb) { return !DET_STAGGER && nkb >= 64 ? 16 : 8; }
 FG_DEV bool det_rotate(const fg_bwd_params &p, u32 nkb) {
   const u32 kbg = det_kbg(nkb);
   return DET_ROTATE && kbg == 8 && p.hq_per_hkv * p.seqlen_q * D <= ((i64)1 << 18) &&
@@ -147,7 +147,22 @@ FG_DEV void det_group(u32 kb, u32 nkb, u32 &g0, u32 &n) {
   g0 = kb < full ? kb / kbg * kbg : full;
   n = kb < full ? kbg : nkb - full;
 }
+// The staggered order (DET_STAGGER: bwd_tmat.cu, whose consumers add dQ from registers and so
+// wait for each tile's turn themselves): key block kb starts at query block kb mod P, so a group's
+// blocks start on n consecutive tiles (wrapping; one tile apart, where the spread above puts them P
+// / n apart and a group reads all of its head's Q, dO and dQ at once: here n tiles of them, as in
+// the ascending order, at every N) and the next group on the n after. The tile of query block i is
+// added by the group's blocks in the order they reach it, each one step after the block before it:
+// from the last block that starts at or before i (counted from the group's first tile g0 mod P)
+// down, wrapping; groups in ascending order. Only where a group has no more blocks than the span
+// has tiles (else the ascending order). Groups of 8 at every length (det_kbg), for the reason
+// above: a staggered group must be resident at once.
 FG_DEV int det_rot(const fg_bwd_params &p, u32 kb, u32 nkb, int P) {
+  if constexpr (DET_STAGGER) {
+    u32 g0, n;
+    det_group(kb, nkb, g0, n);
+    return n <= (u32)P ? (int)(kb % (u32)P) : 0;
+  }
   if (!det_rotate(p, nkb)) return 0;
   u32 g0, n;
   det_group(kb, nkb, g0, n);
@@ -155,6 +170,13 @@ FG_DEV int det_rot(const fg_bwd_params &p, u32 kb, u32 nkb, int P) {
 }
 // How many key blocks add query block i (of the span's P) before key block kb.
 FG_DEV u32 det_rank(const fg_bwd_params &p, u32 kb, u32 nkb, int i, int P) {
+  if constexpr (DET_STAGGER) {
+    u32 g0, n;
+    det_group(kb, nkb, g0, n);
+    if (n > (u32)P) return kb;
+    const u32 a = ((u32)i + (u32)P - g0 % (u32)P) % (u32)P;  // i's tile counted from the group's first
+    return g0 + ((a < n - 1 ? a : n - 1) + n - (kb - g0)) % n;
+  }
   if (!det_rotate(p, nkb)) return kb;
   u32 g0, n;
   det_group(kb, nkb, g0, n);
@@ -191,7 +213,7 @@ FG_DEV void load_lse_d(float *sl, const fg_bwd_params &p, u32 b, i64 h, i64 q0, 
   }
 }
 
-// (BWD_DET_GROUPS, which bwd_tma.cu defines.) Deterministic mode without a mask: the key blocks add
+// (BWD_DET_GROUPS, which bwd_tma.cu and bwd_tmat.cu define.) Deterministic mode without a mask: the key blocks add
 // each dQ tile in ascending order, every one from the span's first tile, so the blocks of one
 // (batch, head) that start together fill a pipeline (the k-th waits k hand-offs before its first
 // tile), and in the grid's order (x, the key block, fastest) all the key blocks of a head start
@@ -210,7 +232,7 @@ FG_DEV kv_pos det_kv_pos() {
   // key blocks in whole groups; det_kbg's rule written out, not called: with the call ptxas
   // compiles d = 64 and 128's kv_tma main kernels differently (their .text changes), and d = 128's
   // is kept as it was measured (ff7c2d2, bench/NOTES.md session 16)
-  const u32 kbg = nkb >= 64 ? 16 : 8, full = nkb / kbg * kbg;
+  const u32 kbg = !DET_STAGGER && nkb >= 64 ? 16 : 8, full = nkb / kbg * kbg;
   if (L < full * nbh) {
     const u32 r = L % (kbg * nbh);
     return {L / (kbg * nbh) * kbg + r % kbg, r / kbg};

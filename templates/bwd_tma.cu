@@ -124,6 +124,7 @@ FG_DEV void turn_pass(int wg) {
 // deterministic mode costs 1.13x less at d = 64 1k, but with it d = 128 (one part) lost 4% at
 // N = 512 without deterministic mode (fg_ab, H100, bench/NOTES.md session 15), so not there.
 constexpr bool DET_ROTATE = NDQ == 2;
+constexpr bool DET_STAGGER = false;  // the spread rotation (bwd_aux.cuh: det_rot)
 #define DQ_TILED 1        // the dQ accumulator in fragment order (bwd_aux.cuh)
 #define DQ_W DP           // ... of tiles DP wide
 // The mbarriers' address: before the 1024-byte aligned base where the alignment left BAR_BYTES

@@ -47,11 +47,20 @@ constexpr u32 L_OFF = PD_OFF + 2 * 2 * PT_BYTES;
 constexpr int SROW = D + 4;
 static_assert(2 * BC * SROW * 4 <= STAGES * 2 * QT_BYTES + 4 * PT_BYTES, "dK, dV staged in the Q/dO stages");
 // mbarriers (8 bytes each; bytes 8-23 hold the block's place, bwd_slot): K/V full; per stage
-// full (the TMA's bytes and the 32 lanes of the LSE/D warp) and empty (every consumer thread).
-constexpr u32 BAR_KV = 0, BAR_BYTES = 24u + 8u * (2 * STAGES);
+// full (the TMA's bytes and the 32 lanes of the LSE/D warp) and empty (every consumer thread);
+// deterministic mode's two done (every consumer thread: item it's reductions issued, it % 2) and
+// two released (the release thread: item it's tile passed on).
+constexpr u32 BAR_KV = 0, BAR_BYTES = 24u + 8u * (2 * STAGES + 4);
 FG_DEV u32 bar_full(int s) { return 24u + 8u * s; }
 FG_DEV u32 bar_empty(int s) { return 24u + 8u * (STAGES + s); }
+FG_DEV u32 bar_done(int s) { return 24u + 8u * (2 * STAGES + s); }
+FG_DEV u32 bar_rel(int s) { return 24u + 8u * (2 * STAGES + 2 + s); }
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+// Named barriers past 0 (the block's) and 1 (consumers_sync): deterministic mode's turns, from the
+// turn warp (producer warp 2) to the consumers, two of them (item it's: it % 2, as the turn warp
+// may run ahead of the consumers) per warpgroup: BAR_TURN + 2 (it % 2) + wg, the warp's 32
+// threads and warpgroup wg's 128.
+constexpr int BAR_TURN = 2;
 constexpr int CONSUMER_THREADS = 128 * NWG;
 
 // S = Q K^T and dP = dO V^T over one k-step (A: 64 query rows, B: NS key rows, both K-major).
@@ -103,6 +112,15 @@ constexpr int DQ_N = 64, NT_Q = 8;
 }
 #define DQ_TILED 1
 #define DQ_W DP
+// Deterministic mode without a mask: the key blocks dealt out in groups and staggered (bwd_aux.cuh:
+// det_kv_pos, det_rot with DET_STAGGER), so that a block's first tile waits for nobody and every
+// later one for the block that reached it one step earlier. (All starting at the first tile, the
+// k-th key block of a head waited k hand-offs before its first: 1.70-1.72x the non-deterministic
+// time at d = 256, bench/NOTES.md session 26.)
+#define BWD_DET_GROUPS 1
+namespace {
+constexpr bool DET_ROTATE = true, DET_STAGGER = true;
+}
 {% include("bwd_aux.cuh") %}
 
 namespace {
@@ -116,9 +134,12 @@ namespace {
 // time (K's column block M0 + j; k-step kk = 16 keys, 2048 bytes on in both), each added to the
 // accumulator (the tile's chunk acc, tiled: part M0 + j, group nt, this thread's float4) while
 // the next products run: dQ's block j, then dV^T (j = 0) and dK^T (the last j).
+// Deterministic mode (turn_bar: the item's BAR_TURN barrier of this warpgroup; else -1), the
+// warpgroup waits for the tile's turn only before its first reduction, with dQ's first part done
+// and dV^T (at MTW = 1 also dK^T) in flight.
 template <int M0, int MTW>
 FG_DEV void kv_products(float (&dk)[MT0][BC / 2], float (&dv)[MT0][BC / 2], u32 sbase, u32 s_q, u32 s_do, u32 s_p,
-                        u32 s_ds, float *acc, int ctid) {
+                        u32 s_ds, float *acc, int ctid, int turn_bar) {
   const u64 pb = fresh(sw128_desc(s_p, 16, 1024)), dsb = fresh(sw128_desc(s_ds, 16, 1024));
   const u64 doa = fresh(sw128_desc(s_do + (u32)M0 * BR * 128, BR * 128, 1024));
   const u64 qa = fresh(sw128_desc(s_q + (u32)M0 * BR * 128, BR * 128, 1024));
@@ -151,6 +172,7 @@ FG_DEV void kv_products(float (&dk)[MT0][BC / 2], float (&dv)[MT0][BC / 2], u32 
     wg_commit();
     wg_wait<1>();
     fence_regs<32>(dq);
+    if (j == 0 && turn_bar >= 0) asm volatile("bar.sync %0, 160;\n" ::"r"(turn_bar) : "memory");
     float *a = acc + ((M0 + j) * NT_Q * 128 + ctid % 128) * 4;
 #pragma unroll
     for (int nt = 0; nt < NT_Q; ++nt) red_add_v4_if(a + nt * 128 * 4, true, dq[4 * nt], dq[4 * nt + 1], dq[4 * nt + 2], dq[4 * nt + 3]);
@@ -186,7 +208,12 @@ FG_DEV void kv_stage(const float (&dk)[MT0][BC / 2], const float (&dv)[MT0][BC /
 }
 
 // The consumer warpgroups: wg's S / dP of keys NS wg ..., its dK^T / dV^T m-tiles (warpgroup 0
-// the first MT0, 1 the rest).
+// the first MT0, 1 the rest). Two copies, deterministic mode (DET) and not, so that nothing of
+// the turns is in the other's loop: with them in one loop (a branch per item) the
+// non-deterministic time was 1.2-5.4% longer than before the turns; with two copies it is 0.6-3%
+// shorter at d = 256 and 0.4-4.7% longer at d = 192 causal, the loop scheduled differently (fg_ab,
+// H100, bench/NOTES.md session 27).
+template <bool DET>
 FG_DEV void consume(const fg_bwd_params &p, u32 sbase, u32 bars, int ctid) {
   const int wg = ctid / 128, warp = ctid / 32 % 4, lane = ctid % 32, g = lane / 4, t = lane % 4, wr = warp * 16;
   const i64 Nq = p.seqlen_q, Nk = p.seqlen_k, diag = Nk - Nq;
@@ -201,10 +228,11 @@ FG_DEV void consume(const fg_bwd_params &p, u32 sbase, u32 bars, int ctid) {
   mbar_wait(bars + BAR_KV, 0);  // also when there is no item: the loads land before the block ends
   const bwd_span sp = bwd_span_now(p);
   const int G = (int)p.hq_per_hkv;
+  int ti = sp.i0 + (DET ? item_rot(p, sp) : 0);  // deterministic: the item's query block (item_q0), counted along
   for (int it = 0; it < sp.n_items; ++it) {
     const int st = it % STAGES;
     mbar_wait(bars + bar_full(st), (u32)(it / STAGES) & 1);
-    const i64 q0 = (i64)(sp.i0 + it % sp.per_head) * BR;
+    const i64 q0 = DET ? (i64)ti * BR : (i64)(sp.i0 + it % sp.per_head) * BR;
     const u32 s_q = sbase + Q_OFF + (u32)st * 2 * QT_BYTES, s_do = s_q + QT_BYTES;
     const u32 s_l = sbase + L_OFF + (u32)st * 2 * BR * 4;
     const u32 s_p = sbase + PD_OFF + (u32)(it % 2) * 2 * PT_BYTES, s_ds = s_p + PT_BYTES;
@@ -269,17 +297,19 @@ FG_DEV void consume(const fg_bwd_params &p, u32 sbase, u32 bars, int ctid) {
     fence_async_smem();
     consumers_sync();  // both warpgroups' P^T and dS^T rows are in shared memory
 
-    // dV^T, dK^T and dQ (kv_products), dQ added to the tile's chunk (deterministic mode: behind the
-    // tile's semaphore, taken before the products); then the stage is free.
+    // dV^T, dK^T and dQ (kv_products), dQ added to the tile's chunk (deterministic mode: in the
+    // tile's turn, which the turn warp waits for and passes on); then the stage is free.
     const u32 bhk = KV_HEAD_BLOCK(p), b = bhk / (u32)p.heads_kv;
     const i64 h = (i64)(bhk % (u32)p.heads_kv) * G + it / sp.per_head;
-    u32 *sem = dq_sem(p, b, h, q0);
-    dq_sem_wait(p, sem, q0, ctid);
     float *acc = dq_chunk(p, (i64)b * p.heads_q + h, q0 / 64);
-    if (wg == 0) kv_products<0, MT0>(dk, dv, sbase, s_q, s_do, s_p, s_ds, acc, ctid);
-    else kv_products<MT0, MT - MT0>(dk, dv, sbase, s_q, s_do, s_p, s_ds, acc, ctid);
+    const int turn_bar = DET ? BAR_TURN + 2 * (it % 2) + wg : -1;
+    if (wg == 0) kv_products<0, MT0>(dk, dv, sbase, s_q, s_do, s_p, s_ds, acc, ctid, turn_bar);
+    else kv_products<MT0, MT - MT0>(dk, dv, sbase, s_q, s_do, s_p, s_ds, acc, ctid, turn_bar);
     mbar_arrive(bars + bar_empty(st));  // Q, dO, LSE and D of this stage read
-    dq_sem_release(p, sem, ctid);
+    if (DET) {
+      mbar_arrive(bars + bar_done(it % 2));  // this item's reductions are issued
+      if (++ti == sp.i0 + sp.per_head) ti = sp.i0;
+    }
   }
 
   // dK^T and dV^T into shared memory (the Q/dO stages, read by now: both warpgroups are past
@@ -335,20 +365,62 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
       mbar_init(bars + bar_full(s), 1 + 32);
       mbar_init(bars + bar_empty(s), CONSUMER_THREADS);
     }
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(bars + bar_done(s), CONSUMER_THREADS);
+      mbar_init(bars + bar_rel(s), 1);
+    }
     mbar_init_fence();
   }
 {% bwd_producer_enter() %}
+    const int rot = item_rot(p, sp);  // the first item's query block (deterministic, no mask)
     if (warp == 0 && lane == 0) {
       // K and V once, then Q and dO of each item into its stage once the consumers freed it.
 {% bwd_producer_kv() %}
-{% bwd_producer_qdo("(sp.i0 + it % sp.per_head) * BR") %}
+{% bwd_producer_qdo("(int)item_q0(sp, rot, it)") %}
     } else if (warp == 1) {
       // LSE * log2(e) and D of each item's query rows (load_lse_d), then one arrival per lane.
-{% bwd_producer_lse("(i64)(sp.i0 + it % sp.per_head) * BR") %}
+{% bwd_producer_lse("item_q0(sp, rot, it)") %}
+    } else if (warp == 2 && p.deterministic) {
+      // The turn warp (deterministic mode): for each item, waits until the key blocks before this
+      // one in the tile's order (dq_rank) have added their parts, and lets the consumers'
+      // reductions on (BAR_TURN), at most two items ahead of them (it waits for item it - 2's
+      // release first: the barriers of its slot are free again). It never waits for this block's
+      // own next release, so a turn that comes late holds up no other block: every key block
+      // reaches a tile after the ones before it in its order (bwd_aux.cuh: dq_rank), and what a
+      // turn waits for never waits for this block's later items.
+      for (int it = 0; it < sp.n_items; ++it) {
+        if (it >= 2) mbar_wait(bars + bar_rel(it % 2), (u32)(it / 2 - 1) & 1);
+        if (lane == 0) {
+          const i64 h = (i64)hk * G + it / sp.per_head, q0 = item_q0(sp, rot, it);
+          const u32 *sem = dq_sem(p, b, h, q0);
+          const u32 rank = dq_rank(p, q0);
+          while (ld_acquire(sem) != rank) {
+          }
+        }
+        __syncwarp();
+        asm volatile("bar.arrive %0, 160;\n" ::"r"(BAR_TURN + 2 * (it % 2)) : "memory");
+        asm volatile("bar.arrive %0, 160;\n" ::"r"(BAR_TURN + 2 * (it % 2) + 1) : "memory");
+      }
+    } else if (warp == 3 && lane == 0 && p.deterministic) {
+      // The release thread: once the consumers' reductions of an item are issued (bar_done), a
+      // fence (cumulative: it orders them, before the barrier, before the release) and the tile's
+      // semaphore passed on; then bar_rel for the turn warp. The consumers thus never wait for
+      // their own reductions to complete (each thread's fence before the hand-off stalled them
+      // every item: 1.27-1.38x the non-deterministic time with a warp that released and then
+      // waited for the next turn, bench/NOTES.md session 27).
+      for (int it = 0; it < sp.n_items; ++it) {
+        mbar_wait(bars + bar_done(it % 2), (u32)(it / 2) & 1);
+        const i64 h = (i64)hk * G + it / sp.per_head, q0 = item_q0(sp, rot, it);
+        __threadfence();
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(dq_sem(p, b, h, q0)) : "memory");
+        mbar_arrive(bars + bar_rel(it % 2));
+      }
     }
     return;
   }
   regs_inc<CONSUMER_REGS>();
   const int ctid = tid - 128;
-  consume(p, sbase, bars, ctid);
+  if (p.deterministic) consume<true>(p, sbase, bars, ctid);
+  else consume<false>(p, sbase, bars, ctid);
 }
