@@ -438,10 +438,11 @@ Test(reference_bwd, periodic_equals_written_out) {
   release(&pat);
 }
 
-/* A KV head whose query rows (4 heads x 700 = 2800) pass the reference's chunk of 2048 rows is
- * split over work items whose dK/dV sums are added afterwards: the result must be the sum over
- * its query heads of the same problem without GQA (K and V repeated per head, 700 rows each,
- * never split) up to fp64 rounding, dQ and LSE bit for bit, and the same with 1 or 8 threads. */
+/* A KV head whose query rows (4 heads x 700 = 2800) span many of the reference's chunks (256
+ * rows) is split over work items whose dK/dV sums are added afterwards: the result must be the
+ * sum over its query heads of the same problem without GQA (K and V repeated per head, 700 rows
+ * each, chunked otherwise) up to fp64 rounding, dQ and LSE bit for bit, and the same with 1 or 8
+ * threads. */
 Test(reference_bwd, a_long_group_split_in_chunks_sums_like_its_heads) {
   for (int causal = 0; causal <= 1; causal++) {
     const int64_t Hq = 4, Nq = 700, Nk = 9, d = 32;
