@@ -7,8 +7,8 @@
  * longer one thread's work (`flashgen check`'s single-head cases took one thread 20-130 s). The
  * chunks' fp64 sums are added in chunk order, and the chunking depends on the problem only, so
  * the result does not depend on the thread count. */
+#include <limits.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,11 +22,11 @@ typedef struct job {
   const float *lut; /* fg_half_to_f32 of every 16-bit pattern in p->dtype */
   int exact;
   double *dq, *dk, *dv, *lse;
-  int64_t next, total; /* work items: (batch, KV head) pairs x chunks */
-  int64_t chunks;      /* chunks per pair; 1: dK, dV summed in place */
-  int64_t chunk_rows;  /* query rows per chunk */
-  double *partial;     /* chunks > 1: per item, its dK then its dV sums (Nk x d each) */
-  pthread_mutex_t mu;
+  int64_t total;          /* work items (fg_pool_run): (batch, KV head) pairs x chunks */
+  int64_t chunks;         /* chunks per pair; 1: dK, dV summed in place */
+  int64_t chunk_rows;     /* query rows per chunk */
+  double *partial;        /* chunks > 1: per item, its dK then its dV sums (Nk x d each) */
+  unsigned char *failed;  /* per item: its scratch could not be allocated */
 } job;
 
 static double rnd(double x, fg_dtype t, int exact) {
@@ -104,40 +104,37 @@ static void finish_kv(const job *j, double *dK, double *dV) {
   }
 }
 
-static void *worker(void *arg) {
-  job *j = arg;
+/* Work item w (fg_pool_run): chunk w % chunks of (batch, KV head) pair w / chunks. */
+static void work_item(void *ud, int w) {
+  job *j = ud;
   const fg_bwd_host_problem *p = j->p;
   const int64_t Nq = p->seqlen_q, Nk = p->seqlen_k, d = p->head_dim, g = p->heads_q / p->heads_kv;
   double *s = malloc((size_t)((Nk > 0 ? Nk : 1) * 3 + 2 * d) * sizeof *s);
-  if (!s) return (void *)1;
-  for (;;) {
-    pthread_mutex_lock(&j->mu);
-    const int64_t w = j->next++;
-    pthread_mutex_unlock(&j->mu);
-    if (w >= j->total) break;
-    const int64_t pair = w / j->chunks, c = w % j->chunks;
-    const int64_t b = pair / p->heads_kv, hk = pair % p->heads_kv;
-    double *dK, *dV;
-    if (j->chunks == 1) {
-      dK = j->dk + ((b * p->heads_kv + hk) * Nk) * d;
-      dV = j->dv + ((b * p->heads_kv + hk) * Nk) * d;
-    } else {
-      dK = j->partial + (size_t)w * 2 * (size_t)(Nk * d);
-      dV = dK + Nk * d;
-    }
-    memset(dK, 0, (size_t)(Nk * d) * sizeof *dK);
-    memset(dV, 0, (size_t)(Nk * d) * sizeof *dV);
-    /* The chunk's rows of the group (query head hk * g + r / Nq, row r % Nq). */
-    const int64_t cr = j->chunk_rows, r0 = c * cr, r1 = j->chunks == 1 ? g * Nq : (c + 1) * cr < g * Nq ? (c + 1) * cr : g * Nq;
-    for (int64_t r = r0; r < r1;) {
-      const int64_t h = r / Nq, i0 = r % Nq, i1 = i0 + (r1 - r) < Nq ? i0 + (r1 - r) : Nq;
-      one_head(j, b, hk * g + h, hk, i0, i1, dK, dV, s, s + Nk, s + 2 * Nk, s + 3 * Nk, s + 3 * Nk + d);
-      r += i1 - i0;
-    }
-    if (j->chunks == 1) finish_kv(j, dK, dV);
+  if (!s) {
+    j->failed[w] = 1;
+    return;
   }
+  const int64_t pair = w / j->chunks, c = w % j->chunks;
+  const int64_t b = pair / p->heads_kv, hk = pair % p->heads_kv;
+  double *dK, *dV;
+  if (j->chunks == 1) {
+    dK = j->dk + ((b * p->heads_kv + hk) * Nk) * d;
+    dV = j->dv + ((b * p->heads_kv + hk) * Nk) * d;
+  } else {
+    dK = j->partial + (size_t)w * 2 * (size_t)(Nk * d);
+    dV = dK + Nk * d;
+  }
+  memset(dK, 0, (size_t)(Nk * d) * sizeof *dK);
+  memset(dV, 0, (size_t)(Nk * d) * sizeof *dV);
+  /* The chunk's rows of the group (query head hk * g + r / Nq, row r % Nq). */
+  const int64_t cr = j->chunk_rows, r0 = c * cr, r1 = j->chunks == 1 ? g * Nq : (c + 1) * cr < g * Nq ? (c + 1) * cr : g * Nq;
+  for (int64_t r = r0; r < r1;) {
+    const int64_t h = r / Nq, i0 = r % Nq, i1 = i0 + (r1 - r) < Nq ? i0 + (r1 - r) : Nq;
+    one_head(j, b, hk * g + h, hk, i0, i1, dK, dV, s, s + Nk, s + 2 * Nk, s + 3 * Nk, s + 3 * Nk + d);
+    r += i1 - i0;
+  }
+  if (j->chunks == 1) finish_kv(j, dK, dV);
   free(s);
-  return NULL;
 }
 
 int fg_reference_backward(const fg_bwd_host_problem *p, int exact, double *dq, double *dk,
@@ -166,28 +163,18 @@ int fg_reference_backward(const fg_bwd_host_problem *p, int exact, double *dq, d
     j.chunk_rows *= 2; /* too much memory for the partial sums: longer chunks (at last one a pair) */
   }
   j.total = pairs * j.chunks;
-  if (j.chunks > 1) {
-    j.partial = malloc((size_t)j.total * 2 * (size_t)kv_el * sizeof *j.partial + 1);
-    if (!j.partial) {
-      free(lut);
-      return -1;
-    }
+  int rc = j.total > INT_MAX ? -1 : 0;
+  j.failed = rc == 0 ? calloc((size_t)j.total + 1, 1) : NULL;
+  if (j.chunks > 1 && j.failed) j.partial = malloc((size_t)j.total * 2 * (size_t)kv_el * sizeof *j.partial + 1);
+  if (!j.failed || (j.chunks > 1 && !j.partial)) {
+    free(j.failed);
+    free(j.partial);
+    free(lut);
+    return -1;
   }
-  pthread_mutex_init(&j.mu, NULL);
-  if (threads < 1) threads = 1;
-  if (threads > 64) threads = 64;
-  if (threads > j.total) threads = (int)(j.total > 0 ? j.total : 1);
-  pthread_t tid[64];
-  int started = 0, rc = 0;
-  for (int i = 1; i < threads; i++)
-    if (pthread_create(&tid[started], NULL, worker, &j) == 0) started++;
-  if (worker(&j)) rc = -1;
-  for (int i = 0; i < started; i++) {
-    void *r;
-    pthread_join(tid[i], &r);
-    if (r) rc = -1;
-  }
-  pthread_mutex_destroy(&j.mu);
+  fg_pool_run((int)j.total, threads < 1 ? 1 : threads, work_item, NULL, &j);
+  for (int64_t w = 0; w < j.total; w++)
+    if (j.failed[w]) rc = -1;
   /* The chunks' sums, added in chunk order (whatever thread computed them). */
   for (int64_t pair = 0; rc == 0 && j.chunks > 1 && pair < pairs; pair++) {
     double *dK = dk + pair * kv_el, *dV = dv + pair * kv_el;
@@ -200,6 +187,7 @@ int fg_reference_backward(const fg_bwd_host_problem *p, int exact, double *dq, d
     finish_kv(&j, dK, dV);
   }
   free(j.partial);
+  free(j.failed);
   free(lut);
   return rc;
 }
