@@ -1,8 +1,9 @@
 /* pool.c: the one parallel work pool of flashgen: compiling (or loading) a list of kernels on
  * several threads, for `flashgen tune` (candidates into the cache), `flashgen check` (the
  * kernels of the selected cases, forward and backward), `flashgen export` and
- * `flashgen build-default`. fg_pool_run hands out indices; fg_compile_pool is its most common
- * use: fg_generator_build on every item. Progress lines and counters are the callers', from the
+ * `flashgen build-default`; and the host's backward reference (reference_bwd.c: its chunks of
+ * query rows). fg_pool_run hands out indices; fg_compile_pool is its most common use:
+ * fg_generator_build on every item. Progress lines and counters are the callers', from the
  * done callback, which runs under the pool's lock. */
 #include <pthread.h>
 #include <stdlib.h>
