@@ -148,21 +148,14 @@ FG_DEV void det_group(u32 kb, u32 nkb, u32 &g0, u32 &n) {
   n = kb < full ? kbg : nkb - full;
 }
 // The staggered order (DET_STAGGER: bwd_tmat.cu, whose consumers add dQ from registers and so
-// wait for each tile's turn themselves): key block kb starts at query block kb mod P, so a group's
-// blocks start on n consecutive tiles (wrapping; one tile apart, where the spread above puts them P
-// / n apart and a group reads all of its head's Q, dO and dQ at once: here n tiles of them, as in
-// the ascending order, at every N) and the next group on the n after. The tile of query block i is
-// added by the group's blocks in the order they reach it, each one step after the block before it:
-// from the last block that starts at or before i (counted from the group's first tile g0 mod P)
-// down, wrapping; groups in ascending order. Only where a group has no more blocks than the span
-// has tiles (else the ascending order). Groups of 8 at every length (det_kbg), for the reason
-// above: a staggered group must be resident at once.
+// wait for each tile's turn themselves): det_order.cuh. Its blocks one tile apart, where the spread
+// above puts them P / n apart and a group reads all of its head's Q, dO and dQ at once: here n
+// tiles of them, as in the ascending order, at every N. Groups of 8 at every length (det_kbg), for
+// the reason above: a staggered group must be resident at once.
+{% include("det_order.cuh") %}
+static_assert(DET_STAGGER_KBG == 8, "det_order.cuh's groups are det_kbg's and det_kv_pos's");
 FG_DEV int det_rot(const fg_bwd_params &p, u32 kb, u32 nkb, int P) {
-  if constexpr (DET_STAGGER) {
-    u32 g0, n;
-    det_group(kb, nkb, g0, n);
-    return n <= (u32)P ? (int)(kb % (u32)P) : 0;
-  }
+  if constexpr (DET_STAGGER) return (int)det_stagger_rot(kb, nkb, (u32)P);
   if (!det_rotate(p, nkb)) return 0;
   u32 g0, n;
   det_group(kb, nkb, g0, n);
@@ -170,13 +163,7 @@ FG_DEV int det_rot(const fg_bwd_params &p, u32 kb, u32 nkb, int P) {
 }
 // How many key blocks add query block i (of the span's P) before key block kb.
 FG_DEV u32 det_rank(const fg_bwd_params &p, u32 kb, u32 nkb, int i, int P) {
-  if constexpr (DET_STAGGER) {
-    u32 g0, n;
-    det_group(kb, nkb, g0, n);
-    if (n > (u32)P) return kb;
-    const u32 a = ((u32)i + (u32)P - g0 % (u32)P) % (u32)P;  // i's tile counted from the group's first
-    return g0 + ((a < n - 1 ? a : n - 1) + n - (kb - g0)) % n;
-  }
+  if constexpr (DET_STAGGER) return det_stagger_rank(kb, nkb, (u32)i, (u32)P);
   if (!det_rotate(p, nkb)) return kb;
   u32 g0, n;
   det_group(kb, nkb, g0, n);
