@@ -211,15 +211,17 @@ static void build(bwd_list *l) {
       "bwd/deterministic/gqa_b2_hq34_hkv17_d64_nq200_nk2049_noncausal");
   /* Past d = 128 (sm_90a: bwd_tmat.cu and its turn warp; elsewhere the mma.sync kernel): without
    * a mask two groups of 8 key blocks a head, each staggered (a block from its own tile), GQA;
-   * fewer tiles than a group's blocks (4 of 64 rows, 33 key blocks): the ascending order; query
-   * rows past the main kernel's split (4 x 16401: 2 splits, their dK/dV added in order), causal and
-   * not. (Small shapes: the host reference took 131 s for one head of 1100 x 4200 x 136.) */
+   * one head of 66 key blocks over 18 tiles (8 staggered groups and a remainder of 2, all resident
+   * at once, each group behind the one before it); fewer tiles than a group's blocks (4 of 64 rows,
+   * 33 key blocks): the ascending order; query rows past the main kernel's split (4 x 16401: 2
+   * splits, their dK/dV added in order), causal and not. */
   for (int m = 0; m < 2; m++) {
     add(l, B_DET, m ? FG_DTYPE_F16 : FG_DTYPE_BF16, m, 192, 1, 2, 1, 1000, 1000, 0,
         "bwd/deterministic/gqa_d192_%s", cw(m));
     add(l, B_DET, FG_DTYPE_BF16, m, 256, 1, 4, 1, 16384 + 17, 129, 0,
         "bwd/deterministic/gqa_long_hq4_hkv1_d256_nq16401_nk129_%s", cw(m));
   }
+  add(l, B_DET, FG_DTYPE_F16, 0, 136, 1, 1, 1, 1100, 4200, 0, "bwd/deterministic/d136_nq1100_nk4200_noncausal");
   add(l, B_DET, FG_DTYPE_BF16, 0, 256, 1, 1, 1, 200, 2049, 0, "bwd/deterministic/d256_nq200_nk2049_noncausal");
   /* 64-bit offsets in the three kernels: Q, O, dO and dQ of more than 2^31 elements (2^31 +
    * 4097 * 128), dQ's fp32 accumulator of more than 2^32 bytes, K and V of 64 rows. Device memory:

@@ -406,9 +406,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
       // The release thread: once the consumers' reductions of an item are issued (bar_done), a
       // fence (cumulative: it orders them, before the barrier, before the release) and the tile's
       // semaphore passed on; then bar_rel for the turn warp. The consumers thus never wait for
-      // their own reductions to complete (each thread's fence before the hand-off stalled them
-      // every item: 1.27-1.38x the non-deterministic time with a warp that released and then
-      // waited for the next turn, bench/NOTES.md session 27).
+      // their own reductions to complete (each thread fenced before the hand-off, every item:
+      // with the turn also taken before the products, 1.44-1.87x the non-deterministic time; with
+      // one warp that released and then waited for the next turn, 1.13-1.38x; bench/NOTES.md
+      // session 27).
       for (int it = 0; it < sp.n_items; ++it) {
         mbar_wait(bars + bar_done(it % 2), (u32)(it / 2) & 1);
         const i64 h = (i64)hk * G + it / sp.per_head, q0 = item_q0(sp, rot, it);
