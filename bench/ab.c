@@ -81,6 +81,50 @@ static fg_status ab_backward(fg_context *ctx, const fg_attention_args *f, CUdevi
   return fg_attention_backward_variant(ctx, &b, st, var);
 }
 
+/* '-' renders the template text built into this binary, which after an edit of templates/ (or a
+ * revert of one) is that folder's text only once fg_ab is rebuilt: a stale '-' baseline once made
+ * an unchanged kernel look 20% slower than a candidate (bench/NOTES.md, session 28). So where the
+ * working directory has a templates/ folder, each '-' version's source is rendered from both and
+ * a difference is said on stderr. The source of v from the templates under dir ('-': the built-in
+ * ones), malloc'd; NULL where it cannot be rendered. */
+static char *ab_render(const char *dir, const fg_variant *v) {
+  const char *was = getenv("FLASHGEN_TEMPLATE_DIR");
+  char saved[4096] = "";
+  if (was) snprintf(saved, sizeof saved, "%s", was);
+  if (strcmp(dir, "-") == 0) unsetenv("FLASHGEN_TEMPLATE_DIR");
+  else setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
+  fg_generator *g = NULL;
+  char *src = NULL, err[256];
+  fg_kernel_meta meta;
+  if (fg_generator_create(&g, err, sizeof err) == 0 &&
+      fg_generator_render(g, v, &src, &meta, err, sizeof err) != 0)
+    src = NULL;
+  if (g) fg_generator_destroy(g);
+  if (was) setenv("FLASHGEN_TEMPLATE_DIR", saved, 1);
+  else unsetenv("FLASHGEN_TEMPLATE_DIR");
+  return src;
+}
+
+static void ab_check_builtin(const version *ver, int nv) {
+  FILE *f = fopen("templates/fwd.lua", "r");
+  if (!f) return;
+  fclose(f);
+  for (int i = 0; i < nv; i++) {
+    int seen = strcmp(ver[i].dir, "-") != 0;
+    for (int j = 0; j < i && !seen; j++)  /* once per variant */
+      seen = strcmp(ver[j].dir, "-") == 0 && strcmp(ver[j].name, ver[i].name) == 0;
+    if (seen) continue;
+    char *b = ab_render("-", &ver[i].v), *t = ab_render("templates", &ver[i].v);
+    if (b && t && strcmp(b, t) != 0)
+      fprintf(stderr,
+              "fg_ab: warning: [%d] '-' renders %s from the templates built into this binary, "
+              "which differ from ./templates: rebuild fg_ab, or name a folder instead of '-'\n",
+              i, ver[i].name);
+    free(b);
+    free(t);
+  }
+}
+
 int main(int argc, char **argv) {
   const char *problem = "d=128,n=1k";
   int rounds = 7, reps = 10;
@@ -128,6 +172,7 @@ int main(int argc, char **argv) {
     return 2;
   }
 
+  ab_check_builtin(ver, nv);
   for (int i = 0; i < nv; i++) {
     if (strcmp(ver[i].dir, "-") == 0) unsetenv("FLASHGEN_TEMPLATE_DIR");
     else setenv("FLASHGEN_TEMPLATE_DIR", ver[i].dir, 1);
