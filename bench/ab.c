@@ -86,11 +86,9 @@ static fg_status ab_backward(fg_context *ctx, const fg_attention_args *f, CUdevi
  * an unchanged kernel look 20% slower than a candidate (bench/NOTES.md, session 28). So where the
  * working directory has a templates/ folder, each '-' version's source is rendered from both and
  * a difference is said on stderr. The source of v from the templates under dir ('-': the built-in
- * ones), malloc'd; NULL where it cannot be rendered. */
+ * ones), malloc'd; NULL where it cannot be rendered. It leaves FLASHGEN_TEMPLATE_DIR set or unset:
+ * main sets it for every version's context next. */
 static char *ab_render(const char *dir, const fg_variant *v) {
-  const char *was = getenv("FLASHGEN_TEMPLATE_DIR");
-  char saved[4096] = "";
-  if (was) snprintf(saved, sizeof saved, "%s", was);
   if (strcmp(dir, "-") == 0) unsetenv("FLASHGEN_TEMPLATE_DIR");
   else setenv("FLASHGEN_TEMPLATE_DIR", dir, 1);
   fg_generator *g = NULL;
@@ -100,8 +98,6 @@ static char *ab_render(const char *dir, const fg_variant *v) {
       fg_generator_render(g, v, &src, &meta, err, sizeof err) != 0)
     src = NULL;
   if (g) fg_generator_destroy(g);
-  if (was) setenv("FLASHGEN_TEMPLATE_DIR", saved, 1);
-  else unsetenv("FLASHGEN_TEMPLATE_DIR");
   return src;
 }
 
