@@ -503,16 +503,39 @@ static_assert(PRE_ROWS == 64 && BR % 64 == 0 && DQ_W % DQ_N == 0 && NT_Q == DQ_N
 // Deterministic mode, the warp that adds a tile's parts with bulk reductions (every lane calls
 // these): waits until the tile's semaphore (rows q0 ...) reaches PARTS times this key block's
 // rank (the key blocks before it in the tile's order have added all their parts), ordering
-// those additions before the warp's bulk ones; then, once the warp's additions are complete (not
-// only read), passes the tile on (PARTS more).
-template <u32 PARTS> FG_DEV void dq_bulk_acquire(const fg_bwd_params &p, const u32 *sem, i64 q0, int lane) {
+// those additions before the warp's bulk ones, and returns the rank; then, once the warp's
+// additions are complete (not only read), passes the tile on (PARTS more).
+template <u32 PARTS> FG_DEV u32 dq_bulk_acquire(const fg_bwd_params &p, const u32 *sem, i64 q0, int lane) {
+  const u32 rank = dq_rank(p, q0);
   if (lane == 0) {
-    const u32 rank = PARTS * dq_rank(p, q0);
-    while (ld_acquire(sem) < rank) {
+    while (ld_acquire(sem) < PARTS * rank) {
     }
   }
   __syncwarp();
   fence_proxy_async_global();
+  return rank;
+}
+// Deterministic mode of a template that defines DQ_STORE_FIRST (bwd_tma.cu): the first key block
+// of a tile's order (rank 0) stores its parts where the others add theirs, so _pre leaves the
+// accumulator unwritten (zeroing it wrote all of it once more: 128 MiB at B N = 16k, H d = 2048)
+// and _post reads zeros for a tile that no key block adds (dq_tile_added). Every key block of the
+// order adds every part below Nq (dq_rank), so rank 0 writes all of the tile's chunks that _post reads.
+#ifndef DQ_STORE_FIRST
+#define DQ_STORE_FIRST 0
+#endif
+FG_DEV bool dq_store_first(const fg_bwd_params &p) { return DQ_STORE_FIRST && p.deterministic; }
+// Whether any key block adds to the dQ tile of rows q0 ...: without a mask all of them do (dq_rank);
+// causal (bottom-right) those up to jmax, none where the tile's last row comes before the first key.
+FG_DEV bool dq_tile_added(const fg_bwd_params &p, i64 q0) {
+  if constexpr (CAUSAL) return q0 + BR - 1 + p.seqlen_k - p.seqlen_q >= 0;
+  return true;
+}
+// One bulk operation of a part: stored (the tile's first, dq_store_first) or added.
+FG_DEV void dq_bulk_put(void *dst, u32 src, u32 bytes, bool store) {
+  if (store)
+    bulk_store(dst, src, bytes);
+  else
+    bulk_reduce_add_f32(dst, src, bytes);
 }
 template <u32 PARTS> FG_DEV void dq_bulk_release(u32 *sem, int lane) {
   bulk_wait0();
@@ -533,12 +556,14 @@ FG_DEV void dq_chunk_out(const fg_bwd_params &p, u32 bh, u32 b, u32 h, float sc)
   extern __shared__ __align__(16) u16 st[];
   const int c = threadIdx.x, g = c % 32 / 4, t = c % 4, r = 16 * (c / 32) + g;
   const float *chunk = dq_chunk(p, bh, blockIdx.x);
+  // (unwritten where no key block added the chunk's tile: dq_store_first)
+  const bool zero = dq_store_first(p) && !dq_tile_added(p, (i64)blockIdx.x * 64 / BR * BR);
 #pragma unroll
   for (int part = 0; part < DQ_W / DQ_N; ++part) {
 #pragma unroll
     for (int nt = 0; nt < NT_Q; ++nt) {
-      u32 x[4];
-      ld_global_v4(chunk + ((part * NT_Q + nt) * 128 + c) * 4, x[0], x[1], x[2], x[3]);
+      u32 x[4] = {0u, 0u, 0u, 0u};
+      if (!zero) ld_global_v4(chunk + ((part * NT_Q + nt) * 128 + c) * 4, x[0], x[1], x[2], x[3]);
       const int col = part * DQ_N + 8 * nt + 2 * t;
       *(u32 *)&st[r * ROW + col] = pack2<BF16>(__int_as_float(x[0]) * sc, __int_as_float(x[1]) * sc);
       *(u32 *)&st[(r + 8) * ROW + col] = pack2<BF16>(__int_as_float(x[2]) * sc, __int_as_float(x[3]) * sc);
@@ -556,7 +581,7 @@ FG_DEV void dq_chunk_out(const fg_bwd_params &p, u32 bh, u32 b, u32 h, float sc)
 #endif
 }  // namespace
 
-// D = rowsum(dO * O) in fp32; zeroes the row's dQ accumulator. Grid (ceil(Nq / 64), B * Hq).
+// D = rowsum(dO * O) in fp32; zeroes the row's dQ accumulator (but dq_store_first's). Grid (ceil(Nq / 64), B * Hq).
 extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_pre(BWD_PARAMS) {
   BWD_PARAMS_BIND
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -583,7 +608,7 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_pre(BWD_PA
 #endif
   }
 #ifdef DQ_TILED
-  {  // the accumulator's 64-row chunk of these rows (a tile's padding past Nq included)
+  if (!dq_store_first(p)) {  // the accumulator's 64-row chunk of these rows (a tile's padding past Nq included)
     float *chunk = dq_chunk(p, bh, blockIdx.x);
     for (int i = threadIdx.x; i < 64 * DQ_W / 4; i += PRE_THREADS) st_global_v4(chunk + 4 * i, 0u, 0u, 0u, 0u);
   }

@@ -127,6 +127,7 @@ constexpr bool DET_ROTATE = NDQ == 2;
 constexpr bool DET_STAGGER = false;  // the spread rotation (bwd_aux.cuh: det_rot)
 #define DQ_TILED 1        // the dQ accumulator in fragment order (bwd_aux.cuh)
 #define DQ_W DP           // ... of tiles DP wide
+#define DQ_STORE_FIRST 1  // deterministic mode: a tile's first key block stores, _pre zeroes nothing
 // The mbarriers' address: before the 1024-byte aligned base where the alignment left BAR_BYTES
 // there, else after the layout (the 1024 bytes' rest, at least 1024 - BAR_BYTES).
 FG_DEV u32 bars_addr() {
@@ -206,13 +207,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
         const i64 h = (i64)hk * G + it / sp.per_head, q0 = item_q0(sp, rot, it);
         const i64 Nq = p.seqlen_q;
         u32 *sem = dq_sem(p, b, h, q0);
-        if (p.deterministic) dq_bulk_acquire<NDQ>(p, sem, q0, lane);
+        const bool store = p.deterministic && dq_bulk_acquire<NDQ>(p, sem, q0, lane) == 0;  // DQ_STORE_FIRST
         for (int w = w0; w < w0 + nw; ++w) {
           const i64 r0 = q0 + (i64)w * DQ_ROWS;  // this part's first query row
           const u32 s_dq = sbase + DQ_OFF + (u32)(w * NBUF + slot) * DQ_BYTES;
           char *acc = (char *)dq_chunk(p, (i64)b * p.heads_q + h, r0 / 64);
           if (lane < (int)(DQ_BYTES / DQ_PART) && r0 < Nq)
-            bulk_reduce_add_f32(acc + lane * DQ_PART, s_dq + (u32)lane * DQ_PART, DQ_PART);
+            dq_bulk_put(acc + lane * DQ_PART, s_dq + (u32)lane * DQ_PART, DQ_PART, store);
         }
         bulk_commit();
         auto free_slots = [&]() {  // once shared memory is read, the consumers may write again

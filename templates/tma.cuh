@@ -54,6 +54,12 @@ FG_DEV void bulk_reduce_add_f32(void *dst, u32 src, u32 bytes) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
                "r"(src), "r"(bytes) : "memory");
 }
+// Copies `bytes` (a multiple of 16) from shared memory at src to global memory at dst, as one bulk
+// operation of the current bulk group.
+FG_DEV void bulk_store(void *dst, u32 src, u32 bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
 // Waits until this thread's bulk groups are complete (their writes done, not only their reads).
 FG_DEV void bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // Orders this thread's global accesses of the generic proxy and of the async proxy (bulk
