@@ -200,6 +200,10 @@ static void build(bwd_list *l) {
     add(l, B_DET, FG_DTYPE_BF16, m, 64, 1, 8, 1, 16384 + 17, 129, 0,
         "bwd/deterministic/gqa_long_hq8_hkv1_d64_nq16401_nk129_%s", cw(m));
   }
+  /* Causal with more query rows than keys: dQ tiles that no key block adds (rows before the first
+   * key), and tiles of one, two and three (sm_90a: the first in a tile's order stores, the rest
+   * add; bwd_aux.cuh, dq_store_first). */
+  add(l, B_DET, FG_DTYPE_F16, 1, 128, 2, 4, 2, 1000, 300, 0, "bwd/deterministic/d128_nq1000_nk300_causal");
   /* 65 key blocks of 128 per head: on sm_90a, deterministic without a mask deals the key blocks
    * out in groups of 16 per (batch, head) and the 65th in a remainder (bwd_aux.cuh, det_kv_pos). */
   add(l, B_DET, FG_DTYPE_BF16, 0, 64, 1, 2, 2, 300, 8300, 0,
