@@ -52,6 +52,12 @@ FG_DEV void red_add_v4_if(float *g, bool on, float x0, float x1, float x2, float
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n"
                ::"l"(g), "f"(x0), "f"(x1), "f"(x2), "f"(x3), "r"((int)on) : "memory");
 }
+// Stores a float4 where `store`, else adds it (one predicated instruction each, no branch).
+FG_DEV void put_v4(float *g, bool store, float x0, float x1, float x2, float x3) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p st.global.v4.f32 [%0], {%1, %2, %3, %4};\n"
+               " @!p red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(g), "f"(x0), "f"(x1), "f"(x2), "f"(x3),
+               "r"((int)store) : "memory");
+}
 FG_DEV void red_add_v2_if(float *g, bool on, float x0, float x1) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p red.global.add.v2.f32 [%0], {%1, %2};\n}\n"
                ::"l"(g), "f"(x0), "f"(x1), "r"((int)on) : "memory");
@@ -515,8 +521,8 @@ template <u32 PARTS> FG_DEV u32 dq_bulk_acquire(const fg_bwd_params &p, const u3
   fence_proxy_async_global();
   return rank;
 }
-// Deterministic mode of a template that defines DQ_STORE_FIRST (bwd_tma.cu): the first key block
-// of a tile's order (rank 0) stores its parts where the others add theirs, so _pre leaves the
+// Deterministic mode of a template that defines DQ_STORE_FIRST (bwd_tma.cu; bwd_tmat.cu, from
+// registers): the first key block of a tile's order (rank 0) stores its parts where the others add theirs, so _pre leaves the
 // accumulator unwritten (zeroing it wrote all of it once more: 128 MiB at B N = 16k, H d = 2048)
 // and _post reads zeros for a tile that no key block adds (dq_tile_added). Every key block of the
 // order adds every part below Nq (dq_rank), so rank 0 writes all of the tile's chunks that _post reads.

@@ -49,12 +49,14 @@ static_assert(2 * BC * SROW * 4 <= STAGES * 2 * QT_BYTES + 4 * PT_BYTES, "dK, dV
 // mbarriers (8 bytes each; bytes 8-23 hold the block's place, bwd_slot): K/V full; per stage
 // full (the TMA's bytes and the 32 lanes of the LSE/D warp) and empty (every consumer thread);
 // deterministic mode's two done (every consumer thread: item it's reductions issued, it % 2) and
-// two released (the release thread: item it's tile passed on).
-constexpr u32 BAR_KV = 0, BAR_BYTES = 24u + 8u * (2 * STAGES + 4);
+// two released (the release thread: item it's tile passed on); after them deterministic mode's
+// two first flags (the turn warp: whether this block is item it's first in the tile's order).
+constexpr u32 BAR_KV = 0, BAR_BYTES = 24u + 8u * (2 * STAGES + 4) + 8u;
 FG_DEV u32 bar_full(int s) { return 24u + 8u * s; }
 FG_DEV u32 bar_empty(int s) { return 24u + 8u * (STAGES + s); }
 FG_DEV u32 bar_done(int s) { return 24u + 8u * (2 * STAGES + s); }
 FG_DEV u32 bar_rel(int s) { return 24u + 8u * (2 * STAGES + 2 + s); }
+FG_DEV u32 turn_first(int s) { return 24u + 8u * (2 * STAGES + 4) + 4u * s; }
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 // Named barriers past 0 (the block's) and 1 (consumers_sync): deterministic mode's turns, from the
 // turn warp (producer warp 2) to the consumers, two of them (item it's: it % 2, as the turn warp
@@ -112,6 +114,7 @@ constexpr int DQ_N = 64, NT_Q = 8;
 }
 #define DQ_TILED 1
 #define DQ_W DP
+#define DQ_STORE_FIRST 1  // deterministic mode: a tile's first key block stores, _pre zeroes nothing
 // Deterministic mode without a mask: the key blocks dealt out in groups and staggered (bwd_aux.cuh:
 // det_kv_pos, det_rot with DET_STAGGER), so that a block's first tile waits for nobody and every
 // later one for the block that reached it one step earlier. (All starting at the first tile, the
@@ -136,10 +139,12 @@ namespace {
 // the next products run: dQ's block j, then dV^T (j = 0) and dK^T (the last j).
 // Deterministic mode (turn_bar: the item's BAR_TURN barrier of this warpgroup; else -1), the
 // warpgroup waits for the tile's turn only before its first reduction, with dQ's first part done
-// and dV^T (at MTW = 1 also dK^T) in flight.
+// and dV^T (at MTW = 1 also dK^T) in flight, and then (the flag at s_first, the turn warp's)
+// stores its parts where it is the tile's first (bwd_aux.cuh: dq_store_first).
 template <int M0, int MTW>
 FG_DEV void kv_products(float (&dk)[MT0][BC / 2], float (&dv)[MT0][BC / 2], u32 sbase, u32 s_q, u32 s_do, u32 s_p,
-                        u32 s_ds, float *acc, int ctid, int turn_bar) {
+                        u32 s_ds, float *acc, int ctid, int turn_bar, u32 s_first) {
+  bool store = false;
   const u64 pb = fresh(sw128_desc(s_p, 16, 1024)), dsb = fresh(sw128_desc(s_ds, 16, 1024));
   const u64 doa = fresh(sw128_desc(s_do + (u32)M0 * BR * 128, BR * 128, 1024));
   const u64 qa = fresh(sw128_desc(s_q + (u32)M0 * BR * 128, BR * 128, 1024));
@@ -172,10 +177,20 @@ FG_DEV void kv_products(float (&dk)[MT0][BC / 2], float (&dv)[MT0][BC / 2], u32 
     wg_commit();
     wg_wait<1>();
     fence_regs<32>(dq);
-    if (j == 0 && turn_bar >= 0) asm volatile("bar.sync %0, 160;\n" ::"r"(turn_bar) : "memory");
+    if (j == 0 && turn_bar >= 0) {
+      asm volatile("bar.sync %0, 160;\n" ::"r"(turn_bar) : "memory");
+      u32 f;
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(f) : "r"(s_first) : "memory");
+      store = f != 0;
+    }
     float *a = acc + ((M0 + j) * NT_Q * 128 + ctid % 128) * 4;
 #pragma unroll
-    for (int nt = 0; nt < NT_Q; ++nt) red_add_v4_if(a + nt * 128 * 4, true, dq[4 * nt], dq[4 * nt + 1], dq[4 * nt + 2], dq[4 * nt + 3]);
+    for (int nt = 0; nt < NT_Q; ++nt) {
+      if (turn_bar >= 0)
+        put_v4(a + nt * 128 * 4, store, dq[4 * nt], dq[4 * nt + 1], dq[4 * nt + 2], dq[4 * nt + 3]);
+      else
+        red_add_v4_if(a + nt * 128 * 4, true, dq[4 * nt], dq[4 * nt + 1], dq[4 * nt + 2], dq[4 * nt + 3]);
+    }
   }
   wg_wait<0>();
 #pragma unroll
@@ -303,8 +318,9 @@ FG_DEV void consume(const fg_bwd_params &p, u32 sbase, u32 bars, int ctid) {
     const i64 h = (i64)(bhk % (u32)p.heads_kv) * G + it / sp.per_head;
     float *acc = dq_chunk(p, (i64)b * p.heads_q + h, q0 / 64);
     const int turn_bar = DET ? BAR_TURN + 2 * (it % 2) + wg : -1;
-    if (wg == 0) kv_products<0, MT0>(dk, dv, sbase, s_q, s_do, s_p, s_ds, acc, ctid, turn_bar);
-    else kv_products<MT0, MT - MT0>(dk, dv, sbase, s_q, s_do, s_p, s_ds, acc, ctid, turn_bar);
+    const u32 s_first = bars + turn_first(it % 2);
+    if (wg == 0) kv_products<0, MT0>(dk, dv, sbase, s_q, s_do, s_p, s_ds, acc, ctid, turn_bar, s_first);
+    else kv_products<MT0, MT - MT0>(dk, dv, sbase, s_q, s_do, s_p, s_ds, acc, ctid, turn_bar, s_first);
     mbar_arrive(bars + bar_empty(st));  // Q, dO, LSE and D of this stage read
     if (DET) {
       mbar_arrive(bars + bar_done(it % 2));  // this item's reductions are issued
@@ -397,6 +413,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
           const u32 rank = dq_rank(p, q0);
           while (ld_acquire(sem) != rank) {
           }
+          // the consumers store where this block is the tile's first (read after the barrier;
+          // rewritten for item it + 2 only after item it's release, so after they read it)
+          st_shared_b32(bars + turn_first(it % 2), rank == 0 && dq_store_first(p) ? 1u : 0u);
         }
         __syncwarp();
         asm volatile("bar.arrive %0, 160;\n" ::"r"(BAR_TURN + 2 * (it % 2)) : "memory");
