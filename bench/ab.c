@@ -6,8 +6,9 @@
  * with the first's (max |diff|): a rewritten kernel must compute the same function. This is a
  * timing tool; `flashgen check` is the correctness gate. Backward variants (bwd_...) time the
  * backward plan on dO, O and LSE from the built-in forward (TFLOP/s count 2.5x the forward's;
- * the diff is dQ's; --deterministic runs them in deterministic mode); the versions of one run are
- * all forward or all backward.
+ * the diff is dQ's; --deterministic runs them in deterministic mode, and a version written
+ * DIR:VARIANT+det runs in it alone, so that one run times deterministic mode against the
+ * other); the versions of one run are all forward or all backward.
  *
  * Run on a machine with a GPU (the kernels are compiled there, with NVRTC):
  *   build/fg_ab [--problem d=128,n=1k,dtype=bf16] [--rounds 7] [--reps 10] DIR:VARIANT ...
@@ -29,6 +30,7 @@ typedef struct version {
   char dir[512];
   fg_variant v;
   char name[FG_VARIANT_NAME_MAX];
+  int det; /* DIR:VARIANT+det: this backward version in deterministic mode */
   fg_context *ctx;
   double *ms;
   int n;
@@ -65,7 +67,7 @@ static int ab_deterministic; /* --deterministic: backward versions in determinis
 static fg_status ab_backward(fg_context *ctx, const fg_attention_args *f, CUdeviceptr q,
                              CUdeviceptr k, CUdeviceptr v, CUdeviceptr o, CUdeviceptr d_o,
                              CUdeviceptr lse, CUdeviceptr dq, CUdeviceptr dk, CUdeviceptr dv,
-                             CUstream st, const fg_variant *var) {
+                             CUstream st, const fg_variant *var, int det) {
   fg_attention_backward_args b;
   memset(&b, 0, sizeof b);
   b.size = sizeof b;
@@ -77,7 +79,7 @@ static fg_status ab_backward(fg_context *ctx, const fg_attention_args *f, CUdevi
   b.v = (const void *)(uintptr_t)v, b.o = (const void *)(uintptr_t)o;
   b.d_o = (const void *)(uintptr_t)d_o, b.lse = (const float *)(uintptr_t)lse;
   b.dq = (void *)(uintptr_t)dq, b.dk = (void *)(uintptr_t)dk, b.dv = (void *)(uintptr_t)dv;
-  b.deterministic = ab_deterministic;
+  b.deterministic = ab_deterministic || det;
   return fg_attention_backward_variant(ctx, &b, st, var);
 }
 
@@ -132,10 +134,10 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
     else if (strcmp(argv[i], "--deterministic") == 0) ab_deterministic = 1;
     else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-      printf("usage: fg_ab [--problem P] [--rounds R] [--reps K] [--deterministic] DIR:VARIANT ...\n"
+      printf("usage: fg_ab [--problem P] [--rounds R] [--reps K] [--deterministic] DIR:VARIANT[+det] ...\n"
              "  P as in `flashgen tune` (default d=128,n=1k); DIR '-' = the built-in templates;\n"
              "  R rounds (default 7) of K calls per version (default 10, at most %d);\n"
-             "  --deterministic: backward versions in deterministic mode.\n", AB_REPS);
+             "  --deterministic: backward versions in deterministic mode; +det: that version.\n", AB_REPS);
       return 0;
     } else {
       const char *colon = strchr(argv[i], ':');
@@ -148,11 +150,13 @@ int main(int argc, char **argv) {
       memset(x, 0, sizeof *x);
       snprintf(x->dir, sizeof x->dir, "%.*s", (int)(colon - argv[i]), argv[i]);
       char err[256];
-      if (fg_variant_parse(colon + 1, &x->v, err, sizeof err)) {
+      snprintf(x->name, sizeof x->name, "%s", colon + 1);
+      const size_t len = strlen(x->name);
+      if (len > 4 && strcmp(x->name + len - 4, "+det") == 0) x->name[len - 4] = '\0', x->det = 1;
+      if (fg_variant_parse(x->name, &x->v, err, sizeof err)) {
         fprintf(stderr, "fg_ab: %s\n", err);
         return 2;
       }
-      snprintf(x->name, sizeof x->name, "%s", colon + 1);
       nv++;
     }
   }
@@ -214,6 +218,11 @@ int main(int argc, char **argv) {
       fprintf(stderr, "fg_ab: the versions of one run are all forward or all backward\n");
       return 2;
     }
+  for (int i = 0; i < nv; i++)
+    if (ver[i].det && !bwd) {
+      fprintf(stderr, "fg_ab: +det is for backward versions (%s)\n", ver[i].name);
+      return 2;
+    }
   /* Backward: dO per set, the forward's O and LSE per set, dK and dV per version (o[] is dQ). */
   CUdeviceptr dO[8] = {0}, fo[8] = {0}, lse[8] = {0}, dk[AB_MAX] = {0}, dv[AB_MAX] = {0};
   const size_t rows = (size_t)(pr.batch * pr.heads * pr.n);
@@ -253,7 +262,7 @@ int main(int argc, char **argv) {
   /* One timed call: version i on input set s2. */
 #define AB_CALL(i, s2)                                                                       \
   (bwd ? ab_backward(ver[i].ctx, &a, q[s2], k[s2], v[s2], fo[s2], dO[s2], lse[s2], o[i], dk[i], \
-                     dv[i], st, &ver[i].v)                                                    \
+                     dv[i], st, &ver[i].v, ver[i].det)                                        \
        : (a.q = (const void *)(uintptr_t)q[s2], a.k = (const void *)(uintptr_t)k[s2],         \
           a.v = (const void *)(uintptr_t)v[s2], a.o = (void *)(uintptr_t)o[i],                \
           fg_attention_forward_variant(ver[i].ctx, &a, st, &ver[i].v)))
@@ -299,9 +308,9 @@ int main(int argc, char **argv) {
     double med = quantile(ver[i].ms, ver[i].n, 0.5);
     double p10 = quantile(ver[i].ms, ver[i].n, 0.1), p90 = quantile(ver[i].ms, ver[i].n, 0.9);
     if (i == 0) base = med;
-    printf("  [%d] %-8.3f ms  %6.1f TFLOP/s  p10-p90 %.3f-%.3f  x%.3f  max|diff| %.2e  %s:%s\n", i,
+    printf("  [%d] %-8.3f ms  %6.1f TFLOP/s  p10-p90 %.3f-%.3f  x%.3f  max|diff| %.2e  %s:%s%s\n", i,
            med, flops / (med * 1e-3) / 1e12, p10, p90, base / med, diff[i], ver[i].dir,
-           ver[i].name);
+           ver[i].name, ver[i].det ? "+det" : "");
   }
   for (int i = 0; i < nv; i++) fg_context_destroy(ver[i].ctx);
   return 0;
