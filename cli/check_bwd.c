@@ -188,6 +188,7 @@ static void build(bwd_list *l) {
   if (c) c->bnhd = 1;
   /* seqlen_k = 0: dQ = 0. B * H past the grid's 65535. */
   add(l, B_RUN, FG_DTYPE_BF16, 0, 64, 2, 2, 2, 33, 0, 1, "bwd/empty/nk0");
+  add(l, B_DET, FG_DTYPE_F16, 1, 128, 1, 2, 2, 70, 0, 0, "bwd/empty/nk0_causal_deterministic");
   add(l, B_RUN, FG_DTYPE_BF16, 1, 32, 66000, 1, 1, 16, 16, 0, "bwd/grid/batch66000");
   add(l, B_RUN, FG_DTYPE_BF16, 1, 32, 66000, 1, 1, 17, 17, 0, "bwd/grid/batch66000_nq17");
   /* Deterministic mode: correct, and the same bits on a second run (many key blocks per dQ

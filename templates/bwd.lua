@@ -258,8 +258,8 @@ local SPLIT_ROWS, DKV_SEM_FLOATS = 65536, 4
 -- Workspaces, one after the other: per (batch, query head) the fp32 dQ accumulator (d floats per
 -- query row, at p.workspace; kv_tma's in tiles of Br rows: launch below); past SPLIT_ROWS, per key block of each (batch, KV head), the fp32
 -- dK/dV sums and a semaphore (dkv_accum at p.dkv; second, so that it starts 16-byte aligned);
--- per (batch, query head) D (1 float per row, p.dsum) and in deterministic mode a 4-byte
--- semaphore per 16 query rows (p.sem).
+-- per (batch, query head) D (1 float per row, p.dsum) and in deterministic mode (bwd_tma.cu at
+-- Br 64: in either mode) a 4-byte semaphore per 16 query rows (p.sem).
 --
 -- The plan of a backward template whose main kernel takes `threads` and `smem` (another
 -- backward template returns its own through this, with its own main kernel).
@@ -314,7 +314,17 @@ function M.launch(v)
     local t = plan(v, tmat_loop(v) and "bwd_tmat.cu" or "bwd_tma.cu", r.threads, r.smem, true)
     t.params = "bwd_tma"
     tiled_dq(t, v, tma_dp(v))  -- (tiles dp wide: bwd_tma.cu, bwd_tmat.cu DQ_W)
-    if not tmat_loop(v) then t.constants.dq_bufs = tma_dq_bufs(v) end
+    if not tmat_loop(v) then
+      t.constants.dq_bufs = tma_dq_bufs(v)
+      -- One dQ part a tile (Br 64: NDQ 1), bwd_tma.cu claims each part through its semaphore
+      -- also without deterministic mode (bwd_aux.cuh: dq_claim), so it has them in either mode.
+      -- Not with two (d = 64, Br 128): there the claims' waits cost 8% at N = 512-1k, where
+      -- d = 128 gained 1-17% (H100, bench/NOTES.md session 29).
+      t.constants.dq_claim = v.br // 64 ~= v.bc // 64 and 1 or 0
+      for _, w in ipairs(t.workspaces) do
+        if w.name == "semaphores" and t.constants.dq_claim == 1 then w.deterministic = nil end
+      end
+    end
     t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "do", rows = v.br },
                 { tensor = "k", rows = v.bc }, { tensor = "v", rows = v.bc } }
     return t

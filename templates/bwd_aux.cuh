@@ -522,19 +522,50 @@ template <u32 PARTS> FG_DEV u32 dq_bulk_acquire(const fg_bwd_params &p, const u3
   return rank;
 }
 // Deterministic mode of a template that defines DQ_STORE_FIRST (bwd_tma.cu; bwd_tmat.cu, from
-// registers): the first key block of a tile's order (rank 0) stores its parts where the others add theirs, so _pre leaves the
+// registers), and without it one that defines DQ_CLAIM_FIRST (bwd_tma.cu: dq_claim, below):
+// the first key block of a tile's order (rank 0), or the first to claim the part,
+// stores its parts where the others add theirs, so _pre leaves the
 // accumulator unwritten (zeroing it wrote all of it once more: 128 MiB at B N = 16k, H d = 2048)
 // and _post reads zeros for a tile that no key block adds (dq_tile_added). Every key block of the
 // order adds every part below Nq (dq_rank), so rank 0 writes all of the tile's chunks that _post reads.
 #ifndef DQ_STORE_FIRST
 #define DQ_STORE_FIRST 0
 #endif
-FG_DEV bool dq_store_first(const fg_bwd_params &p) { return DQ_STORE_FIRST && p.deterministic; }
+#ifndef DQ_CLAIM_FIRST
+#define DQ_CLAIM_FIRST 0
+#endif
+FG_DEV bool dq_store_first(const fg_bwd_params &p) {
+  return p.deterministic ? DQ_STORE_FIRST : DQ_CLAIM_FIRST;
+}
 // Whether any key block adds to the dQ tile of rows q0 ...: without a mask all of them do (dq_rank);
 // causal (bottom-right) those up to jmax, none where the tile's last row comes before the first key.
 FG_DEV bool dq_tile_added(const fg_bwd_params &p, i64 q0) {
+  if (p.seqlen_k <= 0) return false;  // (no key block at all: _post writes dQ = 0)
   if constexpr (CAUSAL) return q0 + BR - 1 + p.seqlen_k - p.seqlen_q >= 0;
   return true;
+}
+// Without deterministic mode (DQ_CLAIM_FIRST) each 64-row part of a dQ tile has the semaphore
+// of its first row (p.sem, zeroed by _pre): a dQ warp about to write the part counts itself in
+// (lane 0, an atomic); the first stores the part and, once the store is complete, sets DQ_STORED
+// (dq_bulk_release<DQ_STORED>); the others wait for that before they add theirs. No key block
+// waits for more than one store that was issued when it claimed, so the order of the additions
+// still varies, nobody waits for a block that has not started (no residency needed), and the
+// accumulator is never zeroed: 128 MiB less written and read again at B N = 16k, H d = 2048.
+constexpr u32 DQ_STORED = 0x80000000u;
+// Whether this warp's key block is the part's first (sem: the part's semaphore; every lane calls
+// it, and gets the same answer); the others return once the first's store is complete.
+FG_DEV bool dq_claim(u32 *sem, int lane) {
+  u32 old = 0;
+  if (lane == 0) asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(old) : "l"(sem) : "memory");
+  old = __shfl_sync(0xffffffffu, old, 0);
+  if (old == 0) return true;
+  if (lane == 0) {
+    while (ld_acquire(sem) < DQ_STORED) {
+    }
+  }
+  __syncwarp();
+  fence_proxy_async_global();
+  return false;
 }
 // One bulk operation of a part: stored (the tile's first, dq_store_first) or added.
 FG_DEV void dq_bulk_put(void *dst, u32 src, u32 bytes, bool store) {
@@ -619,7 +650,7 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS) {{ entry }}_pre(BWD_PA
     for (int i = threadIdx.x; i < 64 * DQ_W / 4; i += PRE_THREADS) st_global_v4(chunk + 4 * i, 0u, 0u, 0u, 0u);
   }
 #endif
-  if (p.deterministic && threadIdx.x < PRE_ROWS / SEM_ROWS) {  // this block's rows' semaphores
+  if (p.sem && threadIdx.x < PRE_ROWS / SEM_ROWS) {  // this block's rows' semaphores
     const i64 s = (i64)blockIdx.x * (PRE_ROWS / SEM_ROWS) + threadIdx.x;
     if (s < sems_per_head(p)) ((u32 *)p.sem)[(i64)bh * sems_per_head(p) + s] = 0u;
   }

@@ -128,6 +128,7 @@ constexpr bool DET_STAGGER = false;  // the spread rotation (bwd_aux.cuh: det_ro
 #define DQ_TILED 1        // the dQ accumulator in fragment order (bwd_aux.cuh)
 #define DQ_W DP           // ... of tiles DP wide
 #define DQ_STORE_FIRST 1  // deterministic mode: a tile's first key block stores, _pre zeroes nothing
+#define DQ_CLAIM_FIRST {{ dq_claim }}  // ... and without it (one part a tile), the first to claim it (bwd_aux.cuh: dq_claim)
 // The mbarriers' address: before the 1024-byte aligned base where the alignment left BAR_BYTES
 // there, else after the layout (the 1024 bytes' rest, at least 1024 - BAR_BYTES).
 FG_DEV u32 bars_addr() {
@@ -206,8 +207,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
         for (int w = w0; w < w0 + nw; ++w) mbar_wait(bars + bar_dq_full(w, slot), (u32)(it / NBUF) & 1);
         const i64 h = (i64)hk * G + it / sp.per_head, q0 = item_q0(sp, rot, it);
         const i64 Nq = p.seqlen_q;
-        u32 *sem = dq_sem(p, b, h, q0);
-        const bool store = p.deterministic && dq_bulk_acquire<NDQ>(p, sem, q0, lane) == 0;  // DQ_STORE_FIRST
+        // Deterministic mode: the tile's turn, the first in its order storing (DQ_STORE_FIRST);
+        // else the part's claim (DQ_CLAIM_FIRST; nw is 1 there), the first to claim storing.
+        const i64 rc = q0 + (i64)w0 * DQ_ROWS;
+        u32 *sem = dq_sem(p, b, h, p.deterministic ? q0 : rc);
+        const bool store = p.deterministic ? dq_bulk_acquire<NDQ>(p, sem, q0, lane) == 0
+                                           : DQ_CLAIM_FIRST && rc < Nq && dq_claim(sem, lane);
         for (int w = w0; w < w0 + nw; ++w) {
           const i64 r0 = q0 + (i64)w * DQ_ROWS;  // this part's first query row
           const u32 s_dq = sbase + DQ_OFF + (u32)(w * NBUF + slot) * DQ_BYTES;
@@ -225,6 +230,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
         // (free_slots in each branch, not before the test: so the d = 128 kernel compiles as before)
         if (!p.deterministic) {
           free_slots();
+          if (store) dq_bulk_release<DQ_STORED>(sem, lane);  // the others may add theirs
         } else {
           free_slots();
           dq_bulk_release<DET_PARTS>(sem, lane);
