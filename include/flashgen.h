@@ -213,8 +213,8 @@ FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_args *
  * GPU, same kernel): the key blocks add their parts of each dQ tile in a fixed order, waiting for
  * one another through 4 more workspace bytes per 16 query rows of each (batch, query head). It
  * costs speed, most without a mask: on the H100's built-in kernels (bench/NOTES.md, B N = 16k,
- * bf16) 1.15-1.16x the time without it at d = 64 512-1k keys, 1.02-1.06x from 2k; 0.99-1.10x at
- * d = 128; past d = 128 1.10-1.17x (d = 192 and 256, 1k-4k keys); causal 1.00-1.04x. dK and dV
+ * bf16) 1.15-1.17x the time without it at d = 64 512-1k keys, 1.02-1.06x from 2k; 1.04-1.11x at
+ * d = 128; past d = 128 1.10-1.17x (d = 192 and 256, 1k-4k keys); causal 1.00-1.09x. dK and dV
  * are deterministic either way.
  * Without it, dQ's fp32 additions land in a varying order and its last bits may differ. */
 typedef struct fg_attention_backward_args {
