@@ -510,7 +510,11 @@ static_assert(PRE_ROWS == 64 && BR % 64 == 0 && DQ_W % DQ_N == 0 && NT_Q == DQ_N
 // these): waits until the tile's semaphore (rows q0 ...) reaches PARTS times this key block's
 // rank (the key blocks before it in the tile's order have added all their parts), ordering
 // those additions before the warp's bulk ones, and returns the rank; then, once the warp's
-// additions are complete (not only read), passes the tile on (PARTS more).
+// additions are complete (not only read), passes the tile on (PARTS more): each lane waits for its
+// own bulk operations and orders them before its generic accesses, and lane 0's release after the
+// warp's barrier is cumulative over the lanes (as CUTLASS's Barrier::arrive_inc: a barrier, then
+// one thread's release), so no lane fences (a __threadfence each cost deterministic mode 1.02-1.07x
+// at d = 64 / 128, N = 512-4k; bench/NOTES.md session 29).
 template <u32 PARTS> FG_DEV u32 dq_bulk_acquire(const fg_bwd_params &p, const u32 *sem, i64 q0, int lane) {
   const u32 rank = dq_rank(p, q0);
   if (lane == 0) {
@@ -577,7 +581,6 @@ FG_DEV void dq_bulk_put(void *dst, u32 src, u32 bytes, bool store) {
 template <u32 PARTS> FG_DEV void dq_bulk_release(u32 *sem, int lane) {
   bulk_wait0();
   fence_proxy_async_global();
-  __threadfence();
   __syncwarp();
   if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(sem), "n"(PARTS) : "memory");
 }

@@ -422,17 +422,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
         asm volatile("bar.arrive %0, 160;\n" ::"r"(BAR_TURN + 2 * (it % 2) + 1) : "memory");
       }
     } else if (warp == 3 && lane == 0 && p.deterministic) {
-      // The release thread: once the consumers' reductions of an item are issued (bar_done), a
-      // fence (cumulative: it orders them, before the barrier, before the release) and the tile's
-      // semaphore passed on; then bar_rel for the turn warp. The consumers thus never wait for
-      // their own reductions to complete (each thread fenced before the hand-off, every item:
+      // The release thread: once the consumers' reductions of an item are issued (bar_done), the
+      // tile's semaphore passed on with a release, which is cumulative: bar_done's arrive / wait
+      // order the consumers' reductions before it, so no thread fences (a __threadfence here cost
+      // 1.03-1.05x at d = 256 1k-4k; bench/NOTES.md session 29); then bar_rel for the turn warp.
+      // The consumers thus never wait for their own reductions to complete (each thread fenced before the hand-off, every item:
       // with the turn also taken before the products, 1.44-1.87x the non-deterministic time; with
       // one warp that released and then waited for the next turn, 1.13-1.38x; bench/NOTES.md
       // session 27).
       for (int it = 0; it < sp.n_items; ++it) {
         mbar_wait(bars + bar_done(it % 2), (u32)(it / 2) & 1);
         const i64 h = (i64)hk * G + it / sp.per_head, q0 = item_q0(sp, rot, it);
-        __threadfence();
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(dq_sem(p, b, h, q0)) : "memory");
         mbar_arrive(bars + bar_rel(it % 2));
       }
