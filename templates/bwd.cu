@@ -378,12 +378,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       mbar_wait(sbase + DQ_BAR_OFF, (u32)it & 1u);
       const int chunks = (int)((Nq - q0 + 63) / 64 < BR / 64 ? (Nq - q0 + 63) / 64 : BR / 64);
       u32 *sem = dq_sem(p, b, h, q0);
-      if (p.deterministic) dq_bulk_acquire<1>(p, sem, q0, lane);
+      if (det_order(p)) dq_bulk_acquire<1>(p, sem, q0, lane);
       if (lane < chunks)
         bulk_reduce_add_f32(dq_chunk(p, (i64)b * p.heads_q + h, q0 / 64 + lane), sbase + DQS_OFF + (u32)lane * 64 * D * 4,
                             64 * D * 4);
       bulk_commit();
-      if (p.deterministic) dq_bulk_release<1>(sem, lane);
+      if (det_order(p)) dq_bulk_release<1>(sem, lane);
     } else if (lane == 0) {
       mbar_arrive(sbase + DQ_BAR_OFF);
     }

@@ -314,6 +314,15 @@ function M.launch(v)
     local t = plan(v, tmat_loop(v) and "bwd_tmat.cu" or "bwd_tma.cu", r.threads, r.smem, true)
     t.params = "bwd_tma"
     tiled_dq(t, v, tma_dp(v))  -- (tiles dp wide: bwd_tma.cu, bwd_tmat.cu DQ_W)
+    -- bwd_tmat.cu with a causal mask runs deterministic mode's order also without it up to 1024
+    -- keys (bwd_aux.cuh: det_order; H100 d = 160 / 192 / 256 1.08-1.13x at 512-1k, 0.99-1.01x at
+    -- 2k, 0.96x at 4k; without a mask 0.96-1.00x at 512), so it has the semaphores in either mode.
+    t.constants.det_order_max_keys = tmat_loop(v) and v.causal and 1024 or 0
+    if t.constants.det_order_max_keys > 0 then
+      for _, w in ipairs(t.workspaces) do
+        if w.name == "semaphores" then w.deterministic = nil end
+      end
+    end
     if not tmat_loop(v) then
       t.constants.dq_bufs = tma_dq_bufs(v)
       -- One dQ part a tile (Br 64: NDQ 1), bwd_tma.cu claims each part through its semaphore

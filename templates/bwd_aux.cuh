@@ -93,6 +93,17 @@ FG_DEV float warp_sum(float x) {
   return x;
 }
 // The fp32 workspace: the dQ accumulator, then D.
+// Whether the kernels run deterministic mode's fixed order: asked for (p.deterministic), or where
+// the template's plan takes it for speed (DET_ORDER_MAX_KEYS, bwd.lua: bwd_tmat.cu with a causal
+// mask up to 1024 keys, where the order's first key block stores each dQ tile and so saves
+// _pre's zeroing of the accumulator: 1.08-1.13x at 512-1k, H100, bench/NOTES.md session 29). The
+// plan then has the semaphores in either mode. Every test of the mode in the kernels is this one.
+#ifndef DET_ORDER_MAX_KEYS
+#define DET_ORDER_MAX_KEYS 0
+#endif
+FG_DEV bool det_order(const fg_bwd_params &p) {
+  return p.deterministic || (DET_ORDER_MAX_KEYS > 0 && CAUSAL && p.seqlen_k <= DET_ORDER_MAX_KEYS);
+}
 FG_DEV float *dq_acc(const fg_bwd_params &p) { return (float *)p.workspace; }
 FG_DEV float *d_sum(const fg_bwd_params &p) { return (float *)p.dsum; }
 // Deterministic mode: one semaphore per SEM_ROWS query rows of each (batch, query head); the one
@@ -289,12 +300,12 @@ FG_DEV void causal_kv_pos(u32 &kb, u32 &bhk) {
 #ifdef BWD_PLACE_SLOT
 FG_DEV void bwd_place_store(const fg_bwd_params &p) {
   bwd_place pl = bwd_place_of(p);
-  if (CAUSAL && p.deterministic) pl.kb = nctaid_x() - 1 - ctaid_x();
+  if (CAUSAL && det_order(p)) pl.kb = nctaid_x() - 1 - ctaid_x();
 #ifdef BWD_CAUSAL_ORDER
-  if (CAUSAL && !p.deterministic) causal_kv_pos(pl.kb, pl.bhk);
+  if (CAUSAL && !det_order(p)) causal_kv_pos(pl.kb, pl.bhk);
 #endif
 #ifdef BWD_DET_GROUPS
-  if (!CAUSAL && p.deterministic) {
+  if (!CAUSAL && det_order(p)) {
     const kv_pos d = det_kv_pos();
     pl.kb = d.kb, pl.bhk = d.bhk;
   }
@@ -314,7 +325,7 @@ FG_DEV u32 place_splits() { return place_slot(3); }
 #else
 #define KV_HEAD_BLOCK(p) blockIdx.y
 FG_DEV int key_block(const fg_bwd_params &p) {
-  if (CAUSAL && p.deterministic) return (int)(nctaid_x() - 1 - ctaid_x());
+  if (CAUSAL && det_order(p)) return (int)(nctaid_x() - 1 - ctaid_x());
   return (int)ctaid_x();
 }
 FG_DEV u32 place_z() { return ctaid_z(); }
@@ -337,7 +348,7 @@ FG_DEV bwd_span bwd_span_now(const fg_bwd_params &p) {
 // bwd_tma.cu need it: the consumers use a block's first row only for the causal mask.)
 FG_DEV int item_rot(const fg_bwd_params &p, const bwd_span &sp) {
   if constexpr (CAUSAL || !DET_ROTATE) return 0;
-  return p.deterministic ? det_rot(p, (u32)key_block(p), nctaid_x(), sp.per_head) : 0;
+  return det_order(p) ? det_rot(p, (u32)key_block(p), nctaid_x(), sp.per_head) : 0;
 }
 FG_DEV i64 item_q0(const bwd_span &sp, int rot, int it) {
   int i = it % sp.per_head;
@@ -378,7 +389,7 @@ FG_DEV u32 *dq_sem(const fg_bwd_params &p, u32 b, i64 h, i64 q0) {
 }
 // Both are called by every thread of the block, for the tile of rows q0 ...
 FG_DEV void dq_sem_wait(const fg_bwd_params &p, u32 *sem, i64 q0, int tid) {
-  if (p.deterministic) {
+  if (det_order(p)) {
     if (tid == 0) {
       const u32 rank = dq_rank(p, q0);
       while (ld_acquire(sem) != rank) {
@@ -388,7 +399,7 @@ FG_DEV void dq_sem_wait(const fg_bwd_params &p, u32 *sem, i64 q0, int tid) {
   }
 }
 FG_DEV void dq_sem_release(const fg_bwd_params &p, u32 *sem, int tid) {
-  if (p.deterministic) {
+  if (det_order(p)) {
     __threadfence();
     main_sync();
     // sem held this block's rank (dq_sem_wait): one more passes the tile on. An add, so that
@@ -409,7 +420,7 @@ FG_DEV u32 *dkv_sem(float *blk) { return (u32 *)(blk + 2 * BC * D); }
 // Deterministic mode: the splits of a key block add in z order; split z waits until the z before
 // it have added (the semaphore counts them). Called by every thread of the block.
 FG_DEV void dkv_wait(const fg_bwd_params &p, float *blk, int tid) {
-  if (p.deterministic) {
+  if (det_order(p)) {
     if (tid == 0) {
       while (ld_acquire(dkv_sem(blk)) != blockIdx.z) {
       }
@@ -427,7 +438,7 @@ FG_DEV void dkv_add_rows(const fg_bwd_params &p, float *dst, const float *sacc, 
   for (int i = tid; i < n4; i += MAIN_THREADS) {
     const float4 x = srow == D ? ((const float4 *)sacc)[i] : *(const float4 *)(sacc + i / (D / 4) * srow + i % (D / 4) * 4);
     float *a = dst + 4 * i;
-    if (p.deterministic) {
+    if (det_order(p)) {
       float y0, y1, y2, y3;
       asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                    : "=f"(y0), "=f"(y1), "=f"(y2), "=f"(y3) : "l"(a) : "memory");
@@ -452,7 +463,7 @@ FG_DEV void dkv_add_rows(const fg_bwd_params &p, float *dst, const float *sacc, 
 // order every run. Called by every lane of the warp.
 FG_DEV void dkv_add(const fg_bwd_params &p, float *row0, int g, int t, int c, int nrows, float x0,
                     float x1, float x2, float x3) {
-  if (!p.deterministic) {
+  if (!det_order(p)) {
     add_dq_tile(row0, g, t, c, nrows, x0, x1, x2, x3);
     return;
   }
@@ -539,7 +550,7 @@ template <u32 PARTS> FG_DEV u32 dq_bulk_acquire(const fg_bwd_params &p, const u3
 #define DQ_CLAIM_FIRST 0
 #endif
 FG_DEV bool dq_store_first(const fg_bwd_params &p) {
-  return p.deterministic ? DQ_STORE_FIRST : DQ_CLAIM_FIRST;
+  return det_order(p) ? DQ_STORE_FIRST : DQ_CLAIM_FIRST;
 }
 // Whether any key block adds to the dQ tile of rows q0 ...: without a mask all of them do (dq_rank);
 // causal (bottom-right) those up to jmax, none where the tile's last row comes before the first key.

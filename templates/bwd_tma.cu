@@ -198,7 +198,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
       // with a warp per part that wait serialized the tiles). Deterministic mode: the tile's
       // semaphore counts NDQ per key block; a key block adds once those before it in the tile's
       // order have added all their parts, and passes the tile on once its additions are done.
-      const bool alt = NDQ == 1 || (NBUF == NDQ && p.deterministic);
+      const bool alt = NDQ == 1 || (NBUF == NDQ && det_order(p));
       constexpr u32 DET_PARTS = NDQ == 1 || NBUF == NDQ ? NDQ : 1;  // nw in deterministic mode
       const int w0 = alt ? 0 : warp - 2, nw = alt ? NDQ : 1;
       const int first = alt ? warp - 2 : 0, step = alt ? NBUF : 1;
@@ -210,8 +210,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
         // Deterministic mode: the tile's turn, the first in its order storing (DQ_STORE_FIRST);
         // else the part's claim (DQ_CLAIM_FIRST; nw is 1 there), the first to claim storing.
         const i64 rc = q0 + (i64)w0 * DQ_ROWS;
-        u32 *sem = dq_sem(p, b, h, p.deterministic ? q0 : rc);
-        const bool store = p.deterministic ? dq_bulk_acquire<NDQ>(p, sem, q0, lane) == 0
+        u32 *sem = dq_sem(p, b, h, det_order(p) ? q0 : rc);
+        const bool store = det_order(p) ? dq_bulk_acquire<NDQ>(p, sem, q0, lane) == 0
                                            : DQ_CLAIM_FIRST && rc < Nq && dq_claim(sem, lane);
         for (int w = w0; w < w0 + nw; ++w) {
           const i64 r0 = q0 + (i64)w * DQ_ROWS;  // this part's first query row
@@ -228,7 +228,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
             for (int w = w0; w < w0 + nw; ++w) mbar_arrive(bars + bar_dq_empty(w, slot));
         };
         // (free_slots in each branch, not before the test: so the d = 128 kernel compiles as before)
-        if (!p.deterministic) {
+        if (!det_order(p)) {
           free_slots();
           if (store) dq_bulk_release<DQ_STORED>(sem, lane);  // the others may add theirs
         } else {

@@ -115,6 +115,7 @@ constexpr int DQ_N = 64, NT_Q = 8;
 #define DQ_TILED 1
 #define DQ_W DP
 #define DQ_STORE_FIRST 1  // deterministic mode: a tile's first key block stores, _pre zeroes nothing
+#define DET_ORDER_MAX_KEYS {{ det_order_max_keys }}  // ... its order also without it (bwd_aux.cuh: det_order)
 // Deterministic mode without a mask: the key blocks dealt out in groups and staggered (bwd_aux.cuh:
 // det_kv_pos, det_rot with DET_STAGGER), so that a block's first tile waits for nobody and every
 // later one for the block that reached it one step earlier. (All starting at the first tile, the
@@ -397,7 +398,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
     } else if (warp == 1) {
       // LSE * log2(e) and D of each item's query rows (load_lse_d), then one arrival per lane.
 {% bwd_producer_lse("item_q0(sp, rot, it)") %}
-    } else if (warp == 2 && p.deterministic) {
+    } else if (warp == 2 && det_order(p)) {
       // The turn warp (deterministic mode): for each item, waits until the key blocks before this
       // one in the tile's order (dq_rank) have added their parts, and lets the consumers'
       // reductions on (BAR_TURN), at most two items ahead of them (it waits for item it - 2's
@@ -421,7 +422,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
         asm volatile("bar.arrive %0, 160;\n" ::"r"(BAR_TURN + 2 * (it % 2)) : "memory");
         asm volatile("bar.arrive %0, 160;\n" ::"r"(BAR_TURN + 2 * (it % 2) + 1) : "memory");
       }
-    } else if (warp == 3 && lane == 0 && p.deterministic) {
+    } else if (warp == 3 && lane == 0 && det_order(p)) {
       // The release thread: once the consumers' reductions of an item are issued (bar_done), the
       // tile's semaphore passed on with a release, which is cumulative: bar_done's arrive / wait
       // order the consumers' reductions before it, so no thread fences (a __threadfence here cost
@@ -441,6 +442,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(BWD_PARAMS)
   }
   regs_inc<CONSUMER_REGS>();
   const int ctid = tid - 128;
-  if (p.deterministic) consume<true>(p, sbase, bars, ctid);
+  if (det_order(p)) consume<true>(p, sbase, bars, ctid);
   else consume<false>(p, sbase, bars, ctid);
 }

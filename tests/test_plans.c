@@ -169,6 +169,40 @@ Test(render, bulk_dq_backward_tiles_the_dq_accumulator) {
   fg_generator_destroy(g);
 }
 
+/* Past d = 128 with a causal mask the backward runs deterministic mode's order also without it
+ * up to 1024 keys (bwd_aux.cuh det_order, bwd.lua det_order_max_keys), so its plan has the
+ * semaphores in either mode; without a mask, and at d <= 128, only in deterministic mode or where
+ * bwd_tma.cu claims dQ parts (Br 64). */
+Test(render, causal_past_d128_takes_the_deterministic_order_up_to_1024_keys) {
+  fg_generator *g = fgt_generator();
+  static const struct {
+    const char *name;
+    int max_keys, sems_always;
+  } c[] = {{"bwd_d256_br64_bc64_bf16_causal_kvtma_w8_s2_sm90a", 1024, 1},
+           {"bwd_d160_br64_bc64_f16_causal_kvtma_w8_s2_sm90a", 1024, 1},
+           {"bwd_d256_br64_bc64_bf16_noncausal_kvtma_w8_s2_sm90a", 0, 0},
+           {"bwd_d128_br64_bc128_bf16_causal_kvtma_w8_s2_sm90a", 0, 1},
+           {"bwd_d64_br128_bc128_bf16_causal_kvtma_w8_s2_sm90a", 0, 0}};
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    fg_variant v = fgt_variant(c[i].name);
+    char *src = NULL, err[4096], want[64];
+    fg_kernel_meta meta;
+    cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
+    snprintf(want, sizeof want, "#define DET_ORDER_MAX_KEYS %d", c[i].max_keys);
+    cr_assert(c[i].max_keys == 0 ? strstr(src, "#define DET_ORDER_MAX_KEYS 1024") == NULL : strstr(src, want) != NULL,
+              "%s: %s", c[i].name, want);
+    int found = 0;
+    for (int j = 0; j < meta.n_workspaces; j++)
+      if (strcmp(meta.workspaces[j].name, "semaphores") == 0) {
+        found = 1;
+        cr_assert_eq(meta.workspaces[j].deterministic_only, !c[i].sems_always, "%s", c[i].name);
+      }
+    cr_assert(found, "%s: no semaphores", c[i].name);
+    free(src);
+  }
+  fg_generator_destroy(g);
+}
+
 /* q_tma_p is fwd_tma.cu on the persistent grid: the same template with PERSIST on, two Q buffers
  * where they fit (the next tile's Q loads while this one is computed), one where not (d = 256,
  * Bc 80: 225 KB with one), and with two, causal, 128 columns and two consumers, an O buffer where
