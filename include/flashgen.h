@@ -212,10 +212,11 @@ FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_args *
  * deterministic: nonzero gives bitwise-identical dQ, dK, dV from run to run (same inputs, same
  * GPU, same kernel): the key blocks add their parts of each dQ tile in a fixed order, waiting for
  * one another through 4 more workspace bytes per 16 query rows of each (batch, query head). It
- * costs speed, most without a mask: on the H100's built-in kernels (bench/NOTES.md, B N = 16k,
- * bf16) 1.15-1.17x the time without it at d = 64 512-1k keys, 1.02-1.06x from 2k; 1.04-1.11x at
- * d = 128; past d = 128 1.10-1.17x (d = 192 and 256, 1k-4k keys); causal 1.00-1.09x. dK and dV
- * are deterministic either way.
+ * costs speed, most without a mask: on the H100's built-in kernels (bench/NOTES.md session 29,
+ * B N = 16k, bf16) 1.09-1.11x the time without it at d = 64 512-1k keys, 1.04x from 2k; 1.02-1.11x
+ * at d = 128; past d = 128 1.07-1.11x (d = 192 and 256, 1k-16k keys); causal 1.00-1.08x (past
+ * d = 128 up to 1024 keys a causal call runs in this mode's order anyway, as it is faster there).
+ * dK and dV are deterministic either way.
  * Without it, dQ's fp32 additions land in a varying order and its last bits may differ. */
 typedef struct fg_attention_backward_args {
   size_t size; /* sizeof(fg_attention_backward_args), or 0 for this version's size */
