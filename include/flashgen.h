@@ -193,8 +193,9 @@ FG_API fg_status fg_attention_forward(fg_context *ctx, const fg_attention_args *
  *
  * Workspace: the backward needs fp32 scratch of (head_dim + 1) * 4 bytes per (batch, query head,
  * query row) (the Hopper kernel's dQ accumulator rounds each head's query rows up to its query
- * block, 64 or 128 rows), plus 4 bytes per 16 query rows of semaphores (deterministic mode, and on
- * Hopper up to d = 128 with 64-row query blocks in either mode), plus for long query ranges (when
+ * block, 64 or 128 rows), plus 4 bytes per 16 query rows of semaphores (deterministic mode; on
+ * Hopper in either mode up to d = 128 with 64-row query blocks, and past d = 128 with a causal
+ * mask), plus for long query ranges (when
  * seqlen_q * heads_q / heads_kv exceeds the plan's threshold, 65536 today: the main kernel then
  * splits each key block's query rows over several blocks) fp32 partial sums of dK and dV: per
  * K/V block of the kernel (Bc key rows, seqlen_k rounded up) of each (batch, KV head), 8 * Bc *
