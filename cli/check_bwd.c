@@ -191,6 +191,10 @@ static void build(bwd_list *l) {
   add(l, B_DET, FG_DTYPE_F16, 1, 128, 1, 2, 2, 70, 0, 0, "bwd/empty/nk0_causal_deterministic");
   add(l, B_RUN, FG_DTYPE_BF16, 1, 32, 66000, 1, 1, 16, 16, 0, "bwd/grid/batch66000");
   add(l, B_RUN, FG_DTYPE_BF16, 1, 32, 66000, 1, 1, 17, 17, 0, "bwd/grid/batch66000_nq17");
+  /* ... with the semaphores in every launch's part of the workspace: Hopper's claim-first (d = 128,
+   * Br 64) and deterministic store-first (each about 80 s of host reference on 16 cores). */
+  add(l, B_RUN, FG_DTYPE_F16, 0, 128, 66000, 1, 1, 17, 33, 0, "bwd/grid/batch66000_d128_nq17_nk33");
+  add(l, B_DET, FG_DTYPE_BF16, 1, 128, 66000, 1, 1, 40, 20, 0, "bwd/grid/batch66000_d128_nq40_nk20_causal_deterministic");
   /* Deterministic mode: correct, and the same bits on a second run (many key blocks per dQ
    * tile, GQA, causal and not). */
   for (int m = 0; m < 2; m++) {
