@@ -383,7 +383,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
         bulk_reduce_add_f32(dq_chunk(p, (i64)b * p.heads_q + h, q0 / 64 + lane), sbase + DQS_OFF + (u32)lane * 64 * D * 4,
                             64 * D * 4);
       bulk_commit();
-      if (det_order(p)) dq_bulk_release<1>(sem, lane);
+      if (det_order(p)) dq_bulk_release<1, true>(sem, lane);  // (bwd_aux.cuh: FENCE)
     } else if (lane == 0) {
       mbar_arrive(sbase + DQ_BAR_OFF);
     }

@@ -318,11 +318,6 @@ function M.launch(v)
     -- keys (bwd_aux.cuh: det_order; H100 d = 160 / 192 / 256 1.08-1.13x at 512-1k, 0.99-1.01x at
     -- 2k, 0.96x at 4k; without a mask 0.96-1.00x at 512), so it has the semaphores in either mode.
     t.constants.det_order_max_keys = tmat_loop(v) and v.causal and 1024 or 0
-    if t.constants.det_order_max_keys > 0 then
-      for _, w in ipairs(t.workspaces) do
-        if w.name == "semaphores" then w.deterministic = nil end
-      end
-    end
     if not tmat_loop(v) then
       t.constants.dq_bufs = tma_dq_bufs(v)
       -- One dQ part a tile (Br 64: NDQ 1), bwd_tma.cu claims each part through its semaphore
@@ -330,8 +325,10 @@ function M.launch(v)
       -- Not with two (d = 64, Br 128): there the claims' waits cost 8% at N = 512-1k, where
       -- d = 128 gained 1-17% (H100, bench/NOTES.md session 29).
       t.constants.dq_claim = v.br // 64 ~= v.bc // 64 and 1 or 0
+    end
+    if t.constants.det_order_max_keys > 0 or t.constants.dq_claim == 1 then
       for _, w in ipairs(t.workspaces) do
-        if w.name == "semaphores" and t.constants.dq_claim == 1 then w.deterministic = nil end
+        if w.name == "semaphores" then w.deterministic = nil end
       end
     end
     t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "do", rows = v.br },

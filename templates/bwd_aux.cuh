@@ -92,7 +92,6 @@ FG_DEV float warp_sum(float x) {
   for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
-// The fp32 workspace: the dQ accumulator, then D.
 // Whether the kernels run deterministic mode's fixed order: asked for (p.deterministic), or where
 // the template's plan takes it for speed (DET_ORDER_MAX_KEYS, bwd.lua: bwd_tmat.cu with a causal
 // mask up to 1024 keys, where the order's first key block stores each dQ tile and so saves
@@ -104,6 +103,7 @@ FG_DEV float warp_sum(float x) {
 FG_DEV bool det_order(const fg_bwd_params &p) {
   return p.deterministic || (DET_ORDER_MAX_KEYS > 0 && CAUSAL && p.seqlen_k <= DET_ORDER_MAX_KEYS);
 }
+// The fp32 workspace: the dQ accumulator, then D.
 FG_DEV float *dq_acc(const fg_bwd_params &p) { return (float *)p.workspace; }
 FG_DEV float *d_sum(const fg_bwd_params &p) { return (float *)p.dsum; }
 // Deterministic mode: one semaphore per SEM_ROWS query rows of each (batch, query head); the one
@@ -589,9 +589,12 @@ FG_DEV void dq_bulk_put(void *dst, u32 src, u32 bytes, bool store) {
   else
     bulk_reduce_add_f32(dst, src, bytes);
 }
-template <u32 PARTS> FG_DEV void dq_bulk_release(u32 *sem, int lane) {
+// (FENCE: each lane fences too, as before; the portable bwd.cu keeps it, as its kernel was not
+// measured nor checked on a GPU without it.)
+template <u32 PARTS, bool FENCE = false> FG_DEV void dq_bulk_release(u32 *sem, int lane) {
   bulk_wait0();
   fence_proxy_async_global();
+  if constexpr (FENCE) __threadfence();
   __syncwarp();
   if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(sem), "n"(PARTS) : "memory");
 }
