@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "fg_autotune.h"
+#include "fg_cache.h"
 #include "fg_cli.h"
 #include "fg_cuda.h"
 #include "fg_gen.h"
@@ -321,24 +322,48 @@ int fg_cmd_info(int argc, char **argv) {
 int fg_cmd_build_default(int argc, char **argv) {
   if (has_help(argc, argv)) {
     printf("usage: flashgen build-default [--arch ARCH[,ARCH...]] [-j N] [--kv-outer]\n"
-           "                              [--no-backward]\n\n"
+           "                              [--no-backward] [--d D[,D...]] [--cache]\n\n"
            "Renders and compiles the default kernel set (the built-in rule's forward and backward\n"
            "variants for every head dimension 32..256, f16 and bf16, causal or not; with\n"
            "--kv-outer also the Algorithm 1 variants, and on sm_90a the q_outer variants where\n"
-           "the rule picks a wgmma kernel; with --no-backward the forward only) for each ARCH\n"
-           "(default: the live GPU's, else sm_80,sm_90a) and prints variant, NVRTC time,\n"
-           "registers, shared memory and spills. A kernel that fails, or spills more than its\n"
-           "pass allows (none for the forward, 128 B for the backward), counts as failed.\n");
+           "the rule picks a wgmma kernel; with --no-backward the forward only; with --d only\n"
+           "those head dimensions) for each ARCH (default: the live GPU's, else sm_80,sm_90a)\n"
+           "and prints variant, NVRTC time, registers, shared memory and spills. A kernel that\n"
+           "fails, or spills more than its pass allows (none for the forward, 128 B for the\n"
+           "backward), counts as failed. --cache also stores every kernel that built into the\n"
+           "kernel cache (FLASHGEN_CACHE_DIR, else the default directory: README.md), where the\n"
+           "runtime finds it instead of compiling at the first call; no GPU is needed for that.\n");
     return 0;
   }
   const char *arch_list = NULL;
-  int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), kv = 0, with_backward = 1;
+  int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), kv = 0, with_backward = 1, to_cache = 0;
+  unsigned char want_d[257] = {0}; /* --d: the head dims asked for (none: all) */
+  int any_d = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--arch") == 0 && i + 1 < argc) arch_list = argv[++i];
     else if (strcmp(argv[i], "-j") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
     else if (strcmp(argv[i], "--kv-outer") == 0) kv = 1;
     else if (strcmp(argv[i], "--no-backward") == 0) with_backward = 0;
-    else {
+    else if (strcmp(argv[i], "--cache") == 0) to_cache = 1;
+    else if (strcmp(argv[i], "--d") == 0 && i + 1 < argc) {
+      const char *s = argv[++i];
+      for (;;) {
+        char *end;
+        errno = 0;
+        const long d = strtol(s, &end, 10);
+        if (end == s || errno || d < 32 || d > 256 || d % 8 != 0 || (*end && *end != ',')) {
+          fprintf(stderr,
+                  "flashgen build-default: --d '%s': each head dimension must be a multiple of 8 "
+                  "from 32 to 256, comma-separated (e.g. --d 40,72,200)\n",
+                  argv[i]);
+          return 2;
+        }
+        want_d[d] = 1;
+        any_d = 1;
+        if (!*end) break;
+        s = end + 1;
+      }
+    } else {
       fprintf(stderr, "flashgen build-default: unknown option '%s' (see --help)\n", argv[i]);
       return 2;
     }
@@ -362,13 +387,44 @@ int fg_cmd_build_default(int argc, char **argv) {
   if (threads > 64) threads = 64;
   fg_generator *g = make_generator();
   if (!g) return 1;
-  int failed = 0, total = 0;
+  fg_cache *cache = NULL;
+  fg_cache_key key;
+  memset(&key, 0, sizeof key);
+  if (to_cache) {
+    char err[1024] = "", dir[1024];
+    if (fg_nvrtc_load(err, sizeof err) != 0) {
+      fprintf(stderr, "flashgen build-default: --cache: NVRTC cannot be loaded: %s\n", err);
+      fg_generator_destroy(g);
+      return 1;
+    }
+    if (fg_cache_resolve_dir_why(NULL, dir, sizeof dir, err, sizeof err) != 0 ||
+        !(cache = fg_cache_open(dir, err, sizeof err))) {
+      fprintf(stderr,
+              "flashgen build-default: --cache: the kernel cache cannot be used: %s (set "
+              "FLASHGEN_CACHE_DIR to a directory of your own)\n",
+              err);
+      fg_generator_destroy(g);
+      return 1;
+    }
+    /* The key the runtime looks kernels up by (jit/loader.c): the arch is each image's. */
+    key.nvrtc_version = fg_nvrtc_version();
+    key.template_hash = fg_generator_template_hash(g);
+    key.flashgen_version = FG_VERSION_STRING;
+    fprintf(stderr, "flashgen build-default: storing the kernels in the cache at %s\n", dir);
+  }
+  int failed = 0, total = 0, stored = 0;
   printf("%-56s %-7s %8s %5s %9s %6s\n", "variant", "arch", "nvrtc ms", "regs", "smem(B)", "spill");
   for (int ai = 0; ai < narch; ai++) {
     const fg_arch arch = archs[ai];
     fg_variant v[1024];
     int n = fg_default_variants(arch, kv, v, 512);
     if (with_backward) n += fg_default_backward_variants(arch, v + n, 1024 - n);
+    if (any_d) { /* only the head dims asked for */
+      int k = 0;
+      for (int i = 0; i < n; i++)
+        if (want_d[v[i].d]) v[k++] = v[i];
+      n = k;
+    }
     fg_compile_item *it = calloc((size_t)n + 1, sizeof *it);
     if (!it) {
       fprintf(stderr, "flashgen build-default: out of memory\n");
@@ -390,7 +446,15 @@ int fg_cmd_build_default(int argc, char **argv) {
         printf("%-56s %-7s %8.0f %5d %9d %6d\n", name, fg_arch_name(arch), it[i].img.compile_ms, m->regs,
                fg_kernel_main(m)->smem_bytes, m->spill_store_bytes + m->spill_load_bytes);
         const int limit = fg_variant_spill_limit(&v[i]);
-        if (m->spill_store_bytes > limit || m->spill_load_bytes > limit) failed++;
+        if (m->spill_store_bytes > limit || m->spill_load_bytes > limit) {
+          failed++;
+        } else if (cache) {
+          char warn[1024] = "";
+          key.variant = name;
+          key.arch = it[i].img.arch;
+          if (fg_cache_put_kernel(cache, &key, &it[i].img, warn, sizeof warn) == 0) stored++;
+          else fprintf(stderr, "flashgen build-default: %s not stored in the cache: %s\n", name, warn);
+        }
         ms[ok++] = it[i].img.compile_ms;
       }
       fg_kernel_image_free(&it[i].img);
@@ -407,5 +471,9 @@ int fg_cmd_build_default(int argc, char **argv) {
   }
   fg_generator_destroy(g);
   printf("%d built, %d failed or spilled past their limit\n", total - failed, failed);
-  return failed ? 1 : 0;
+  if (cache) {
+    printf("%d stored in the kernel cache\n", stored);
+    fg_cache_close(cache);
+  }
+  return failed || (cache && stored < total - failed) ? 1 : 0;
 }

@@ -17,6 +17,7 @@
 #include "cli_runner.h"
 #include "fg_autotune.h"
 #include "fg_cache.h"
+#include "fg_gen.h"
 #include "fg_jit.h"
 #include "support_plan.h"
 
@@ -246,6 +247,27 @@ Test(cli, explain_backward_on_the_fake_driver, .init = fake_driver, .fini = fake
             "%s", fg_test_out);
   cr_assert(strstr(fg_test_err, "flashgen explain:") && strstr(fg_test_err, "bwd_d64_f16"), "%s",
             fg_test_err);
+}
+
+/* build-default --cache stores the kernels under the runtime's key: explain, on the fake H100,
+ * then finds its binary in the cache instead of compiling it (no GPU, no tuning). */
+Test(cli, build_default_fills_the_kernel_cache, .init = fake_driver, .fini = fake_driver_done,
+     .timeout = 300) {
+  char err[1024];
+  if (fg_nvrtc_load(err, sizeof err) != 0) cr_skip_test("no NVRTC: %s", err);
+  char env[512];
+  snprintf(env, sizeof env, "FLASHGEN_CACHE_DIR='%s/c'", fake_dir);
+  int rc = fg_test_run_cli(NULL, env, "build-default --arch sm_90a --no-backward --d 32 --cache -j 2");
+  cr_assert_eq(rc, 0, "exit %d\n%s%s", rc, fg_test_out, fg_test_err);
+  cr_assert(strstr(fg_test_out, "0 failed") && strstr(fg_test_out, "stored in the kernel cache"), "%s",
+            fg_test_out);
+  cr_assert(strstr(fg_test_out, "fwd_d32_") && !strstr(fg_test_out, "fwd_d40_") && !strstr(fg_test_out, "bwd_"),
+            "only d = 32's forward: %s", fg_test_out);
+  snprintf(env, sizeof env, "FLASHGEN_CUDA_LIBRARY='%s' FLASHGEN_CACHE_DIR='%s/c'", fake_path, fake_dir);
+  rc = fg_test_run_cli(NULL, env, "explain --d 32 --nq 4096 --policy exported-and-cache");
+  cr_assert_eq(rc, 0, "exit %d\n%s%s", rc, fg_test_out, fg_test_err);
+  cr_assert(strstr(fg_test_out, "binary: the kernel cache"), "%s", fg_test_out);
+  FG_EXPECT_CLI_ERR(NULL, env, "build-default --d 32,36", 2, "--d '32,36': each head dimension");
 }
 
 Test(cli, tune_without_gpu_fails_clearly) {
