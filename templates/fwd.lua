@@ -112,11 +112,14 @@ local function tma_dp(v) return (v.d + 63) // 64 * 64 end
 -- waits for the product and masks S in place (fwd_softmax.cuh, in_place: no spills at d = 64 Bc
 -- 128 with three consumers, d = 128 Bc 128-144 and d = 256 Bc 80 with two, where the copy spilled
 -- 56-784 B), giving up the overlap on those blocks only.
-local function tma_regs_without_copy(v) return tma_dp(v) // 2 + v.bc // 2 + v.bc // 4 + 32 end
+-- O holds the columns below d only (O = P V's wgmma has N = d, fwd_tma.cu), so the fit counts d;
+-- whether the masked copy fits is still judged by the padded width (counted by d, the copy
+-- spilled 12 B at d = 96 Bc 128 with two consumers).
+local function tma_regs_without_copy(v, cols) return (cols or v.d) // 2 + v.bc // 2 + v.bc // 4 + 32 end
 local TMA_CONSUMER_REGS = { 255, 240, 160 }
 local function tma_mask_in_place(v)
   local cap = TMA_CONSUMER_REGS[v.warps // 4] or 0
-  return v.causal and tma_regs_without_copy(v) + v.bc // 2 > cap
+  return v.causal and tma_regs_without_copy(v, tma_dp(v)) + v.bc // 2 > cap
 end
 local function tma_consumer_regs(v)
   local copy = (v.causal and not tma_mask_in_place(v)) and v.bc // 2 or 0

@@ -53,7 +53,9 @@ constexpr int CB = DP / 64;           // 64-column blocks of a tile (one TMA box
 // k-steps of S = Q K^T: those of the columns below D only (the columns past D are the TMA's
 // zeros in both Q and K, which add nothing to S): d = 96 takes 6 of the tile's 8, d = 72 5.
 constexpr int KSTEPS = (D + 15) / 16;
-constexpr int NT_S = BC / 8, NT_O = DP / 8;
+// O = P V over the columns below D only (the wgmma's N is D, a multiple of 8): the columns past
+// D of V's tiles are the TMA's zeros, whose products were a third of d = 72's tensor work.
+constexpr int NT_S = BC / 8, NT_O = D / 8;
 static_assert(D % 8 == 0 && D <= DP && DP % 64 == 0 && BR == 64 * CONSUMERS && CONSUMERS >= 1 && CONSUMERS <= 3 &&
               BC % 16 == 0 && BC <= 256 && STAGES >= 2 && STAGES <= 4 &&
               (QBUFS == 1 || (PERSIST && QBUFS == 2)) && (!OBUF || QBUFS == 2), "tile shape (fwd.lua)");
@@ -79,9 +81,9 @@ constexpr u32 CONSUMER_WARPS = 4 * CONSUMERS;  // arrivals on an "empty" barrier
 // d (64 x BC, f32) = Q K^T over one k-step: A (64 x 16) and B (BC x 16) from shared memory, both
 // K-major; scale_d = 0 starts from zero.
 {% wgmma_ss("wgmma_qk", bc, 0, 0) %}
-// d (64 x DP, f32) += P V over 16 keys: A = P from registers (the mma.sync m16k16 fragment, per
+// d (64 x D, f32) += P V over 16 keys: A = P from registers (the mma.sync m16k16 fragment, per
 // warp), B = V (16 x D) from shared memory, D-major (transposed).
-{% wgmma_rs("wgmma_pv", dp) %}
+{% wgmma_rs("wgmma_pv", d) %}
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __grid_constant__ fg_fwd_tma_params P) {
@@ -186,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     const u32 bh = fb.bh, b = fb.b, h = fb.h;
     const i64 q0 = fb.q0;
     const int n_blocks = fb.n_blocks, nk32 = fb.nk32, qdiag32 = fb.qdiag32;
-{% fwd_state("DP", "sbase + (u32)qs * Q_BYTES") %}
+{% fwd_state("D", "sbase + (u32)qs * Q_BYTES") %}
 
     // S_jb = Q K_jb^T, issued (not waited for) once K_jb has landed: k-step ks reads 16 columns,
     // 32 bytes into the 128-byte rows of column block ks / 4.
@@ -214,9 +216,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       const int st = (int)(kb % STAGES);
       mbar_wait(bars + bar_vfull(st), (kb / STAGES) & 1);
       const u32 vst = sbase + V_OFF + (u32)st * STAGE_BYTES;
-{% fwd_issue_pv("vst", "DP") %}
+{% fwd_issue_pv("vst", "D") %}
     };
-{% fwd_wait_pv("DP") %}
+{% fwd_wait_pv("D") %}
 
     // S_0 and its softmax before the loop; then each block j issues S_{j+1} and O += P_j V_j to the
     // tensor cores and does the softmax of S_{j+1} while O += P_j V_j runs. P_j's registers are
@@ -255,7 +257,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     // Epilogue: O normalised into this warpgroup's 64 rows of the O tile (OBUF; once the last tile's
     // store has read them) or of the Q tile (their S products are done, so Q is no longer read
     // there), in the 128-byte-swizzled layout of the loads, then stored by one thread with a
-    // tensor-map store per 64-column block (the TMA clips rows past Nq); the log-sum-exp directly.
+    // tensor-map store per 64-column block (the TMA clips rows past Nq, and the columns past D, which
+    // nothing wrote here); the log-sum-exp directly.
     // o[4 nt + 2 hh + e] is row wrow + g + 8 hh, column 8 nt + 2 t + e.
     auto warpgroup_sync = [&] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); };
     const u32 o_base = OBUF ? sbase + O_OFF + (u32)(wg * 64 * 128) : q_base;
