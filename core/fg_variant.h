@@ -89,10 +89,13 @@ int fg_dtype_parse(const char *s, fg_dtype *out);
 fg_variant fg_portable_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
 /* The variant the built-in rule picks when nothing was tuned and the length is not known: the
  * portable one, except on sm_90a, where it is the TMA kernel (q_tma; head dims off 64-column
- * blocks on padded tiles; on the persistent grid, q_tma_p, at d = 64 without a mask and at
- * d = 72..192 with or without one) at every d but d <= 64 causal: q_wgmma at d = 64 causal, the portable
- * one below. fg_builtin_variant_for (fg_problem.h) refines it by the key length. */
+ * blocks on padded tiles; on the persistent grid, q_tma_p, at d = 32..192 with or without a
+ * mask; three consumer warpgroups at d <= 64 without a mask and at d = 72, 88, 104 without one)
+ * at every d but d = 64 causal: q_wgmma there. fg_builtin_variant_for (fg_problem.h) refines it
+ * by the key length. */
 fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
+/* The key block the built-in rule gives three consumer warpgroups (Br 192) at d = 72..120. */
+int fg_builtin_w12_bc(int d);
 /* Bytes of register spills (stores, and loads alike) a compiled kernel of v may have and still
  * be tuned or built in: 0 for the forward; 128 for the backward, whose key blocks of 128 spill
  * 8-88 B and run 1.3-1.5x the spill-free blocks of 64 (H100, templates/bwd.lua). */

@@ -153,10 +153,17 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
     /* Up to 512 keys at d = 136-256: K/V blocks of 64, which divide the length (d = 192's 96 and
      * d = 256's 80 leave a partial last block: 512 keys cost 576 or 560 keys' work), on the
      * persistent grid: d = 192 1.11x, d = 256 1.04x the length-free rule at N = 512 (0.97-1.00x
-     * at 1k, 0.97-0.99x at 2k, where it stays). */
+     * at 1k, 0.97-0.99x at 2k, where it stays). d = 80-120 from 2k keys three consumers (Br 192),
+     * as d = 72, 88, 104 at every length (fg_builtin_variant): d = 80 1.04x / 1.11x two at 4k /
+     * 16k, d = 96 1.06x / 1.06x / 1.09x at 2k / 4k / 16k, d = 112 1.05x / 1.09x, d = 120 1.03x /
+     * 1.07x (H200, fg_ab; 0.91-0.97x at 512-1k, where two stay; bench/NOTES.md session 30). */
     if (nk <= 512 && (dp == 192 || dp == 256)) {
       v.loop = FG_LOOP_Q_TMA_P;
       v.bc = 64;
+    } else if (dp == 128 && d < 128 && nk >= 2048) {
+      v.warps = 12;
+      v.br = 192;
+      v.bc = fg_builtin_w12_bc(d);
     }
     return v;
   }
@@ -165,19 +172,27 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
    * blocks of 128 from 1k, on the persistent grid (tiles paired short with long), with two
    * consumer warpgroups at 1k (1.04x the wgmma kernel, 1.14x three), three at 2k-4k, and on the
    * plain grid with three from 8k: 0.99-1.04x cuDNN at 2k-4k and 1.13-1.19x at 8k-16k, where the
-   * wgmma kernel ran 0.90-0.94x. Head dims padded up to 128 (d = 96 measured): the plain grid
-   * from 8k keys (the persistent one, fg_builtin_variant's choice below that, 1.15x cuDNN at
-   * 8k-16k against 1.18-1.22x). */
+   * wgmma kernel ran 0.90-0.94x. */
   if (d == 64 && nk <= 512) {
     v.bc = 64;
-  } else if (d == 64) {
-    v.loop = nk >= 8192 ? FG_LOOP_Q_TMA : FG_LOOP_Q_TMA_P;
+  } else if (dp == 64) {
+    /* Below 64 (H200, fg_ab; bench/NOTES.md session 30): three consumers from 2k keys too
+     * (d = 40 / 56: 1.11x / 1.07x two at 2k), but on the persistent grid at every length (at
+     * 16k 1.47x / 1.73x the portable kernel, the plain grid's three 1.44x / 1.66x). */
+    v.loop = nk >= 8192 && d == 64 ? FG_LOOP_Q_TMA : FG_LOOP_Q_TMA_P;
     v.warps = nk >= 2048 ? 12 : 8;
     v.br = 16 * v.warps;
     v.bc = 128;
     v.stages = 2;
-  } else if (dp == 128 && d < 128 && nk >= 8192) {
-    v.loop = FG_LOOP_Q_TMA;
+  } else if (dp == 128 && d < 128 && nk >= 2048) {
+    /* From 2k keys three consumers (Br 192, the largest key block that fits) on the persistent
+     * grid: d = 72 1.13x / 1.20x two consumers at 4k / 16k (the plain grid there), d = 96 1.07x /
+     * 1.06x / 1.09x at 2k / 4k / 16k, d = 104 1.11x / 1.10x, d = 112 1.06x / 1.05x, d = 120 1.07x /
+     * 1.04x, d = 80 1.00x / 1.04x (H200, fg_ab; 0.82-0.90x at 512-1k, where two stay). */
+    v.loop = FG_LOOP_Q_TMA_P;
+    v.warps = 12;
+    v.br = 192;
+    v.bc = fg_builtin_w12_bc(d);
   }
   return v;
 }

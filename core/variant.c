@@ -260,25 +260,47 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
    * / 1.11x / 1.07x at 1k / 4k / 16k). d = 256 keeps q_tma (0.95-1.08x causal, 0.98-1.04x without
    * a mask on K/V blocks of 64, its 80 spilling persistent; bench/NOTES.md, sessions 12 and 14).
    * A head dimension off the 64-column blocks runs the TMA kernel on tiles rounded up to the next
-   * one (dp: d = 96 as 128, the columns past d zeros) with that one's blocks; below 64 with a
-   * causal mask the portable one. */
+   * one (dp: d = 96 as 128, the columns past d zeros, O = P V over the columns below d only) with
+   * that one's blocks, but for these (H200, fg_ab, bf16; bench/NOTES.md session 30): below 64
+   * without a mask the persistent grid too (1.24x / 1.14x / 1.04x / 1.00x the plain one at d = 40
+   * and 56, N = 512 / 1k / 4k / 16k); below 64 with a causal mask the persistent kernel of two
+   * consumers (1.10-1.30x the portable one at 512-1k; fg_builtin_variant_for: three from 2k);
+   * d = 72, 88 and 104 without a mask three consumers (Br 192, fg_builtin_w12_bc): their rows of
+   * 144, 176, 208 bytes end inside a 32-byte sector, which costs K/V's loads from L2 half as much
+   * again (Nsight Compute: L2 throughput 62% at d = 72 against 46% at d = 80 for the same work),
+   * and a third fewer loads per query row more than pays for the smaller key blocks: d = 72
+   * 1.06x / 1.07x / 1.24x / 1.27x two consumers at N = 512 / 1k / 4k / 16k, d = 88 1.09x / 1.12x /
+   * - / 1.28x, d = 104 1.03x / 1.10x / 1.15x / 1.19x. */
   const int dp = (d + 63) / 64 * 64;
-  if (dp == 128 || dp == 192 || dp == 256 || (dp == 64 && !causal)) {
-    const int persist = dp == 128 || dp == 192 || d == 64;
+  if (dp == 128 || dp == 192 || dp == 256 || dp == 64) {
+    const int persist = dp == 128 || dp == 192 || dp == 64;
     v.loop = persist ? FG_LOOP_Q_TMA_P : FG_LOOP_Q_TMA;
-    v.warps = dp == 64 ? 12 : 8;
+    v.warps = dp == 64 && !causal ? 12 : 8;
     v.br = 16 * v.warps;
     v.bc = dp == 64    ? 128
            : dp == 128 ? 128
            : dp == 192 ? (causal ? 64 : 96)
                        : (causal ? 64 : 80);
     v.stages = 2;
-  } else if (d == 64) {
+    if (dp == 128 && d % 16 == 8 && d <= 104 && !causal) {
+      v.warps = 12;
+      v.br = 192;
+      v.bc = fg_builtin_w12_bc(d);
+    }
+  }
+  if (d == 64 && causal) {
     v.loop = FG_LOOP_Q_WGMMA;
+    v.warps = 4;
     v.br = 64;
     v.bc = 128;
   }
   return v;
+}
+
+int fg_builtin_w12_bc(int d) {
+  /* The largest key block whose three consumers fit their 160 registers (templates/fwd.lua:
+   * O d / 2 + S Bc / 2 + P Bc / 4 + 32, spill-free with NVRTC 13.0 at d = 72-120). */
+  return d <= 88 ? 112 : d <= 112 ? 96 : 80;
 }
 
 int fg_variant_spill_limit(const fg_variant *v) { return v->pass == FG_PASS_BWD ? 128 : 0; }

@@ -308,16 +308,17 @@ static void default_set(fg_arch arch) {
   fg_variant v[512];
   int n = fg_default_variants(arch, 1, v, 512);
   /* sm_90a: the Hopper kernels and their q_outer twins: TMA at every head dim (padded tiles off
-   * 64-column blocks) but d <= 64 causal, wgmma at d = 64 causal; d = 32..56 causal (4 head dims)
-   * keep the portable kernel; on the persistent grid (q_tma_p): d = 64 without a mask, and with
-   * or without one the head dims padded to 128 or 192 (d = 72..192, 16 of them). The built-ins
-   * by key length too (fg_builtin_variant_for): with a causal mask at d = 64 the wgmma kernel
-   * with K/V blocks of 64 (512) and the TMA kernel persistent with two consumer warpgroups (1k)
-   * and three (2k-4k) and plain (8k+), at the head
-   * dims padded to 128 (d = 72..120, 7 of them) the plain one (8k+); without one at d = 136..256
-   * (16 head dims) K/V blocks of 64 on the persistent grid (512); each in 2 dtypes. */
-  const int twins = arch == FG_ARCH_SM90A ? 2 * (29 + 29 - 4) : 0;
-  const int lengths = arch == FG_ARCH_SM90A ? (4 + 7 + 16) * 2 : 0;
+   * 64-column blocks) but d = 64 causal, wgmma there; on the persistent grid (q_tma_p): d <= 64
+   * (5 head dims without a mask, 4 with one), and with or without one the head dims padded to 128
+   * or 192 (d = 72..192, 16 of them). The built-ins by key length too (fg_builtin_variant_for):
+   * with a causal mask at d = 64 the wgmma kernel with K/V blocks of 64 (512) and the TMA kernel
+   * persistent with two consumer warpgroups (1k) and three (2k-4k) and plain (8k+); below 64
+   * (d = 32..56) the persistent one with three (2k+); at the head dims padded to 128 (d =
+   * 72..120, 7 of them) three consumers (2k+; without a mask only d = 80, 96, 112, 120: the other
+   * three have them at every length); without one at d = 136..256 (16 head dims) K/V blocks of
+   * 64 on the persistent grid (512); each in 2 dtypes. */
+  const int twins = arch == FG_ARCH_SM90A ? 2 * (29 + 29) : 0;
+  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 7 + 4 + 16) * 2 : 0;
   cr_assert_eq(n, 29 * 2 * 2 * 2 + twins + lengths,
                "29 head dims x 2 dtypes x 2 maskings x (built-in, kv_outer), plus %d and %d", twins,
                lengths);
@@ -328,9 +329,10 @@ static void default_set(fg_arch arch) {
     persistent += v[i].loop == FG_LOOP_Q_TMA_P;
   }
   cr_assert_eq(wg, twins + lengths, "Hopper kernels in the %s default set", fg_arch_name(arch));
-  cr_assert_eq(persistent, arch == FG_ARCH_SM90A ? (1 + 16 + 16 + 2 + 16) * 2 : 0,
-               "persistent kernels in the %s default set: d = 64 non-causal, d = 72..192 both "
-               "masks, d = 64 causal 1k and 2k-4k, d = 136..256 non-causal 512, 2 dtypes",
+  cr_assert_eq(persistent, arch == FG_ARCH_SM90A ? (5 + 16 + 16 + 2 + 8 + 11 + 16) * 2 : 0,
+               "persistent kernels in the %s default set: d <= 64 non-causal, d = 72..192 both "
+               "masks, d = 64 causal 1k and 2k-4k, d = 32..56 causal (two and three consumers), "
+               "d = 72..120 three consumers, d = 136..256 non-causal 512, 2 dtypes",
                fg_arch_name(arch));
   char what[128];
   snprintf(what, sizeof what, "forward default set %s", fg_arch_name(arch));

@@ -106,11 +106,11 @@ Test(problem, parse_round_trips_and_refuses) {
 
 /* The built-in rule by key length (fg_builtin_variant_for): on sm_90a with a causal mask, d = 64
  * runs the wgmma kernel with K/V blocks of 64 at 512, the persistent TMA kernel at 1k (two
- * consumer warpgroups) and
- * 2k-4k (three) and the plain one from 8k; a head dim padded up to 128 (d = 65-127) the
- * persistent one up to 4k and the plain one from 8k; without a mask d = 136-256 take K/V blocks
- * of 64 on the persistent grid at 512; every other problem (d = 128 at every length), and every
- * other arch, the length-free rule. fg_problem_builtin follows the call's bucket, and
+ * consumer warpgroups) and 2k-4k (three) and the plain one from 8k; below 64 the persistent one
+ * (causal: two consumers up to 1k, three from 2k); a head dim padded up to 128 (d = 72-120) the
+ * persistent one with three consumers from 2k keys, with or without a mask; without a mask
+ * d = 136-256 take K/V blocks of 64 on the persistent grid at 512; every other problem (d = 128
+ * at every length), and every other arch, the length-free rule. fg_problem_builtin follows the call's bucket, and
  * fg_builtin_variants lists each variant once, the length-free one first. */
 Test(problem, builtin_rule_by_length) {
   const int64_t buckets[] = {512, 1024, 2048, 4096, 8192, 16384};
@@ -134,14 +134,38 @@ Test(problem, builtin_rule_by_length) {
         w.bc = base64.bc;
         cr_assert(memcmp(&w, &base64, sizeof w) == 0);
       }
-      const int padded[] = {72, 96, 112};
-      for (size_t k = 0; k < 3; k++) {
-        const fg_variant w =
-            fg_builtin_variant_for(padded[k], (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
-        const fg_variant wb = fg_builtin_variant(padded[k], (fg_dtype)dt, 1, FG_ARCH_SM90A);
-        cr_assert_eq(wb.loop, FG_LOOP_Q_TMA_P, "d = %d causal", padded[k]);
-        cr_assert_eq(w.loop, buckets[i] >= 8192 ? FG_LOOP_Q_TMA : FG_LOOP_Q_TMA_P);
-        cr_assert(w.br == wb.br && w.bc == wb.bc && w.warps == wb.warps && w.stages == wb.stages);
+      /* Padded up to 128 (d = 72-120): the persistent grid, three consumers (Br 192, the key
+       * block fg_builtin_w12_bc gives) from 2k keys with or without a mask, and at every length
+       * without one at d = 72, 88, 104; two (Br 128, Bc 128) else. */
+      const int padded[] = {72, 88, 96, 104, 112, 120};
+      const int w12_bc[] = {112, 112, 96, 96, 96, 80};
+      for (size_t k = 0; k < 6; k++)
+        for (int c = 0; c <= 1; c++) {
+          const fg_variant w =
+              fg_builtin_variant_for(padded[k], (fg_dtype)dt, c, buckets[i], FG_ARCH_SM90A);
+          const fg_variant wb = fg_builtin_variant(padded[k], (fg_dtype)dt, c, FG_ARCH_SM90A);
+          const int always = !c && padded[k] % 16 == 8 && padded[k] <= 104;
+          cr_assert(wb.loop == FG_LOOP_Q_TMA_P && wb.stages == 2 &&
+                        wb.warps == (always ? 12 : 8) && wb.bc == (always ? w12_bc[k] : 128),
+                    "d = %d causal %d", padded[k], c);
+          const int three = always || buckets[i] >= 2048;
+          cr_assert(w.loop == FG_LOOP_Q_TMA_P && w.stages == 2 && w.warps == (three ? 12 : 8) &&
+                        w.br == 16 * w.warps && w.bc == (three ? w12_bc[k] : 128),
+                    "d = %d causal %d nk %lld", padded[k], c, (long long)buckets[i]);
+        }
+      /* Below 64: the persistent grid; causal two consumers up to 1k keys, three from 2k;
+       * without a mask three. */
+      for (int d = 32; d < 64; d += 8) {
+        const fg_variant c = fg_builtin_variant_for(d, (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
+        const int w = buckets[i] >= 2048 ? 12 : 8;
+        cr_assert(c.loop == FG_LOOP_Q_TMA_P && c.warps == w && c.br == 16 * w && c.bc == 128 &&
+                      c.stages == 2,
+                  "d = %d causal nk %lld", d, (long long)buckets[i]);
+        const fg_variant n = fg_builtin_variant_for(d, (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM90A);
+        cr_assert(n.loop == FG_LOOP_Q_TMA_P && n.warps == 12 && n.br == 192 && n.bc == 128,
+                  "d = %d nk %lld", d, (long long)buckets[i]);
+        const fg_variant b = fg_builtin_variant(d, (fg_dtype)dt, 1, FG_ARCH_SM90A);
+        cr_assert(b.loop == FG_LOOP_Q_TMA_P && b.warps == 8 && b.bc == 128, "d = %d causal", d);
       }
       /* No mask: K/V blocks of 64 on the persistent grid at 512 from d = 136, else the
        * length-free rule; other archs, and with a mask d = 128, 192 and 256: the length-free
@@ -155,6 +179,8 @@ Test(problem, builtin_rule_by_length) {
                         a.warps == b.warps && a.stages == b.stages,
                     "d = %d non-causal 512", ds[k]);
           cr_assert(b.bc != 64);
+        } else if (ds[k] == 96 && buckets[i] >= 2048) {
+          cr_assert(a.warps == 12 && b.warps == 8, "d = 96 non-causal");
         } else {
           cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d non-causal", ds[k]);
         }
@@ -187,7 +213,9 @@ Test(problem, builtin_rule_by_length) {
     cr_assert(out[4].loop == FG_LOOP_Q_TMA && out[4].warps == 12);
     cr_assert_eq(fg_builtin_variants(128, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 1);
     cr_assert_eq(fg_builtin_variants(96, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 2);
-    cr_assert(out[0].loop == FG_LOOP_Q_TMA_P && out[1].loop == FG_LOOP_Q_TMA);
+    cr_assert(out[0].loop == FG_LOOP_Q_TMA_P && out[0].warps == 8 && out[1].loop == FG_LOOP_Q_TMA_P &&
+              out[1].warps == 12 && out[1].bc == 96);
+    cr_assert_eq(fg_builtin_variants(72, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 1); /* always 3 */
     cr_assert_eq(fg_builtin_variants(128, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 1);
     cr_assert_eq(fg_builtin_variants(192, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 2);
     cr_assert(out[1].loop == FG_LOOP_Q_TMA_P && out[1].bc == 64);
