@@ -63,6 +63,8 @@ static int fail(const char *what, fg_context *ctx) {
 
 /* The backward of version v on one input set (dQ into dq). */
 static int ab_deterministic; /* --deterministic: backward versions in deterministic mode */
+static int ab_bshd;          /* --bshd: the forward's Q, K, V, O in the (B, N, H, d) layout */
+static int ab_pitch;         /* --pitch P: the forward's rows P elements apart ((B, H, N, d) layout) */
 
 static fg_status ab_backward(fg_context *ctx, const fg_attention_args *f, CUdeviceptr q,
                              CUdeviceptr k, CUdeviceptr v, CUdeviceptr o, CUdeviceptr d_o,
@@ -133,11 +135,15 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = atoi(argv[++i]);
     else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
     else if (strcmp(argv[i], "--deterministic") == 0) ab_deterministic = 1;
+    else if (strcmp(argv[i], "--bshd") == 0) ab_bshd = 1;
+    else if (strcmp(argv[i], "--pitch") == 0 && i + 1 < argc) ab_pitch = atoi(argv[++i]);
     else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-      printf("usage: fg_ab [--problem P] [--rounds R] [--reps K] [--deterministic] DIR:VARIANT[+det] ...\n"
+      printf("usage: fg_ab [--problem P] [--rounds R] [--reps K] [--deterministic] [--bshd | --pitch P] DIR:VARIANT[+det] ...\n"
              "  P as in `flashgen tune` (default d=128,n=1k); DIR '-' = the built-in templates;\n"
              "  R rounds (default 7) of K calls per version (default 10, at most %d);\n"
-             "  --deterministic: backward versions in deterministic mode; +det: that version.\n", AB_REPS);
+             "  --deterministic: backward versions in deterministic mode; +det: that version.\n"
+             "  --bshd: the forward's tensors in the (B, N, H, d) layout (default (B, H, N, d));\n"
+             "  --pitch P: (B, H, N, d) with rows P >= d elements apart (the forward's).\n", AB_REPS);
       return 0;
     } else {
       const char *colon = strchr(argv[i], ':');
@@ -192,7 +198,12 @@ int main(int argc, char **argv) {
 
   /* Inputs: (B, H, N, d) contiguous, N(0, 1) in the problem's dtype; enough sets that one pass
    * over them exceeds twice the L2, so no call runs from cache. */
-  const size_t elems = (size_t)(pr.batch * pr.heads * pr.n * pr.d);
+  if (ab_pitch && (ab_pitch < pr.d || ab_bshd)) {
+    fprintf(stderr, "fg_ab: --pitch %d: at least d = %d, and not with --bshd\n", ab_pitch, pr.d);
+    return 2;
+  }
+  const int pitch = ab_pitch ? ab_pitch : pr.d; /* elements from a row to the next */
+  const size_t elems = (size_t)(pr.batch * pr.heads * pr.n * pitch);
   const int sets = fg_tune_rotation_sets(elems * 2 * 3, (size_t)c0->limits.l2_bytes);
   CUdeviceptr q[8], k[8], v[8], o[AB_MAX];
   uint16_t *h = malloc(elems * 2), *h0 = malloc(elems * 2);
@@ -248,6 +259,24 @@ int main(int argc, char **argv) {
   a.heads_q = a.heads_kv = pr.heads;
   a.seqlen_q = a.seqlen_k = pr.n;
   a.head_dim = pr.d;
+  if ((ab_bshd || ab_pitch) && bwd) {
+    fprintf(stderr, "fg_ab: --bshd and --pitch time the forward only\n");
+    return 2;
+  }
+  if (ab_pitch) {
+    const int64_t pst[3] = {(int64_t)pr.heads * pr.n * pitch, (int64_t)pr.n * pitch, pitch};
+    memcpy(a.q_stride, pst, sizeof pst);
+    memcpy(a.k_stride, pst, sizeof pst);
+    memcpy(a.v_stride, pst, sizeof pst);
+    memcpy(a.o_stride, pst, sizeof pst);
+  }
+  if (ab_bshd) { /* rows H d elements apart (default: d, the (B, H, N, d) layout) */
+    const int64_t bshd[3] = {(int64_t)pr.n * pr.heads * pr.d, pr.d, (int64_t)pr.heads * pr.d};
+    memcpy(a.q_stride, bshd, sizeof bshd);
+    memcpy(a.k_stride, bshd, sizeof bshd);
+    memcpy(a.v_stride, bshd, sizeof bshd);
+    memcpy(a.o_stride, bshd, sizeof bshd);
+  }
   if (bwd) {
     for (int s2 = 0; s2 < sets; s2++) {
       a.q = (const void *)(uintptr_t)q[s2];
@@ -276,6 +305,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i < nv; i++) {
     if (fg_dev_download(c0, h, o[i], elems * 2)) return fail("downloading", c0);
     for (size_t e = 0; e < elems; e++) {
+      if ((int)(e % (size_t)pitch) >= pr.d) continue; /* --pitch: columns past d are no output */
       double x = fg_half_to_f32(h[e], pr.dtype), y = fg_half_to_f32(h0[e], pr.dtype);
       double dd = fabs(x - y);
       if (!(dd <= diff[i])) diff[i] = isnan(dd) ? INFINITY : dd;
