@@ -399,9 +399,12 @@ int fg_cmd_build_default(int argc, char **argv) {
     }
     if (fg_cache_resolve_dir_why(NULL, dir, sizeof dir, err, sizeof err) != 0 ||
         !(cache = fg_cache_open(dir, err, sizeof err))) {
+      /* (the cache's reason ends with what the runtime then does, which is not what happens here) */
+      char *tail = strstr(err, "; compiling in memory");
+      if (tail) *tail = '\0';
       fprintf(stderr,
-              "flashgen build-default: --cache: the kernel cache cannot be used: %s (set "
-              "FLASHGEN_CACHE_DIR to a directory of your own)\n",
+              "flashgen build-default: --cache: the kernel cache cannot be used, nothing was "
+              "compiled: %s\n",
               err);
       fg_generator_destroy(g);
       return 1;

@@ -268,6 +268,13 @@ Test(cli, build_default_fills_the_kernel_cache, .init = fake_driver, .fini = fak
   cr_assert_eq(rc, 0, "exit %d\n%s%s", rc, fg_test_out, fg_test_err);
   cr_assert(strstr(fg_test_out, "binary: the kernel cache"), "%s", fg_test_out);
   FG_EXPECT_CLI_ERR(NULL, env, "build-default --d 32,36", 2, "--d '32,36': each head dimension");
+  /* A cache it cannot use: it says so and why, and builds nothing. */
+  FG_EXPECT_CLI_ERR(NULL, "FLASHGEN_CACHE_DIR=/proc/flashgen_no_such_dir",
+                    "build-default --arch sm_80 --d 32 --cache", 1,
+                    "--cache: the kernel cache cannot be used, nothing was compiled: ");
+  cr_assert(strstr(fg_test_err, "/proc/flashgen_no_such_dir") && !strstr(fg_test_err, "compiling in memory"),
+            "%s", fg_test_err);
+  cr_assert(!strstr(fg_test_out, "fwd_d32"), "it compiled anyway: %s", fg_test_out);
 }
 
 Test(cli, tune_without_gpu_fails_clearly) {
