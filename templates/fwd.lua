@@ -105,7 +105,10 @@ local function wgmma_loop(v) return v.loop == "q_wgmma" or v.loop == "q_wgmma_ov
 -- tests/test_compile.c compiles every candidate. Shared memory: Q, 2 * stages K/V blocks, 1 KB for
 -- the alignment, 256 B of mbarriers.
 -- Head dims that are not a multiple of 64 run on tiles rounded up to one (the TMA fills the
--- columns past d with zeros): d = 96 computes as 128, d = 72 as 128, d = 40 as 64.
+-- columns past d with zeros): d = 96 loads tiles of 128 columns, d = 72 too, d = 40 of 64; S
+-- takes the k-steps below d, O = P V and O's registers the columns below d only. The fit below is estimated, not exact:
+-- three consumers at d = 136 Bc 64 on the persistent grid pass it and spilled 80 B (the tuner and
+-- test_compile compile them).
 local function tma_dp(v) return (v.d + 63) // 64 * 64 end
 -- A causal kernel masks the blocks on the diagonal in a copy of S while the previous block's
 -- O += P V runs (bc / 2 registers more); where that copy does not fit the consumers' registers it
