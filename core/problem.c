@@ -184,12 +184,6 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
     v.br = 16 * v.warps;
     v.bc = 128;
     v.stages = 2;
-  } else if (dp == 192 && d < 192 && nk >= 4096) {
-    /* d = 136-184 from 4k keys: the plain grid, longest tiles first over groups of heads (H100,
-     * fg_ab, against the persistent grid: d = 136 1.05x / 1.06x at 4k / 16k, d = 152 1.05x /
-     * 1.07x, 8k 1.06x, d = 168 1.01x / 1.02x, d = 176 1.06x / 1.11x, d = 184 1.05x / 1.07x; d = 192
-     * itself 0.96x / 1.01x, so it stays; bench/NOTES.md session 30). */
-    v.loop = FG_LOOP_Q_TMA;
   } else if (dp == 128 && d < 128 && nk >= 2048) {
     /* From 2k keys three consumers (Br 192, the largest key block that fits) on the persistent
      * grid: d = 72 1.13x / 1.20x two consumers at 4k / 16k (the plain grid there), d = 96 1.07x /

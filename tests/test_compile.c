@@ -315,11 +315,10 @@ static void default_set(fg_arch arch) {
    * persistent with two consumer warpgroups (1k) and three (2k-4k) and plain (8k+); below 64
    * (d = 32..56) the persistent one with three (2k+); at the head dims padded to 128 (d =
    * 72..120, 7 of them) three consumers (2k+; without a mask only d = 80, 96, 112, 120: the other
-   * three have them at every length); with one at d = 136..184 (7 head dims) the plain grid
-   * (4k+); without one at d = 136..256 (16 head dims) K/V blocks of 64 on the persistent grid
-   * (512); each in 2 dtypes. */
+   * three have them at every length); without one at d = 136..256 (16 head dims) K/V blocks of
+   * 64 on the persistent grid (512); each in 2 dtypes. */
   const int twins = arch == FG_ARCH_SM90A ? 2 * (29 + 29) : 0;
-  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 7 + 4 + 7 + 16) * 2 : 0;
+  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 7 + 4 + 16) * 2 : 0;
   cr_assert_eq(n, 29 * 2 * 2 * 2 + twins + lengths,
                "29 head dims x 2 dtypes x 2 maskings x (built-in, kv_outer), plus %d and %d", twins,
                lengths);

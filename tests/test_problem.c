@@ -108,10 +108,9 @@ Test(problem, parse_round_trips_and_refuses) {
  * runs the wgmma kernel with K/V blocks of 64 at 512, the persistent TMA kernel at 1k (two
  * consumer warpgroups) and 2k-4k (three) and the plain one from 8k; below 64 the persistent one
  * (causal: two consumers up to 1k, three from 2k); a head dim padded up to 128 (d = 72-120) the
- * persistent one with three consumers from 2k keys, with or without a mask; d = 136-184 causal
- * the plain one from 4k; without a mask d = 136-256 take K/V blocks of 64 on the persistent grid
- * at 512; every other problem (d = 128 at every length), and every other arch, the length-free
- * rule. fg_problem_builtin follows the call's bucket, and
+ * persistent one with three consumers from 2k keys, with or without a mask; without a mask
+ * d = 136-256 take K/V blocks of 64 on the persistent grid at 512; every other problem (d = 128
+ * at every length), and every other arch, the length-free rule. fg_problem_builtin follows the call's bucket, and
  * fg_builtin_variants lists each variant once, the length-free one first. */
 Test(problem, builtin_rule_by_length) {
   const int64_t buckets[] = {512, 1024, 2048, 4096, 8192, 16384};
@@ -194,10 +193,6 @@ Test(problem, builtin_rule_by_length) {
         if (ds[k] != 64 && ds[k] != 96) {
           a = fg_builtin_variant_for(ds[k], (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
           b = fg_builtin_variant(ds[k], (fg_dtype)dt, 1, FG_ARCH_SM90A);
-          if (ds[k] == 136 && buckets[i] >= 4096) { /* d = 136-184 causal: the plain grid from 4k */
-            cr_assert(b.loop == FG_LOOP_Q_TMA_P && a.loop == FG_LOOP_Q_TMA);
-            a.loop = b.loop;
-          }
           cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d causal", ds[k]);
         }
       }
