@@ -11,6 +11,7 @@
 #include "fg_cli.h"
 #include "fg_cuda.h"
 #include "fg_gen.h"
+#include "fg_jit.h"
 
 static int has_help(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
@@ -392,8 +393,9 @@ int fg_cmd_build_default(int argc, char **argv) {
   memset(&key, 0, sizeof key);
   if (to_cache) {
     char err[1024] = "", dir[1024];
-    if (fg_nvrtc_load(err, sizeof err) != 0) {
-      fprintf(stderr, "flashgen build-default: --cache: NVRTC cannot be loaded: %s\n", err);
+    /* The key the runtime looks kernels up by; the arch is each image's (below). */
+    if (fg_generator_cache_key(g, FG_ARCH_SM80, &key, err, sizeof err) != 0) {
+      fprintf(stderr, "flashgen build-default: --cache: %s\n", err);
       fg_generator_destroy(g);
       return 1;
     }
@@ -409,10 +411,6 @@ int fg_cmd_build_default(int argc, char **argv) {
       fg_generator_destroy(g);
       return 1;
     }
-    /* The key the runtime looks kernels up by (jit/loader.c): the arch is each image's. */
-    key.nvrtc_version = fg_nvrtc_version();
-    key.template_hash = fg_generator_template_hash(g);
-    key.flashgen_version = FG_VERSION_STRING;
     fprintf(stderr, "flashgen build-default: storing the kernels in the cache at %s\n", dir);
   }
   int failed = 0, total = 0, stored = 0;

@@ -20,6 +20,9 @@ fg_cache *fg_context_cache(fg_context *ctx);
 /* Fills the parts of a cache key that do not depend on the variant (template hash, NVRTC version,
  * flashgen version). Returns 0, or -1 with the reason in why (NVRTC or the generator missing). */
 int fg_context_cache_key(fg_context *ctx, fg_cache_key *key, char *why, size_t whylen);
+/* The same for kernels g renders, with no context (flashgen build-default --cache); arch is the
+ * key's until the caller sets each image's. */
+int fg_generator_cache_key(fg_generator *g, fg_arch arch, fg_cache_key *key, char *why, size_t whylen);
 
 /* The reference kernel for dtype (exact = 1: fp64; 0: naive same-dtype), compiled on first use
  * (through the disk cache when the policy allows) and kept like a variant. */

@@ -96,24 +96,29 @@ fg_cache *fg_context_cache(fg_context *ctx) {
   return c;
 }
 
-int fg_context_cache_key(fg_context *ctx, fg_cache_key *key, char *why, size_t whylen) {
+int fg_generator_cache_key(fg_generator *g, fg_arch arch, fg_cache_key *key, char *why, size_t whylen) {
   memset(key, 0, sizeof *key);
   char err[1024];
   if (fg_nvrtc_load(err, sizeof err) != 0) {
     snprintf(why, whylen,
-             "NVRTC could not be loaded (%s), and its version is part of the cache key", err);
+             "NVRTC could not be loaded (%.900s), and its version is part of the cache key", err);
     return -1;
   }
+  key->arch = arch;
+  key->nvrtc_version = fg_nvrtc_version();
+  key->template_hash = fg_generator_template_hash(g);
+  key->flashgen_version = FG_VERSION_STRING;
+  return 0;
+}
+
+int fg_context_cache_key(fg_context *ctx, fg_cache_key *key, char *why, size_t whylen) {
+  memset(key, 0, sizeof *key);
   fg_generator *g;
   if (fg_context_generator(ctx, &g) != FG_OK) {
     snprintf(why, whylen, "%s", fg_context_last_error(ctx));
     return -1;
   }
-  key->arch = ctx->arch;
-  key->nvrtc_version = fg_nvrtc_version();
-  key->template_hash = fg_generator_template_hash(g);
-  key->flashgen_version = FG_VERSION_STRING;
-  return 0;
+  return fg_generator_cache_key(g, ctx->arch, key, why, whylen);
 }
 
 /* ------------------------------------------------------------------------------------------ */
