@@ -263,19 +263,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "fg_ab: --bshd and --pitch time the forward only\n");
     return 2;
   }
-  if (ab_pitch) {
-    const int64_t pst[3] = {(int64_t)pr.heads * pr.n * pitch, (int64_t)pr.n * pitch, pitch};
-    memcpy(a.q_stride, pst, sizeof pst);
-    memcpy(a.k_stride, pst, sizeof pst);
-    memcpy(a.v_stride, pst, sizeof pst);
-    memcpy(a.o_stride, pst, sizeof pst);
-  }
-  if (ab_bshd) { /* rows H d elements apart (default: d, the (B, H, N, d) layout) */
-    const int64_t bshd[3] = {(int64_t)pr.n * pr.heads * pr.d, pr.d, (int64_t)pr.heads * pr.d};
-    memcpy(a.q_stride, bshd, sizeof bshd);
-    memcpy(a.k_stride, bshd, sizeof bshd);
-    memcpy(a.v_stride, bshd, sizeof bshd);
-    memcpy(a.o_stride, bshd, sizeof bshd);
+  if (ab_pitch || ab_bshd) { /* (B, H, N, d) with rows `pitch` apart, or (B, N, H, d) */
+    const int64_t st3[3] = {(int64_t)pr.heads * pr.n * pitch, ab_bshd ? pr.d : (int64_t)pr.n * pitch,
+                            ab_bshd ? (int64_t)pr.heads * pr.d : pitch};
+    memcpy(a.q_stride, st3, sizeof st3);
+    memcpy(a.k_stride, st3, sizeof st3);
+    memcpy(a.v_stride, st3, sizeof st3);
+    memcpy(a.o_stride, st3, sizeof st3);
   }
   if (bwd) {
     for (int s2 = 0; s2 < sets; s2++) {
