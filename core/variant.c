@@ -271,28 +271,25 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
    * and a third fewer loads per query row more than pays for the smaller key blocks: d = 72
    * 1.06x / 1.07x / 1.24x / 1.27x two consumers at N = 512 / 1k / 4k / 16k, d = 88 1.09x / 1.12x /
    * - / 1.28x, d = 104 1.03x / 1.10x / 1.15x / 1.19x. */
-  const int dp = (d + 63) / 64 * 64;
-  if (dp == 128 || dp == 192 || dp == 256 || dp == 64) {
-    const int persist = dp == 128 || dp == 192 || dp == 64;
-    v.loop = persist ? FG_LOOP_Q_TMA_P : FG_LOOP_Q_TMA;
-    v.warps = dp == 64 && !causal ? 12 : 8;
-    v.br = 16 * v.warps;
-    v.bc = dp == 64    ? 128
-           : dp == 128 ? 128
-           : dp == 192 ? (causal ? 64 : 96)
-                       : (causal ? 64 : 80);
-    v.stages = 2;
-    if (dp == 128 && d % 16 == 8 && d <= 104 && !causal) {
-      v.warps = 12;
-      v.br = 192;
-      v.bc = fg_builtin_w12_bc(d);
-    }
-  }
   if (d == 64 && causal) {
     v.loop = FG_LOOP_Q_WGMMA;
-    v.warps = 4;
     v.br = 64;
     v.bc = 128;
+    return v;
+  }
+  const int dp = (d + 63) / 64 * 64;
+  v.loop = dp <= 192 ? FG_LOOP_Q_TMA_P : FG_LOOP_Q_TMA;
+  v.warps = dp == 64 && !causal ? 12 : 8;
+  v.br = 16 * v.warps;
+  v.bc = dp == 64    ? 128
+         : dp == 128 ? 128
+         : dp == 192 ? (causal ? 64 : 96)
+                     : (causal ? 64 : 80);
+  v.stages = 2;
+  if (dp == 128 && d % 16 == 8 && d <= 104 && !causal) {
+    v.warps = 12;
+    v.br = 192;
+    v.bc = fg_builtin_w12_bc(d);
   }
   return v;
 }
