@@ -90,12 +90,16 @@ fg_variant fg_portable_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
 /* The variant the built-in rule picks when nothing was tuned and the length is not known: the
  * portable one, except on sm_90a, where it is the TMA kernel (q_tma; head dims off 64-column
  * blocks on padded tiles; on the persistent grid, q_tma_p, at d = 32..192 with or without a
- * mask; three consumer warpgroups at d <= 64 without a mask and at d = 72, 88, 104 without one)
+ * mask; three consumer warpgroups at d <= 64 without a mask and at d = 72, 88, 104, 136, 152,
+ * 168 without one, d = 136 and 152 on the plain grid)
  * at every d but d = 64 causal: q_wgmma there. fg_builtin_variant_for (fg_problem.h) refines it
  * by the key length. */
 fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
-/* The key block the built-in rule gives three consumer warpgroups (Br 192) at d = 72..120. */
+/* The key block the built-in rule gives three consumer warpgroups (Br 192) at d = 72..184. */
 int fg_builtin_w12_bc(int d);
+/* Whether d's rows end inside a 32-byte sector and the built-in rule gives it three consumer
+ * warpgroups at every length without a mask: d = 72, 88, 104, 136, 152, 168. */
+int fg_builtin_sector_dim(int d);
 /* Bytes of register spills (stores, and loads alike) a compiled kernel of v may have and still
  * be tuned or built in: 0 for the forward; 128 for the backward, whose key blocks of 128 spill
  * 8-88 B and run 1.3-1.5x the spill-free blocks of 64 (H100, templates/bwd.lua). */

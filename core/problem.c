@@ -157,7 +157,7 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
      * as d = 72, 88, 104 at every length (fg_builtin_variant): d = 80 1.04x / 1.11x two at 4k /
      * 16k, d = 96 1.06x / 1.06x / 1.09x at 2k / 4k / 16k, d = 112 1.05x / 1.09x, d = 120 1.03x /
      * 1.07x (H200, fg_ab; 0.91-0.97x at 512-1k, where two stay; bench/NOTES.md session 30). */
-    if (nk <= 512 && (dp == 192 || dp == 256)) {
+    if (nk <= 512 && (dp == 192 || dp == 256) && !fg_builtin_sector_dim(d)) {
       v.loop = FG_LOOP_Q_TMA_P;
       v.bc = 64;
     } else if (dp == 128 && d < 128 && nk >= 2048) {
@@ -184,6 +184,23 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
     v.br = 16 * v.warps;
     v.bc = 128;
     v.stages = 2;
+  } else if (dp == 192 && fg_builtin_sector_dim(d) && nk >= (d < 168 ? 1024 : 2048)) {
+    /* d = 136, 152 from 1k keys and d = 168 from 2k: three consumers (Br 192; their rows end
+     * inside a sector, fg_builtin_variant), on the plain grid with the key block that fits it
+     * (Bc 80 / 64 / 48), but d = 168 at 2k on the persistent one (Bc 48 fits it). H100, fg_ab
+     * against two consumers (the rule below): d = 136 1.04x / 1.19x / 1.15x / 1.21x at 1k / 2k / 4k
+     * / 16k, d = 152 1.08x / 1.21x / 1.17x / 1.22x, d = 168 1.22x (persistent) at 2k, 1.08x /
+     * 1.11x at 4k / 16k (0.91-0.93x at 1k, where two stay; bench/NOTES.md session 31). */
+    v.warps = 12;
+    v.br = 192;
+    v.bc = fg_builtin_w12_bc(d);
+    v.loop = v.bc == 48 && nk < 4096 ? FG_LOOP_Q_TMA_P : FG_LOOP_Q_TMA;
+  } else if (dp == 192 && d < 192 && nk >= 4096) {
+    /* d = 136-184 from 4k keys: the plain grid, longest tiles first over groups of heads (H100,
+     * fg_ab, against the persistent grid: d = 136 1.05x / 1.06x at 4k / 16k, d = 152 1.05x /
+     * 1.07x, 8k 1.06x, d = 168 1.01x / 1.02x, d = 176 1.06x / 1.11x, d = 184 1.05x / 1.07x; d = 192
+     * itself 0.96x / 1.01x, so it stays; bench/NOTES.md session 30). */
+    v.loop = FG_LOOP_Q_TMA;
   } else if (dp == 128 && d < 128 && nk >= 2048) {
     /* From 2k keys three consumers (Br 192, the largest key block that fits) on the persistent
      * grid: d = 72 1.13x / 1.20x two consumers at 4k / 16k (the plain grid there), d = 96 1.07x /

@@ -270,7 +270,13 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
    * again (Nsight Compute: L2 throughput 62% at d = 72 against 46% at d = 80 for the same work),
    * and a third fewer loads per query row more than pays for the smaller key blocks: d = 72
    * 1.06x / 1.07x / 1.24x / 1.27x two consumers at N = 512 / 1k / 4k / 16k, d = 88 1.09x / 1.12x /
-   * - / 1.28x, d = 104 1.03x / 1.10x / 1.15x / 1.19x. */
+   * - / 1.28x, d = 104 1.03x / 1.10x / 1.15x / 1.19x; so too d = 136, 152 and 168 (rows of 272,
+   * 304, 336 bytes) on tiles of 192 columns, on the plain grid where the persistent one's
+   * registers do not hold a key block of 64 or more (it spilled 96-216 B): H100, fg_ab against
+   * two consumers, d = 136 (Bc 80) 1.02x / 1.15x / 1.31x / 1.27x / 1.31x at N = 512 / 1k / 2k /
+   * 4k / 16k, d = 152 (Bc 64) 1.06x / 1.15x / 1.32x / 1.26x / 1.27x, d = 168 (Bc 48, persistent)
+   * 1.06x / 1.14x / 1.26x / 1.20x / 1.20x; not d = 184 (0.96-1.06x), nor d = 144 / 160, whose
+   * rows end on a sector (0.97-1.02x; bench/NOTES.md session 31). */
   if (d == 64 && causal) {
     v.loop = FG_LOOP_Q_WGMMA;
     v.br = 64;
@@ -286,18 +292,25 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
          : dp == 192 ? (causal ? 64 : 96)
                      : (causal ? 64 : 80);
   v.stages = 2;
-  if (dp == 128 && d % 16 == 8 && d <= 104 && !causal) {
+  if (fg_builtin_sector_dim(d) && !causal) {
     v.warps = 12;
     v.br = 192;
     v.bc = fg_builtin_w12_bc(d);
+    if (v.bc > 48 && dp == 192) v.loop = FG_LOOP_Q_TMA;
   }
   return v;
 }
 
+int fg_builtin_sector_dim(int d) { return d % 16 == 8 && ((d >= 72 && d <= 104) || (d >= 136 && d <= 168)); }
+
 int fg_builtin_w12_bc(int d) {
-  /* The largest key block whose three consumers fit their 160 registers (templates/fwd.lua:
-   * O d / 2 + S Bc / 2 + P Bc / 4 + 32, spill-free with NVRTC 13.0 at d = 72-120). */
-  return d <= 88 ? 112 : d <= 112 ? 96 : 80;
+  /* The largest key block (a multiple of 16) whose three consumers fit their 160 registers
+   * (templates/fwd.lua: O d / 2 + S Bc / 2 + P Bc / 4 + 32): 112 up to d = 88, 96 up to 112, 80
+   * at 120-136, 64 up to 160, 48 up to 184; spill-free with NVRTC 13.0 on the plain grid, and on
+   * the persistent one up to d = 128 and at Bc 48 (tests/test_compile.c). */
+  int bc = 128;
+  while (bc > 16 && d / 2 + bc / 2 + bc / 4 + 32 > 160) bc -= 16;
+  return bc;
 }
 
 int fg_variant_spill_limit(const fg_variant *v) { return v->pass == FG_PASS_BWD ? 128 : 0; }

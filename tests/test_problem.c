@@ -108,9 +108,11 @@ Test(problem, parse_round_trips_and_refuses) {
  * runs the wgmma kernel with K/V blocks of 64 at 512, the persistent TMA kernel at 1k (two
  * consumer warpgroups) and 2k-4k (three) and the plain one from 8k; below 64 the persistent one
  * (causal: two consumers up to 1k, three from 2k); a head dim padded up to 128 (d = 72-120) the
- * persistent one with three consumers from 2k keys, with or without a mask; without a mask
- * d = 136-256 take K/V blocks of 64 on the persistent grid at 512; every other problem (d = 128
- * at every length), and every other arch, the length-free rule. fg_problem_builtin follows the call's bucket, and
+ * persistent one with three consumers from 2k keys, with or without a mask; d = 136, 152, 168
+ * (rows ending inside a sector) three consumers at every length without a mask and from 1k
+ * (168: 2k) with one; the other d = 136-184 causal the plain grid from 4k; without a mask the
+ * other d = 136-256 take K/V blocks of 64 on the persistent grid at 512; every other problem (d = 128 at every length), and every other arch, the length-free
+ * rule. fg_problem_builtin follows the call's bucket, and
  * fg_builtin_variants lists each variant once, the length-free one first. */
 Test(problem, builtin_rule_by_length) {
   const int64_t buckets[] = {512, 1024, 2048, 4096, 8192, 16384};
@@ -167,10 +169,26 @@ Test(problem, builtin_rule_by_length) {
         const fg_variant b = fg_builtin_variant(d, (fg_dtype)dt, 1, FG_ARCH_SM90A);
         cr_assert(b.loop == FG_LOOP_Q_TMA_P && b.warps == 8 && b.bc == 128, "d = %d causal", d);
       }
-      /* No mask: K/V blocks of 64 on the persistent grid at 512 from d = 136, else the
+      /* Padded up to 192, rows ending inside a sector: three consumers at every length without
+       * a mask, with one from 1k (d = 168: 2k), on the plain grid with Bc 80 / 64 and on the
+       * persistent one with Bc 48 (d = 168; causal below 4k only). */
+      const int sector[] = {136, 152, 168};
+      const int sector_bc[] = {80, 64, 48};
+      for (size_t k = 0; k < 3; k++)
+        for (int c = 0; c <= 1; c++) {
+          const int d = sector[k];
+          const fg_variant w = fg_builtin_variant_for(d, (fg_dtype)dt, c, buckets[i], FG_ARCH_SM90A);
+          const int three = !c || buckets[i] >= (d < 168 ? 1024 : 2048);
+          const int persistent = three ? d == 168 && (!c || buckets[i] < 4096) : buckets[i] < 4096;
+          cr_assert(w.warps == (three ? 12 : 8) && w.br == 16 * w.warps &&
+                        w.bc == (three ? sector_bc[k] : c ? 64 : 96) && w.stages == 2 &&
+                        w.loop == (persistent ? FG_LOOP_Q_TMA_P : FG_LOOP_Q_TMA),
+                    "d = %d causal %d nk %lld", d, c, (long long)buckets[i]);
+        }
+      /* No mask: K/V blocks of 64 on the persistent grid at 512 from d = 144, else the
        * length-free rule; other archs, and with a mask d = 128, 192 and 256: the length-free
        * rule. */
-      const int ds[] = {64, 96, 128, 136, 192, 200, 256};
+      const int ds[] = {64, 96, 128, 144, 192, 200, 256};
       for (size_t k = 0; k < 7; k++) {
         fg_variant a = fg_builtin_variant_for(ds[k], (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM90A);
         fg_variant b = fg_builtin_variant(ds[k], (fg_dtype)dt, 0, FG_ARCH_SM90A);
@@ -193,6 +211,10 @@ Test(problem, builtin_rule_by_length) {
         if (ds[k] != 64 && ds[k] != 96) {
           a = fg_builtin_variant_for(ds[k], (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
           b = fg_builtin_variant(ds[k], (fg_dtype)dt, 1, FG_ARCH_SM90A);
+          if (ds[k] == 144 && buckets[i] >= 4096) { /* d = 136-184 causal: the plain grid from 4k */
+            cr_assert(b.loop == FG_LOOP_Q_TMA_P && a.loop == FG_LOOP_Q_TMA);
+            a.loop = b.loop;
+          }
           cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d causal", ds[k]);
         }
       }
