@@ -201,6 +201,14 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
      * 1.07x, 8k 1.06x, d = 168 1.01x / 1.02x, d = 176 1.06x / 1.11x, d = 184 1.05x / 1.07x; d = 192
      * itself 0.96x / 1.01x, so it stays; bench/NOTES.md session 30). */
     v.loop = FG_LOOP_Q_TMA;
+  } else if ((d == 88 || d == 104) && nk > 512 && nk <= 1024) {
+    /* At 1k keys d = 88 and 104 (rows ending inside a sector) take three consumers with K/V
+     * blocks of 96: 1.10x / 1.11x two (bf16; f16 1.11x at 104), where Bc 112 at d = 88 ran 1.01x
+     * and d = 72 1.02x (Bc 96) / 0.95x (112), the other padded head dims 0.84-0.92x, and 512 keys
+     * 0.83-0.99x but d = 104 1.06x (H100, fg_ab; bench/NOTES.md session 31). */
+    v.warps = 12;
+    v.br = 192;
+    v.bc = 96;
   } else if (dp == 128 && d < 128 && nk >= 2048) {
     /* From 2k keys three consumers (Br 192, the largest key block that fits) on the persistent
      * grid: d = 72 1.13x / 1.20x two consumers at 4k / 16k (the plain grid there), d = 96 1.07x /

@@ -108,7 +108,8 @@ Test(problem, parse_round_trips_and_refuses) {
  * runs the wgmma kernel with K/V blocks of 64 at 512, the persistent TMA kernel at 1k (two
  * consumer warpgroups) and 2k-4k (three) and the plain one from 8k; below 64 the persistent one
  * (causal: two consumers up to 1k, three from 2k); a head dim padded up to 128 (d = 72-120) the
- * persistent one with three consumers from 2k keys, with or without a mask; d = 136, 152, 168
+ * persistent one with three consumers from 2k keys, with or without a mask (causal d = 88, 104
+ * from 1k, Bc 96 there); d = 136, 152, 168
  * (rows ending inside a sector) three consumers at every length without a mask and from 1k
  * (168: 2k) with one; the other d = 136-184 causal the plain grid from 4k; without a mask the
  * other d = 136-256 take K/V blocks of 64 on the persistent grid at 512; every other problem (d = 128 at every length), and every other arch, the length-free
@@ -138,7 +139,8 @@ Test(problem, builtin_rule_by_length) {
       }
       /* Padded up to 128 (d = 72-120): the persistent grid, three consumers (Br 192, the key
        * block fg_builtin_w12_bc gives) from 2k keys with or without a mask, and at every length
-       * without one at d = 72, 88, 104; two (Br 128, Bc 128) else. */
+       * without one at d = 72, 88, 104 (with one d = 88 and 104 at 1k too, Bc 96); two (Br 128,
+       * Bc 128) else. */
       const int padded[] = {72, 88, 96, 104, 112, 120};
       const int w12_bc[] = {112, 112, 96, 96, 96, 80};
       for (size_t k = 0; k < 6; k++)
@@ -150,9 +152,10 @@ Test(problem, builtin_rule_by_length) {
           cr_assert(wb.loop == FG_LOOP_Q_TMA_P && wb.stages == 2 &&
                         wb.warps == (always ? 12 : 8) && wb.bc == (always ? w12_bc[k] : 128),
                     "d = %d causal %d", padded[k], c);
-          const int three = always || buckets[i] >= 2048;
+          const int at1k = c && (padded[k] == 88 || padded[k] == 104) && buckets[i] == 1024;
+          const int three = always || at1k || buckets[i] >= 2048;
           cr_assert(w.loop == FG_LOOP_Q_TMA_P && w.stages == 2 && w.warps == (three ? 12 : 8) &&
-                        w.br == 16 * w.warps && w.bc == (three ? w12_bc[k] : 128),
+                        w.br == 16 * w.warps && w.bc == (at1k ? 96 : three ? w12_bc[k] : 128),
                     "d = %d causal %d nk %lld", padded[k], c, (long long)buckets[i]);
         }
       /* Below 64: the persistent grid; causal two consumers up to 1k keys, three from 2k;
