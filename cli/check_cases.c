@@ -270,6 +270,41 @@ static void add_tma_persistent_cases(fg_check_list *l, fg_arch arch) {
       }
 }
 
+/* The TMA kernel on clusters of two blocks (loop q_tma_c, sm_90a only, no mask: two query tiles
+ * of a head, each block loading half of every K/V block into both): head dims on and off the
+ * 64-column blocks, one to three consumer warpgroups, both dtypes; three query tiles (the second
+ * block of the last cluster past the rows), one tile (its partner all past them), GQA with (B, N,
+ * H, d) strides, fewer keys than half a K/V block (the second block's half all past the keys),
+ * key blocks cut short, no LSE. */
+static void add_tma_cluster_cases(fg_check_list *l, fg_arch arch) {
+  if (arch != FG_ARCH_SM90A) return;
+  static const struct { int d, warps, bc; } shapes[] = {
+      {128, 8, 128}, {216, 8, 80}, {72, 12, 112}, {64, 4, 128}, {256, 8, 64}};
+  static const struct {
+    const char *name;
+    int64_t B, Hq, Hkv, Nq, Nk;
+  } runs[] = {{"odd_tiles", 2, 4, 4, 0, 650}, /* Nq: 2 Br + 37 */
+              {"one_tile", 3, 2, 2, 40, 300},
+              {"gqa_bnhd", 2, 8, 2, 520, 777},
+              {"few_keys", 2, 4, 1, 300, 9}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+      const int d = shapes[i].d;
+      const int64_t nq = runs[r].Nq ? runs[r].Nq : 2 * 16 * shapes[i].warps + 37;
+      const fg_dtype dt = alt((int64_t)(i + r));
+      const fg_variant v = {FG_PASS_FWD, d, 16 * shapes[i].warps, shapes[i].bc, dt, 0,
+                            FG_LOOP_Q_TMA_C, shapes[i].warps, 2, arch};
+      char vn[FG_VARIANT_NAME_MAX];
+      fg_variant_name(&v, vn, sizeof vn);
+      fg_check_case *c = add(l, FG_CHECK_RUN, dt, 0, d, runs[r].B, runs[r].Hq, runs[r].Hkv,
+                             nq, runs[r].Nk, i == 0 && r == 0, "tma_cluster/%s_%s", vn,
+                             runs[r].name);
+      if (r == 2) c->layout = FG_CHECK_BNHD;
+      if (r == 3 && i == 1) c->lse = 0;
+      force(c, v);
+    }
+}
+
 void fg_check_build_cases(fg_check_list *l, const fg_variant *defs, int ndefs, int device_count) {
   static const int64_t lens[] = {1, 17, 127, 128, 129, 1000, 4097};
   const int nlens = (int)(sizeof lens / sizeof lens[0]);
@@ -288,6 +323,7 @@ void fg_check_build_cases(fg_check_list *l, const fg_variant *defs, int ndefs, i
   if (ndefs > 0) add_tma_cases(l, defs[0].arch);
   if (ndefs > 0) add_tma_in_place_cases(l, defs[0].arch);
   if (ndefs > 0) add_tma_persistent_cases(l, defs[0].arch);
+  if (ndefs > 0) add_tma_cluster_cases(l, defs[0].arch);
 
   /* 2. Sequence lengths: every (Nq, Nk) pair, causal on and off, through the dispatcher; the
    * KV-outer loop order on every pair once (causal alternating). */

@@ -101,6 +101,7 @@ static const char *grid_name(fg_grid_kind g) {
     case FG_GRID_ROWS: return "FG_EXPORT_GRID_ROWS";
     case FG_GRID_KV_TILES: return "FG_EXPORT_GRID_KV_TILES";
     case FG_GRID_PERSISTENT: return "FG_EXPORT_GRID_PERSISTENT";
+    case FG_GRID_Q_TILE_PAIRS: return "FG_EXPORT_GRID_Q_TILE_PAIRS";
   }
   return NULL;
 }

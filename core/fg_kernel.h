@@ -14,9 +14,12 @@ typedef enum fg_grid_kind {
   FG_GRID_ROWS = 3,    /* (seqlen_q, batch * heads_q): one block per query row (reference) */
   FG_GRID_KV_TILES = 4, /* (ceil(seqlen_k / br), batch * heads_kv): one block per K/V block
                           (the backward's main kernel; br holds its Bc) */
-  FG_GRID_PERSISTENT = 5 /* (min(ceil(seqlen_q / br) * batch * heads_q, SMs)): one block per SM
+  FG_GRID_PERSISTENT = 5, /* (min(ceil(seqlen_q / br) * batch * heads_q, SMs)): one block per SM
                             (at most one per tile), each looping over tiles of br query rows
                             (q_tma_p; the order is the kernel's, templates/common.cuh) */
+  FG_GRID_Q_TILE_PAIRS = 6 /* q_tiles with x rounded up to even: clusters of two blocks along x
+                              (compiled into the kernel, __cluster_dims__), two query tiles of a
+                              head, the second past the rows when their count is odd (q_tma_c) */
 } fg_grid_kind;
 
 /* The manifest's launch(v) (templates/fwd.lua, bwd.lua) returns a plan: kernels of one module
@@ -29,8 +32,8 @@ typedef enum fg_grid_kind {
 typedef struct fg_plan_step {
   char entry[64];        /* kernel symbol (extern "C") */
   fg_grid_kind grid;
-  int br;                /* rows per block along x (FG_GRID_Q_TILES, FG_GRID_KV_TILES), rows
-                            per tile (FG_GRID_PERSISTENT) */
+  int br;                /* rows per block along x (FG_GRID_Q_TILES, FG_GRID_Q_TILE_PAIRS,
+                            FG_GRID_KV_TILES), rows per tile (FG_GRID_PERSISTENT) */
   int threads;           /* threads per block */
   int smem_bytes;        /* dynamic shared memory per block */
   /* A kv_tiles main step only (the backward's): when the query rows one KV head's dK/dV sum over,
@@ -146,7 +149,7 @@ const char *fg_tmap_tensor_name(fg_tmap_tensor t);
 fg_tmap_tensor fg_tmap_tensor_parse(const char *s);
 
 /* The grid kind's name in manifests and plans ("q_tiles", "heads", "rows", "kv_tiles",
- * "persistent"), and back (0 when unknown). */
+ * "persistent", "q_tile_pairs"), and back (0 when unknown). */
 const char *fg_grid_kind_name(fg_grid_kind g);
 fg_grid_kind fg_grid_kind_parse(const char *s);
 

@@ -30,14 +30,14 @@ void fg_kernel_meta_single(fg_kernel_meta *m, const char *entry, fg_grid_kind gr
 }
 
 static const char *const grid_names[] = {NULL, "q_tiles", "heads", "rows", "kv_tiles",
-                                         "persistent"};
+                                         "persistent", "q_tile_pairs"};
 
 const char *fg_grid_kind_name(fg_grid_kind g) {
-  return g >= FG_GRID_Q_TILES && g <= FG_GRID_PERSISTENT ? grid_names[g] : "?";
+  return g >= FG_GRID_Q_TILES && g <= FG_GRID_Q_TILE_PAIRS ? grid_names[g] : "?";
 }
 
 fg_grid_kind fg_grid_kind_parse(const char *s) {
-  for (int g = FG_GRID_Q_TILES; s && g <= FG_GRID_PERSISTENT; g++)
+  for (int g = FG_GRID_Q_TILES; s && g <= FG_GRID_Q_TILE_PAIRS; g++)
     if (strcmp(s, grid_names[g]) == 0) return (fg_grid_kind)g;
   return (fg_grid_kind)0;
 }
@@ -72,10 +72,10 @@ const char *fg_kernel_meta_invalid(const fg_kernel_meta *m) {
     const fg_plan_step *s = &m->steps[i];
     if (!s->entry[0] || !memchr(s->entry, 0, sizeof s->entry))
       return "a step of its plan has no entry point (or one too long)";
-    if (s->grid < FG_GRID_Q_TILES || s->grid > FG_GRID_PERSISTENT)
+    if (s->grid < FG_GRID_Q_TILES || s->grid > FG_GRID_Q_TILE_PAIRS)
       return "a step of its plan has an unknown grid kind";
     if ((s->grid == FG_GRID_Q_TILES || s->grid == FG_GRID_KV_TILES ||
-         s->grid == FG_GRID_PERSISTENT) &&
+         s->grid == FG_GRID_PERSISTENT || s->grid == FG_GRID_Q_TILE_PAIRS) &&
         s->br <= 0)
       return "a step of its plan has no rows per block (br)";
     if (s->threads <= 0 || s->smem_bytes < 0)

@@ -56,6 +56,10 @@ extern "C" {
  * br query rows (the forward's persistent loop order qtmap). A runtime from before it refuses a
  * table holding such a kernel, naming the grid kind. */
 #define FG_EXPORT_GRID_PERSISTENT 5
+/* Q_TILES with x rounded up to even: clusters of two blocks along x, two query tiles of a head
+ * sharing each K/V block (the loop order qtmac; the cluster shape is compiled into the kernel).
+ * A runtime from before it refuses a table holding such a kernel, naming the grid kind. */
+#define FG_EXPORT_GRID_Q_TILE_PAIRS 6
 
 /* One kernel of a kernel's plan: a module holds every entry of its plan, run in order on the
  * caller's stream with the same parameter block (the backward: `<entry>_pre` D = rowsum(dO * O)

@@ -93,12 +93,12 @@ static const char *fg_export_convert_kernel(const fg_export_kernel *k, size_t st
                i + 1);
       return why;
     }
-    if (s.grid < FG_EXPORT_GRID_Q_TILES || s.grid > FG_EXPORT_GRID_PERSISTENT) {
+    if (s.grid < FG_EXPORT_GRID_Q_TILES || s.grid > FG_EXPORT_GRID_Q_TILE_PAIRS) {
       snprintf(why, whylen,
                "has grid kind %d, which this runtime (flashgen %s) does not know (it knows 1 to "
-               "%d: Q_TILES, HEADS, ROWS, KV_TILES, PERSISTENT): the table is damaged or from a "
-               "newer flashgen; export it again with flashgen %s",
-               s.grid, fg_version(), FG_EXPORT_GRID_PERSISTENT, fg_version());
+               "%d: Q_TILES, HEADS, ROWS, KV_TILES, PERSISTENT, Q_TILE_PAIRS): the table is "
+               "damaged or from a newer flashgen; export it again with flashgen %s",
+               s.grid, fg_version(), FG_EXPORT_GRID_Q_TILE_PAIRS, fg_version());
       return why;
     }
     snprintf(m->steps[i].entry, sizeof m->steps[i].entry, "%s", s.entry);
@@ -173,7 +173,7 @@ static const char *fg_export_convert_kernel(const fg_export_kernel *k, size_t st
              "is a %s variant whose main kernel has grid kind %d; a %s variant needs %s: the "
              "table is damaged, export it again",
              bwd ? "backward" : "forward", (int)mk->grid, bwd ? "backward" : "forward",
-             bwd ? "FG_EXPORT_GRID_KV_TILES (4)" : "a forward grid kind (1 to 3, or 5)");
+             bwd ? "FG_EXPORT_GRID_KV_TILES (4)" : "a forward grid kind (1 to 3, 5 or 6)");
     return why;
   }
   if (kv_tiles && mk->br != v.bc) {

@@ -155,7 +155,7 @@ local function tma_resources(v)
   if consumers > 1 then regs = 65536 // (128 * (consumers + 1)) // 8 * 8 end
   return { threads = 32 * v.warps + 128, smem = tma_smem(v, tma_q_bufs(v), tma_o_buf(v)), regs = regs }
 end
-local function tma_loop(v) return v.loop == "q_tma" or v.loop == "q_tma_p" end
+local function tma_loop(v) return v.loop == "q_tma" or v.loop == "q_tma_p" or v.loop == "q_tma_c" end
 local function tma_check(v)
   if v.arch ~= "sm_90a" then
     return v.loop .. " needs sm_90a: TMA and wgmma are instructions of Hopper (compute " ..
@@ -167,6 +167,10 @@ local function tma_check(v)
   end
   if v.bc > 256 or v.stages < 2 then
     return v.loop .. " takes Bc <= 256 (a TMA box has at most 256 rows) and 2 to 4 K/V stages"
+  end
+  if v.loop == "q_tma_c" and v.causal then
+    return "q_tma_c's two query tiles share every K/V block, so it runs without a causal mask " ..
+           "only (take q_tma or q_tma_p)"
   end
   local cap = TMA_CONSUMER_REGS[v.warps // 4]
   if tma_consumer_regs(v) > cap then
@@ -252,14 +256,17 @@ function M.launch(v)
     -- [batch, heads, rows, d] of the tensor, boxes of 64 columns x `rows` rows, 128-byte swizzle,
     -- rows past the end read as zeros. q_tma_p's grid is "persistent": one block per SM (at most
     -- one per tile), each taking tiles of br query rows in common.cuh's fwd_persistent_tile order.
-    local persist = v.loop == "q_tma_p"
-    local t = one_step("fwd_tma.cu", M.entry(v), persist and "persistent" or "q_tiles", v.br,
+    -- q_tma_c's grid is "q_tile_pairs": clusters of two blocks (two query tiles of a head) that
+    -- each load half of every K/V block, rows bc / 2 apart, multicast to both (boxes of bc / 2 rows).
+    local persist, cluster = v.loop == "q_tma_p", v.loop == "q_tma_c" and 2 or 1
+    local t = one_step("fwd_tma.cu", M.entry(v),
+                       persist and "persistent" or cluster > 1 and "q_tile_pairs" or "q_tiles", v.br,
                        r.threads, r.smem)
-    t.constants = { persist = persist, q_bufs = tma_q_bufs(v), o_buf = tma_o_buf(v),
+    t.constants = { persist = persist, cluster = cluster, q_bufs = tma_q_bufs(v), o_buf = tma_o_buf(v),
                     mask_in_place = tma_mask_in_place(v) }
     t.params = "fwd_tma"
-    t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "k", rows = v.bc },
-                { tensor = "v", rows = v.bc }, { tensor = "o", rows = 64 } }
+    t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "k", rows = v.bc // cluster },
+                { tensor = "v", rows = v.bc // cluster }, { tensor = "o", rows = 64 } }
     return t
   else
     return one_step("fwd_kv_outer.cu", M.entry(v), "heads", v.br, r.threads, r.smem,

@@ -14,7 +14,11 @@
 // log-sum-exp directly. Persistent (loop q_tma_p, grid "persistent": one block per SM): each block
 // loops over tiles in common.cuh's fwd_persistent_tile order, the producer running on into the
 // next tile's Q (in the other of {{ q_bufs }} Q buffers) and K/V blocks while the consumers finish
-// this one, so a tile's pipeline fill and epilogue overlap its neighbours' work. Do not edit.
+// this one, so a tile's pipeline fill and epilogue overlap its neighbours' work. On clusters of
+// {{ cluster }} (loop q_tma_c, grid "q_tile_pairs", no mask): the two blocks of a cluster take two
+// query tiles of one head, and each loads half of every K/V block (BC / 2 rows) into both with a
+// multicast TMA, so each reads half the K/V bytes from L2; a stage is loaded again once the
+// consumers of both blocks have released it. Do not edit.
 {% include("common.cuh") %}
 {% include("wgmma.cuh") %}
 {% include("tma.cuh") %}
@@ -40,6 +44,10 @@ constexpr bool CAUSAL = {{ causal }};
 // columns where it fits), else in its tile's Q buffer, which is then freed only once the store
 // has read it.
 constexpr bool PERSIST = {{ persist }};
+// Blocks per cluster: 2 (q_tma_c) shares each K/V block between two query tiles of a head, each
+// block loading HALF of its rows into both (fwd.lua: boxes of BC / 2 rows); 1 else.
+constexpr int CLUSTER = {{ cluster }};
+constexpr int HALF = BC / CLUSTER;
 // Causal without the persistent grid: the blocks in groups of heads of about GROUP_HALF_WAVES / 2
 // waves each (next_tile; 1.5 waves: d = 256 causal 4k 1.087x, 1 wave 1.050x). Not with three
 // consumers (Br 192, d <= 64): there it lost 1-3% at d = 64 16k and gained 1-2% at 8k (fg_ab,
@@ -58,7 +66,8 @@ constexpr int KSTEPS = (D + 15) / 16;
 constexpr int NT_S = BC / 8, NT_O = D / 8;
 static_assert(D % 8 == 0 && D <= DP && DP % 64 == 0 && BR == 64 * CONSUMERS && CONSUMERS >= 1 && CONSUMERS <= 3 &&
               BC % 16 == 0 && BC <= 256 && STAGES >= 2 && STAGES <= 4 &&
-              (QBUFS == 1 || (PERSIST && QBUFS == 2)) && (!OBUF || QBUFS == 2), "tile shape (fwd.lua)");
+              (QBUFS == 1 || (PERSIST && QBUFS == 2)) && (!OBUF || QBUFS == 2) &&
+              (CLUSTER == 1 || (CLUSTER == 2 && !PERSIST && !CAUSAL && HALF % 8 == 0)), "tile shape (fwd.lua)");
 // Shared memory, from a 1024-byte aligned base: QBUFS Q tiles (BR rows), STAGES K blocks, STAGES
 // V blocks (BC rows each), the O tile (OBUF), then the mbarriers. A tile of R rows is CB column
 // blocks of R rows x 128 bytes.
@@ -76,7 +85,7 @@ FG_DEV u32 bar_vfull(int s) { return 8u * (NQBAR + STAGES + s); }
 FG_DEV u32 bar_kempty(int s) { return 8u * (NQBAR + 2 * STAGES + s); }
 FG_DEV u32 bar_vempty(int s) { return 8u * (NQBAR + 3 * STAGES + s); }
 static_assert(8 * (NQBAR + 4 * STAGES) <= 256, "mbarriers past their 256 bytes (fwd.lua)");
-constexpr u32 CONSUMER_WARPS = 4 * CONSUMERS;  // arrivals on an "empty" barrier (lane 0 of each)
+constexpr u32 CONSUMER_WARPS = 4 * CONSUMERS;  // arrivals on an "empty" barrier (lane 0 of each, of every block of the cluster)
 
 // d (64 x BC, f32) = Q K^T over one k-step: A (64 x 16) and B (BC x 16) from shared memory, both
 // K-major; scale_d = 0 starts from zero.
@@ -86,7 +95,7 @@ constexpr u32 CONSUMER_WARPS = 4 * CONSUMERS;  // arrivals on an "empty" barrier
 {% wgmma_rs("wgmma_pv", d) %}
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __grid_constant__ fg_fwd_tma_params P) {
+extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__cluster_dims__(" .. cluster .. ", 1, 1) " or "" }}{{ entry }}(const __grid_constant__ fg_fwd_tma_params P) {
   extern __shared__ __align__(1024) u16 smem_raw[];
   const fg_fwd_params &p = P.p;
   const u32 sbase = (smem_addr(smem_raw) + 1023u) & ~1023u;  // 1024 B more are allocated (fwd.lua)
@@ -132,13 +141,26 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bars + bar_kfull(s), 1);
       mbar_init(bars + bar_vfull(s), 1);
-      mbar_init(bars + bar_kempty(s), CONSUMER_WARPS);
-      mbar_init(bars + bar_vempty(s), CONSUMER_WARPS);
+      mbar_init(bars + bar_kempty(s), CONSUMER_WARPS * CLUSTER);
+      mbar_init(bars + bar_vempty(s), CONSUMER_WARPS * CLUSTER);
     }
     mbar_init_fence();
   }
-  __syncthreads();  // the last block-wide barrier: the producer leaves early
+  // The last block-wide barrier: the producer leaves early. With clusters, the cluster's: the other
+  // block's loads and arrivals reach this block's barriers only once they are initialised.
+  if constexpr (CLUSTER > 1) cluster_sync();
+  else __syncthreads();
+  const u32 rank = CLUSTER > 1 ? cluster_rank() : 0u;  // this block's half of each K/V block
 
+  // A K/V box (64 columns of rows r0 ...) into shared memory at off: the whole block's rows, or
+  // with clusters this block's half, multicast to both blocks at the same offset.
+  auto kv_load = [&](u32 off, const void *tm, int c0, int r0, const fwd_block &f, u32 bar) {
+    if constexpr (CLUSTER > 1)
+      tma_load_4d_mc(sbase + off + rank * HALF * 128, tm, c0, r0 + (int)rank * HALF, (int)f.hk, (int)f.b, bar,
+                     (u16)((1u << CLUSTER) - 1));
+    else
+      tma_load_4d(sbase + off, tm, c0, r0, (int)f.hk, (int)f.b, bar);
+  };
   if (tid < 128) {
     // The producer warpgroup: one thread issues every load; the others only give registers up.
     if constexpr (CONSUMERS > 1) regs_dec<24>();
@@ -158,19 +180,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
         for (int j = 0; j < fb.n_blocks; ++j, ++kv) {
           const int s = (int)(kv % STAGES);
           const u32 use = kv / STAGES;  // this is stage s's use number `use`
+          // Both halves land in this block (STAGE_BYTES); with clusters, this block loads half HALF
+          // rows into both, once both blocks' consumers have released the stage.
           if (use > 0) mbar_wait(bars + bar_kempty(s), (use - 1) & 1);
           mbar_expect_tx(bars + bar_kfull(s), STAGE_BYTES);
 #pragma unroll
           for (int c = 0; c < CB; ++c)
-            tma_load_4d(sbase + K_OFF + (u32)s * STAGE_BYTES + (u32)c * BC * 128, tk, 64 * c, j * BC,
-                        (int)fb.hk, (int)fb.b, bars + bar_kfull(s));
+            kv_load(K_OFF + (u32)s * STAGE_BYTES + (u32)c * BC * 128, tk, 64 * c, j * BC, fb, bars + bar_kfull(s));
           if (use > 0) mbar_wait(bars + bar_vempty(s), (use - 1) & 1);
           mbar_expect_tx(bars + bar_vfull(s), STAGE_BYTES);
 #pragma unroll
           for (int c = 0; c < CB; ++c)
-            tma_load_4d(sbase + V_OFF + (u32)s * STAGE_BYTES + (u32)c * BC * 128, tv, 64 * c, j * BC,
-                        (int)fb.hk, (int)fb.b, bars + bar_vfull(s));
+            kv_load(V_OFF + (u32)s * STAGE_BYTES + (u32)c * BC * 128, tv, 64 * c, j * BC, fb, bars + bar_vfull(s));
         }
+      }
+      if constexpr (CLUSTER > 1) {
+        // The other block's consumers arrive on this block's barriers until their last block: this
+        // block (its shared memory) stays until every stage's last use is released by both.
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s)
+          if (kv > (u32)s) {
+            const u32 last = (kv - 1 - (u32)s) / STAGES;
+            mbar_wait(bars + bar_kempty(s), last & 1);
+            mbar_wait(bars + bar_vempty(s), last & 1);
+          }
       }
     }
     return;
@@ -200,13 +233,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
 {% fwd_issue_qk("kst") %}
     };
     // K_jb's buffer is free once S_jb is done (a wait covering it has returned in this warp).
+    // With clusters on the other block's barrier too: its producer loads into this block's stage.
     auto release_k = [&](int jb) {
       __syncwarp();
-      if (lane == 0) mbar_arrive(bars + bar_kempty((int)((kv0 + (u32)jb) % STAGES)));
+      if (lane == 0) {
+        const u32 bar = bars + bar_kempty((int)((kv0 + (u32)jb) % STAGES));
+        mbar_arrive(bar);
+        if constexpr (CLUSTER > 1) mbar_arrive_remote(cluster_map(bar, rank ^ 1u));
+      }
     };
     auto release_v = [&](int jb) {
       __syncwarp();
-      if (lane == 0) mbar_arrive(bars + bar_vempty((int)((kv0 + (u32)jb) % STAGES)));
+      if (lane == 0) {
+        const u32 bar = bars + bar_vempty((int)((kv0 + (u32)jb) % STAGES));
+        mbar_arrive(bar);
+        if constexpr (CLUSTER > 1) mbar_arrive_remote(cluster_map(bar, rank ^ 1u));
+      }
     };
 {% fwd_softmax(mask_in_place) %}
     // O += P_j V_j once V_j has landed: V is D-major for this product, 8-key groups 1024 bytes apart

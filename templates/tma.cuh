@@ -27,12 +27,43 @@ FG_DEV void mbar_wait(u32 bar, u32 parity) {
                : "memory");
 }
 
+// Clusters (a kernel compiled with __cluster_dims__): this block's rank in its cluster; the
+// address, in the cluster's shared window, of the location at a of the block of rank `rank`; one
+// arrival on an mbarrier of another block (its cluster_map address; the default semantics,
+// release at CTA scope, as CUTLASS's cluster barriers: with .release.cluster, a fence at cluster
+// scope on every arrival, q_tma_c ran 0.63x); a barrier of every thread of the cluster's blocks
+// (release / acquire at cluster scope).
+FG_DEV u32 cluster_rank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+FG_DEV u32 cluster_map(u32 a, u32 rank) {
+  u32 r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+FG_DEV void mbar_arrive_remote(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+FG_DEV void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 // Loads the box at coordinates (c0 column, c1 row, c2 head, c3 batch) of the 4-d tensor map at
 // tmap (a generic address) into shared memory at dst, completing `bytes` on the mbarrier bar.
 FG_DEV void tma_load_4d(u32 dst, const void *tmap, int c0, int c1, int c2, int c3, u32 bar) {
   asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
                "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
                "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+               : "memory");
+}
+// tma_load_4d into every block of the cluster whose bit is set in mask (bit i: rank i), at dst's
+// offset in each, completing the box's bytes on the mbarrier at bar's offset in each.
+FG_DEV void tma_load_4d_mc(u32 dst, const void *tmap, int c0, int c1, int c2, int c3, u32 bar, u16 mask) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+               "[%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+               "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(mask)
                : "memory");
 }
 // Stores the box at coordinates (c0 .. c3) of the tensor map at tmap from shared memory at src

@@ -257,6 +257,54 @@ Test(render, tma_persistent_is_the_tma_template_on_a_persistent_grid) {
   fg_generator_destroy(g);
 }
 
+/* q_tma_c is fwd_tma.cu on clusters of two blocks: the kernel compiled with its cluster shape,
+ * the grid "q_tile_pairs", K/V boxes of half a block (each block loads half, multicast to both);
+ * q_tma has no cluster; with a causal mask q_tma_c is refused, saying why and what to take. */
+Test(render, tma_cluster_is_the_tma_template_on_pairs_of_tiles) {
+  fg_generator *g = fgt_generator();
+  static const struct {
+    const char *name;
+    int cluster, br, bc;
+  } c[] = {{"fwd_d216_br128_bc80_bf16_noncausal_qtmac_w8_s2_sm90a", 2, 128, 80},
+           {"fwd_d72_br192_bc112_f16_noncausal_qtmac_w12_s2_sm90a", 2, 192, 112},
+           {"fwd_d216_br128_bc80_bf16_noncausal_qtma_w8_s2_sm90a", 1, 128, 80}};
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    fg_variant v = fgt_variant(c[i].name);
+    char *src = NULL, err[4096];
+    fg_kernel_meta meta;
+    cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
+    const fg_plan_step *s = fg_kernel_main(&meta);
+    cr_assert_eq(s->grid, c[i].cluster > 1 ? FG_GRID_Q_TILE_PAIRS : FG_GRID_Q_TILES, "%s", c[i].name);
+    cr_assert_eq(s->br, c[i].br, "%s", c[i].name);
+    cr_assert_eq(meta.n_tmaps, 4);
+    cr_assert(meta.tmaps[0].rows == c[i].br && meta.tmaps[1].rows == c[i].bc / c[i].cluster &&
+                  meta.tmaps[2].rows == c[i].bc / c[i].cluster && meta.tmaps[3].rows == 64,
+              "%s", c[i].name);
+    char want[64];
+    snprintf(want, sizeof want, "CLUSTER = %d;", c[i].cluster);
+    cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
+    cr_assert_eq(strstr(src, "__cluster_dims__(2, 1, 1) fg_") != NULL, c[i].cluster > 1, "%s", c[i].name);
+    free(src);
+  }
+  fg_variant v = fgt_variant("fwd_d216_br128_bc80_bf16_causal_qtmac_w8_s2_sm90a");
+  char *src = NULL, err[4096];
+  fg_kernel_meta meta;
+  cr_assert_neq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0);
+  cr_assert(strstr(err, "without a causal mask only") && strstr(err, "q_tma_p"), "%s", err);
+  /* The plan names the grid kind and reads back. */
+  v = fgt_variant(c[0].name);
+  cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
+  free(src);
+  char text[512];
+  fg_kernel_plan_format(&meta, text, sizeof text);
+  cr_assert_not_null(strstr(text, " q_tile_pairs 128 "), "%s", text);
+  fg_kernel_meta back;
+  memset(&back, 0, sizeof back);
+  cr_assert_null(fg_kernel_plan_parse(text, &back), "%s", text);
+  cr_assert_eq(fg_kernel_main(&back)->grid, FG_GRID_Q_TILE_PAIRS);
+  fg_generator_destroy(g);
+}
+
 /* Every backward template splits long query ranges (kv_outer at every d, kv_wgmma): the main
  * step's split_rows and a per-key dkv_accum of the same threshold, (2 Bc d + 4) * 4 bytes per key
  * block (the unpadded head dimension: the epilogue adds only the columns below d), and the

@@ -139,8 +139,8 @@ Test(generator, reads_the_q_tma_plan_of_fwd_lua) {
 
 Test(generator, malformed_tensor_maps_are_refused) {
   static const char *const tmaps =
-      "t.tmaps = { { tensor = \"q\", rows = v.br }, { tensor = \"k\", rows = v.bc },\n"
-      "                { tensor = \"v\", rows = v.bc }, { tensor = \"o\", rows = 64 } }";
+      "t.tmaps = { { tensor = \"q\", rows = v.br }, { tensor = \"k\", rows = v.bc // cluster },\n"
+      "                { tensor = \"v\", rows = v.bc // cluster }, { tensor = \"o\", rows = 64 } }";
   static const struct {
     const char *from, *to, *needle;
   } bad[] = {
@@ -218,6 +218,39 @@ Test(export_cli, a_persistent_kernel_exports_its_grid_kind, .timeout = 300) {
   cr_assert_eq(t->kernels[0].grid, FG_EXPORT_GRID_PERSISTENT);
   cr_assert_eq(t->kernels[0].steps[0].grid, FG_EXPORT_GRID_PERSISTENT);
   cr_assert_eq(t->kernels[0].params, FG_EXPORT_PARAMS_FWD_TMA);
+  cr_assert_eq(fg_register_export(t, err, sizeof err), FG_OK, "%s", err);
+  fgt_rm_rf(dir);
+}
+
+/* q_tma_c exports with its grid kind (pairs of query tiles), which the runtime reads back; the
+ * grid rounds the query tiles up to even (a cluster of two along x), batch * heads along y. */
+Test(export_cli, a_cluster_kernel_exports_its_grid_kind, .timeout = 300) {
+  fg_plan_step s;
+  memset(&s, 0, sizeof s);
+  s.grid = FG_GRID_Q_TILE_PAIRS;
+  s.br = 128;
+  uint64_t g[3];
+  fg_plan_grid(&s, 132, 3, 5, 1, 300, 1000, g); /* 3 tiles: 4 */
+  cr_assert(g[0] == 4 && g[1] == 15 && g[2] == 1, "grid %llu %llu %llu", (unsigned long long)g[0],
+            (unsigned long long)g[1], (unsigned long long)g[2]);
+  fg_plan_grid(&s, 132, 1, 1, 1, 256, 1000, g); /* 2 tiles */
+  cr_assert(g[0] == 2 && g[1] == 1);
+  fg_plan_grid(&s, 132, 1, 1, 1, 1, 1000, g); /* 1 tile: its partner past the rows */
+  cr_assert(g[0] == 2 && g[1] == 1);
+  char err[1024];
+  if (fg_nvrtc_load(err, sizeof err) != 0) cr_skip_test("no NVRTC: %s", err);
+  if (!getenv("FLASHGEN_TEST_SOURCE_DIR"))
+    cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
+  char dir[64];
+  template_dir(dir, NULL, NULL);
+  char *text = fgt_export_one(dir, "fwd_d216_br128_bc80_bf16_noncausal_qtmac_w8_s2_sm90a", "tc");
+  cr_assert(strstr(text, "FG_EXPORT_GRID_Q_TILE_PAIRS"), "no pairs grid: %.2000s", text);
+  free(text);
+  const fg_export *t = fgt_export_load(dir, "tc");
+  cr_assert_eq(t->n_kernels, 1);
+  cr_assert_eq(t->kernels[0].grid, FG_EXPORT_GRID_Q_TILE_PAIRS);
+  cr_assert_eq(t->kernels[0].steps[0].grid, FG_EXPORT_GRID_Q_TILE_PAIRS);
+  cr_assert(t->kernels[0].tmaps[1].tensor == FG_EXPORT_TENSOR_K && t->kernels[0].tmaps[1].rows == 40);
   cr_assert_eq(fg_register_export(t, err, sizeof err), FG_OK, "%s", err);
   fgt_rm_rf(dir);
 }
