@@ -164,6 +164,13 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
       v.warps = 12;
       v.br = 192;
       v.bc = fg_builtin_w12_bc(d);
+    } else if (dp == 256 && d % 16 == 8 && d < 248 && nk >= 4096) {
+      /* d = 200, 216, 232 (rows ending inside a sector, where three consumers do not fit) from
+       * 4k keys: clusters of two query tiles sharing each K/V block, each block loading half
+       * (q_tma_c): 1.31x / 1.29x q_tma at 4k / 16k at d = 200, 1.30x / 1.30x at 216, 1.22x /
+       * 1.15x at 232; not d = 248 (1.02x / 0.94x) nor the head dims on sectors (d = 224 1.01x,
+       * d = 128 1.00x; H100, fg_ab, bench/NOTES.md session 31). */
+      v.loop = FG_LOOP_Q_TMA_C;
     }
     return v;
   }

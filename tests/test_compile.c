@@ -320,16 +320,16 @@ static void default_set(fg_arch arch) {
    * (4k+), three consumers at d = 136 and 152 (1k+, plain) and 168 (2k persistent, 4k+ plain);
    * without one at d = 136..256 but 136, 152, 168 (which have three consumers at every length,
    * d = 136 and 152 on the plain grid: 13 head dims) K/V blocks of 64 on the persistent grid
-   * (512); each in 2 dtypes. */
+   * (512), and at d = 200, 216, 232 clusters of two blocks (q_tma_c, 4k+); each in 2 dtypes. */
   const int twins = arch == FG_ARCH_SM90A ? 2 * (29 + 29) : 0;
-  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 7 + 1 + 4 + 8 + 13) * 2 : 0;
+  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 7 + 1 + 4 + 8 + 13 + 3) * 2 : 0;
   cr_assert_eq(n, 29 * 2 * 2 * 2 + twins + lengths,
                "29 head dims x 2 dtypes x 2 maskings x (built-in, kv_outer), plus %d and %d", twins,
                lengths);
   int wg = 0, persistent = 0;
   for (int i = 0; i < n; i++) {
     wg += v[i].loop == FG_LOOP_Q_WGMMA || v[i].loop == FG_LOOP_Q_WGMMA_OV ||
-          v[i].loop == FG_LOOP_Q_TMA || v[i].loop == FG_LOOP_Q_TMA_P;
+          v[i].loop == FG_LOOP_Q_TMA || v[i].loop == FG_LOOP_Q_TMA_P || v[i].loop == FG_LOOP_Q_TMA_C;
     persistent += v[i].loop == FG_LOOP_Q_TMA_P;
   }
   cr_assert_eq(wg, twins + lengths, "Hopper kernels in the %s default set", fg_arch_name(arch));

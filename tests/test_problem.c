@@ -112,7 +112,8 @@ Test(problem, parse_round_trips_and_refuses) {
  * from 1k, Bc 96 there); d = 136, 152, 168
  * (rows ending inside a sector) three consumers at every length without a mask and from 1k
  * (168: 2k) with one; the other d = 136-184 causal the plain grid from 4k; without a mask the
- * other d = 136-256 take K/V blocks of 64 on the persistent grid at 512; every other problem (d = 128 at every length), and every other arch, the length-free
+ * other d = 136-256 take K/V blocks of 64 on the persistent grid at 512, and d = 200, 216, 232
+ * clusters of two blocks from 4k (q_tma_c); every other problem (d = 128 at every length), and every other arch, the length-free
  * rule. fg_problem_builtin follows the call's bucket, and
  * fg_builtin_variants lists each variant once, the length-free one first. */
 Test(problem, builtin_rule_by_length) {
@@ -202,6 +203,10 @@ Test(problem, builtin_rule_by_length) {
           cr_assert(b.bc != 64);
         } else if (ds[k] == 96 && buckets[i] >= 2048) {
           cr_assert(a.warps == 12 && b.warps == 8, "d = 96 non-causal");
+        } else if (ds[k] == 200 && buckets[i] >= 4096) { /* d = 200, 216, 232: clusters from 4k */
+          cr_assert(a.loop == FG_LOOP_Q_TMA_C && b.loop == FG_LOOP_Q_TMA, "d = 200 non-causal");
+          a.loop = b.loop;
+          cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = 200 non-causal");
         } else {
           cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d non-causal", ds[k]);
         }
