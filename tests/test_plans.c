@@ -203,6 +203,23 @@ Test(render, causal_past_d128_takes_the_deterministic_order_up_to_1024_keys) {
   fg_generator_destroy(g);
 }
 
+/* The plan of variant `name`, written as text, holds `words` (its main step's grid kind and rows)
+ * and reads back with its main step's grid kind `grid`. */
+static void expect_plan_grid(fg_generator *g, const char *name, const char *words, fg_grid_kind grid) {
+  fg_variant v = fgt_variant(name);
+  char *src = NULL, err[4096];
+  fg_kernel_meta meta;
+  cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
+  free(src);
+  char text[512];
+  fg_kernel_plan_format(&meta, text, sizeof text);
+  cr_assert_not_null(strstr(text, words), "%s", text);
+  fg_kernel_meta back;
+  memset(&back, 0, sizeof back);
+  cr_assert_null(fg_kernel_plan_parse(text, &back), "%s", text);
+  cr_assert_eq(fg_kernel_main(&back)->grid, grid);
+}
+
 /* q_tma_p is fwd_tma.cu on the persistent grid: the same template with PERSIST on, two Q buffers
  * where they fit (the next tile's Q loads while this one is computed), one where not (d = 256,
  * Bc 80: 225 KB with one), and with two, causal, 128 columns and two consumers, an O buffer where
@@ -242,18 +259,7 @@ Test(render, tma_persistent_is_the_tma_template_on_a_persistent_grid) {
     free(src);
   }
   /* The plan names the grid kind and reads back (tests/test_tma.c launches it on the fake). */
-  fg_variant v = fgt_variant(c[0].name);
-  char *src = NULL, err[4096];
-  fg_kernel_meta meta;
-  cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
-  free(src);
-  char text[512];
-  fg_kernel_plan_format(&meta, text, sizeof text);
-  cr_assert_not_null(strstr(text, " persistent 128 "), "%s", text);
-  fg_kernel_meta back;
-  memset(&back, 0, sizeof back);
-  cr_assert_null(fg_kernel_plan_parse(text, &back), "%s", text);
-  cr_assert_eq(fg_kernel_main(&back)->grid, FG_GRID_PERSISTENT);
+  expect_plan_grid(g, c[0].name, " persistent 128 ", FG_GRID_PERSISTENT);
   fg_generator_destroy(g);
 }
 
@@ -292,16 +298,7 @@ Test(render, tma_cluster_is_the_tma_template_on_pairs_of_tiles) {
   cr_assert_neq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0);
   cr_assert(strstr(err, "without a causal mask only") && strstr(err, "q_tma_p"), "%s", err);
   /* The plan names the grid kind and reads back. */
-  v = fgt_variant(c[0].name);
-  cr_assert_eq(fg_generator_render(g, &v, &src, &meta, err, sizeof err), 0, "%s", err);
-  free(src);
-  char text[512];
-  fg_kernel_plan_format(&meta, text, sizeof text);
-  cr_assert_not_null(strstr(text, " q_tile_pairs 128 "), "%s", text);
-  fg_kernel_meta back;
-  memset(&back, 0, sizeof back);
-  cr_assert_null(fg_kernel_plan_parse(text, &back), "%s", text);
-  cr_assert_eq(fg_kernel_main(&back)->grid, FG_GRID_Q_TILE_PAIRS);
+  expect_plan_grid(g, c[0].name, " q_tile_pairs 128 ", FG_GRID_Q_TILE_PAIRS);
   fg_generator_destroy(g);
 }
 

@@ -202,28 +202,38 @@ Test(export_cli, flashgen_export_writes_the_maps_and_the_table_registers_them, .
   fgt_rm_rf(dir);
 }
 
-/* The persistent kernel (q_tma_p) exports with its grid kind, which the runtime reads back. */
-Test(export_cli, a_persistent_kernel_exports_its_grid_kind, .timeout = 300) {
+/* Exports variant alone (table `prefix`), finds `grid_macro` in the written table and reads the
+ * table back: one kernel, whose grid kind is grid, K/V boxes of kv_rows rows, registered. */
+static void expect_export_grid(const char *variant, const char *prefix, const char *grid_macro,
+                               int grid, int kv_rows) {
   char err[1024];
   if (fg_nvrtc_load(err, sizeof err) != 0) cr_skip_test("no NVRTC: %s", err);
   if (!getenv("FLASHGEN_TEST_SOURCE_DIR"))
     cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
   char dir[64];
   template_dir(dir, NULL, NULL);
-  char *text = fgt_export_one(dir, "fwd_d64_br128_bc64_bf16_noncausal_qtmap_w8_s2_sm90a", "tp");
-  cr_assert(strstr(text, "FG_EXPORT_GRID_PERSISTENT"), "no persistent grid: %.2000s", text);
+  char *text = fgt_export_one(dir, variant, prefix);
+  cr_assert(strstr(text, grid_macro), "no %s: %.2000s", grid_macro, text);
   free(text);
-  const fg_export *t = fgt_export_load(dir, "tp");
+  const fg_export *t = fgt_export_load(dir, prefix);
   cr_assert_eq(t->n_kernels, 1);
-  cr_assert_eq(t->kernels[0].grid, FG_EXPORT_GRID_PERSISTENT);
-  cr_assert_eq(t->kernels[0].steps[0].grid, FG_EXPORT_GRID_PERSISTENT);
+  cr_assert_eq(t->kernels[0].grid, grid);
+  cr_assert_eq(t->kernels[0].steps[0].grid, grid);
   cr_assert_eq(t->kernels[0].params, FG_EXPORT_PARAMS_FWD_TMA);
+  cr_assert(t->kernels[0].tmaps[1].tensor == FG_EXPORT_TENSOR_K && t->kernels[0].tmaps[1].rows == kv_rows);
   cr_assert_eq(fg_register_export(t, err, sizeof err), FG_OK, "%s", err);
   fgt_rm_rf(dir);
 }
 
-/* q_tma_c exports with its grid kind (pairs of query tiles), which the runtime reads back; the
- * grid rounds the query tiles up to even (a cluster of two along x), batch * heads along y. */
+/* The persistent kernel (q_tma_p) exports with its grid kind, which the runtime reads back. */
+Test(export_cli, a_persistent_kernel_exports_its_grid_kind, .timeout = 300) {
+  expect_export_grid("fwd_d64_br128_bc64_bf16_noncausal_qtmap_w8_s2_sm90a", "tp",
+                     "FG_EXPORT_GRID_PERSISTENT", FG_EXPORT_GRID_PERSISTENT, 64);
+}
+
+/* q_tma_c exports with its grid kind (pairs of query tiles) and K/V boxes of half a block, which
+ * the runtime reads back; the grid rounds the query tiles up to even (a cluster of two along x),
+ * batch * heads along y. */
 Test(export_cli, a_cluster_kernel_exports_its_grid_kind, .timeout = 300) {
   fg_plan_step s;
   memset(&s, 0, sizeof s);
@@ -237,22 +247,8 @@ Test(export_cli, a_cluster_kernel_exports_its_grid_kind, .timeout = 300) {
   cr_assert(g[0] == 2 && g[1] == 1);
   fg_plan_grid(&s, 132, 1, 1, 1, 1, 1000, g); /* 1 tile: its partner past the rows */
   cr_assert(g[0] == 2 && g[1] == 1);
-  char err[1024];
-  if (fg_nvrtc_load(err, sizeof err) != 0) cr_skip_test("no NVRTC: %s", err);
-  if (!getenv("FLASHGEN_TEST_SOURCE_DIR"))
-    cr_skip_test("FLASHGEN_TEST_SOURCE_DIR is not set (run through ctest)");
-  char dir[64];
-  template_dir(dir, NULL, NULL);
-  char *text = fgt_export_one(dir, "fwd_d216_br128_bc80_bf16_noncausal_qtmac_w8_s2_sm90a", "tc");
-  cr_assert(strstr(text, "FG_EXPORT_GRID_Q_TILE_PAIRS"), "no pairs grid: %.2000s", text);
-  free(text);
-  const fg_export *t = fgt_export_load(dir, "tc");
-  cr_assert_eq(t->n_kernels, 1);
-  cr_assert_eq(t->kernels[0].grid, FG_EXPORT_GRID_Q_TILE_PAIRS);
-  cr_assert_eq(t->kernels[0].steps[0].grid, FG_EXPORT_GRID_Q_TILE_PAIRS);
-  cr_assert(t->kernels[0].tmaps[1].tensor == FG_EXPORT_TENSOR_K && t->kernels[0].tmaps[1].rows == 40);
-  cr_assert_eq(fg_register_export(t, err, sizeof err), FG_OK, "%s", err);
-  fgt_rm_rf(dir);
+  expect_export_grid("fwd_d216_br128_bc80_bf16_noncausal_qtmac_w8_s2_sm90a", "tc",
+                     "FG_EXPORT_GRID_Q_TILE_PAIRS", FG_EXPORT_GRID_Q_TILE_PAIRS, 40);
 }
 
 /* ---- the cache ------------------------------------------------------------------------------ */
