@@ -403,23 +403,30 @@ static const char *const REF_NAME = "fwd_d64_br128_bc64_bf16_noncausal_qwgmma_w8
 static const char *const F16_NAME = "fwd_d128_br64_bc128_f16_causal_qtma_w4_s2_sm90a";
 /* TMA_NAME on the persistent grid (q_tma_p: one block per SM, each looping over tiles). */
 static const char *const PERSIST_NAME = "fwd_d64_br128_bc64_bf16_noncausal_qtmap_w8_s2_sm90a";
-static fg_export_step steps3[4][1];
-static char entries[4][64];
+/* TMA_NAME on clusters of two blocks (q_tma_c: K/V boxes of half a block), chosen at 2k keys. */
+static const char *const CLUSTER_NAME = "fwd_d64_br128_bc64_bf16_noncausal_qtmac_w8_s2_sm90a";
+static fg_export_step steps3[5][1];
+static char entries[5][64];
 static const fg_export_tmap f16_maps[3] = {
     {FG_EXPORT_TENSOR_Q, 64}, {FG_EXPORT_TENSOR_K, 128}, {FG_EXPORT_TENSOR_V, 128}};
-static fg_export_kernel kernels[4];
-static const fg_export_choice choices[1] = {
-    {"fwd_d64_bf16_noncausal_nk512", "fwd_d64_br128_bc64_bf16_noncausal_qtma_w8_s2_sm90a", "test"}};
+static const fg_export_tmap cluster_maps[3] = {
+    {FG_EXPORT_TENSOR_Q, 128}, {FG_EXPORT_TENSOR_K, 32}, {FG_EXPORT_TENSOR_V, 32}};
+static fg_export_kernel kernels[5];
+static const fg_export_choice choices[2] = {
+    {"fwd_d64_bf16_noncausal_nk512", "fwd_d64_br128_bc64_bf16_noncausal_qtma_w8_s2_sm90a", "test"},
+    {"fwd_d64_bf16_noncausal_nk2048", "fwd_d64_br128_bc64_bf16_noncausal_qtmac_w8_s2_sm90a", "test"}};
 static fg_export table;
 
 static void register_kernels(void) {
-  const char *names[4] = {TMA_NAME, REF_NAME, F16_NAME, PERSIST_NAME};
-  const int br[4] = {128, 128, 64, 128}, threads[4] = {384, 256, 256, 384};
-  for (int i = 0; i < 4; i++) {
+  const char *names[5] = {TMA_NAME, REF_NAME, F16_NAME, PERSIST_NAME, CLUSTER_NAME};
+  const int br[5] = {128, 128, 64, 128, 128}, threads[5] = {384, 256, 256, 384, 384};
+  for (int i = 0; i < 5; i++) {
     kernels[i] = tma_export_kernel();
     kernels[i].variant = names[i];
     snprintf(entries[i], sizeof entries[i], "fg_%s", names[i]);
-    const int grid = i == 3 ? FG_EXPORT_GRID_PERSISTENT : FG_EXPORT_GRID_Q_TILES;
+    const int grid = i == 3   ? FG_EXPORT_GRID_PERSISTENT
+                     : i == 4 ? FG_EXPORT_GRID_Q_TILE_PAIRS
+                              : FG_EXPORT_GRID_Q_TILES;
     kernels[i].grid = grid;
     steps3[i][0] = (fg_export_step){entries[i], grid, br[i], threads[i], 99000 + i, 0, 0};
     kernels[i].steps = steps3[i];
@@ -431,10 +438,11 @@ static void register_kernels(void) {
   kernels[1].tmaps = NULL;
   kernels[1].n_tmaps = 0;
   kernels[2].tmaps = f16_maps;
+  kernels[4].tmaps = cluster_maps;
   table = export_of(kernels, sizeof kernels[0]);
-  table.n_kernels = 4;
+  table.n_kernels = 5;
   table.choices = choices;
-  table.n_choices = 1;
+  table.n_choices = 2;
   char err[1024] = "";
   cr_assert_eq(fg_register_export(&table, err, sizeof err), FG_OK, "%s", err);
 }
@@ -605,6 +613,29 @@ Test(launch, persistent_grid_is_one_block_per_sm_at_most, .init = fake_setup,
   }
 }
 
+/* Clusters of two blocks: the query tiles rounded up to even along x (3 -> 4 at 300 rows, 1 -> 2),
+ * batch * heads along y, K/V maps of half a block's rows; the output as through the pointers. */
+Test(launch, cluster_grid_pairs_the_query_tiles, .init = fake_setup, .fini = fake_teardown) {
+  static const struct {
+    int64_t Nq;
+    unsigned grid_x;
+  } runs[] = {{300, 4}, {256, 2}, {40, 2}};
+  for (int i = 0; i < 3; i++) {
+    problem pr = make_problem(FG_DTYPE_BF16, 2, 4, 2, runs[i].Nq, 90, 64, NULL);
+    const int before = fake.tma_launch_count();
+    expect_same_output_as_pointers(&pr, CLUSTER_NAME);
+    cr_assert_eq(fake.tma_launch_count(), before + 1);
+    const fake_tma_launch *l = fake.tma_launch_get(before);
+    cr_assert_str_eq(l->entry, "fg_fwd_d64_br128_bc64_bf16_noncausal_qtmac_w8_s2_sm90a");
+    cr_assert(l->grid[0] == runs[i].grid_x && l->grid[1] == 8 && l->grid[2] == 1,
+              "grid %u x %u x %u, expected %u x 8 x 1", l->grid[0], l->grid[1], l->grid[2],
+              runs[i].grid_x);
+    const fake_tmap *k = fake.tmap_encoded(&l->params.tmap[1]);
+    cr_assert(k && k->box[1] == 32, "K's box: half a K/V block");
+    free_problem(&pr);
+  }
+}
+
 Test(launch, bnhd_strides_and_dims_of_size_one, .init = fake_setup, .fini = fake_teardown) {
   /* (B, N, H, d) tensors; MQA (heads_kv = 1) and one query row: the strides of those dimensions
    * of size 1 (here nonsense: 8 elements) are never stepped over and are replaced by the
@@ -760,4 +791,10 @@ Test(explain, names_the_tensor_maps, .init = fake_setup, .fini = fake_teardown) 
   cr_assert_eq(fg_explain(ctx, &a, buf, sizeof buf), FG_OK, "%s", buf);
   cr_assert(strstr(buf, TMA_NAME), "the exported choice: %s", buf);
   cr_assert(strstr(buf, "\nTMA: q 128 rows, k 64, v 64\n"), "%s", buf);
+  a.seqlen_k = 2000; /* bucket 2048: the table's choice is the cluster kernel */
+  cr_assert_eq(fg_explain(ctx, &a, buf, sizeof buf), FG_OK, "%s", buf);
+  cr_assert(strstr(buf, CLUSTER_NAME), "the exported choice: %s", buf);
+  cr_assert(strstr(buf, "grid (2, 8, 1) x 384 threads") && strstr(buf, "clusters of two blocks"),
+            "%s", buf);
+  cr_assert(strstr(buf, "\nTMA: q 128 rows, k 32, v 32\n"), "%s", buf);
 }
