@@ -307,7 +307,8 @@ int fg_builtin_w12_bc(int d) {
   /* The largest key block (a multiple of 16) whose three consumers fit their 160 registers
    * (templates/fwd.lua: O d / 2 + S Bc / 2 + P Bc / 4 + 32): 112 up to d = 88, 96 up to 112, 80
    * at 120-136, 64 up to 160, 48 up to 184; spill-free with NVRTC 13.0 on the plain grid, and on
-   * the persistent one up to d = 128 and at Bc 48 (tests/test_compile.c). */
+   * the persistent one up to d = 128 and at Bc 48 (tests/test_compile.c). tests/test_plans.c
+   * checks it against fwd.lua's fit: this block fits, 16 more does not. */
   int bc = 128;
   while (bc > 16 && d / 2 + bc / 2 + bc / 4 + 32 > 160) bc -= 16;
   return bc;

@@ -263,6 +263,28 @@ Test(render, tma_persistent_is_the_tma_template_on_a_persistent_grid) {
   fg_generator_destroy(g);
 }
 
+/* The key block the built-in rule gives three consumer warpgroups (fg_builtin_w12_bc, C) is the
+ * largest multiple of 16 that fwd.lua's register fit lets them hold: it fits, 16 more does not,
+ * at every head dim it is used for (d = 72..184), on the plain grid and with a mask or not. */
+Test(render, builtin_three_consumer_key_block_is_the_fit_rules_largest) {
+  fg_generator *g = fgt_generator();
+  const fg_device_limits *lim = fg_limits_for_arch(FG_ARCH_SM90A);
+  for (int d = 72; d <= 184; d += 8) {
+    if (d == 128) continue; /* the three consumers' rule is for head dims off the 64-column blocks */
+    for (int causal = 0; causal <= 1; causal++) {
+      const int bc = fg_builtin_w12_bc(d);
+      fg_variant v = {FG_PASS_FWD, d, 192, bc, FG_DTYPE_BF16, causal, FG_LOOP_Q_TMA, 12, 2,
+                      FG_ARCH_SM90A};
+      char why[512] = "";
+      cr_assert_eq(fg_variant_fits(g, &v, lim, why, sizeof why), 1, "d = %d Bc %d: %s", d, bc, why);
+      v.bc = bc + 16;
+      cr_assert_eq(fg_variant_fits(g, &v, lim, why, sizeof why), 0, "d = %d Bc %d fits", d, v.bc);
+      cr_assert(strstr(why, "registers"), "d = %d Bc %d: %s", d, v.bc, why);
+    }
+  }
+  fg_generator_destroy(g);
+}
+
 /* q_tma_c is fwd_tma.cu on clusters of two blocks: the kernel compiled with its cluster shape,
  * the grid "q_tile_pairs", K/V boxes of half a block (each block loads half, multicast to both);
  * q_tma has no cluster; with a causal mask q_tma_c is refused, saying why and what to take. */
