@@ -101,8 +101,11 @@ fg_variant fg_portable_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
 fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch);
 /* The key block the built-in rule gives three consumer warpgroups (Br 192) at d = 72..184. */
 int fg_builtin_w12_bc(int d);
-/* Whether d's rows end inside a 32-byte sector and the built-in rule gives it three consumer
- * warpgroups at every length without a mask: d = 72, 88, 104, 136, 152, 168. */
+/* Whether rows of d 2-byte elements end inside a 32-byte sector (2d = 16 mod 32: d = 72, 88, ...,
+ * 248), which makes the TMA's K/V loads cost the L2 about 1.5x (bench/NOTES.md session 30). */
+int fg_rows_mid_sector(int d);
+/* Whether d's rows end inside a sector and the built-in rule gives it three consumer warpgroups
+ * at every length without a mask: d = 72, 88, 104, 136, 152, 168. */
 int fg_builtin_sector_dim(int d);
 /* Bytes of register spills (stores, and loads alike) a compiled kernel of v may have and still
  * be tuned or built in: 0 for the forward; 128 for the backward, whose key blocks of 128 spill

@@ -164,7 +164,7 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
       v.warps = 12;
       v.br = 192;
       v.bc = fg_builtin_w12_bc(d);
-    } else if (dp == 256 && d % 16 == 8 && d < 248 && nk >= 4096) {
+    } else if (dp == 256 && fg_rows_mid_sector(d) && d < 248 && nk >= 4096) {
       /* d = 200, 216, 232 (rows ending inside a sector, where three consumers do not fit) from
        * 4k keys: clusters of two query tiles sharing each K/V block, each block loading half
        * (q_tma_c): 1.31x / 1.29x q_tma at 4k / 16k at d = 200, 1.30x / 1.30x at 216, 1.22x /

@@ -301,7 +301,11 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
   return v;
 }
 
-int fg_builtin_sector_dim(int d) { return d % 16 == 8 && ((d >= 72 && d <= 104) || (d >= 136 && d <= 168)); }
+int fg_rows_mid_sector(int d) { return d % 16 == 8; }
+
+int fg_builtin_sector_dim(int d) {
+  return fg_rows_mid_sector(d) && ((d >= 72 && d <= 104) || (d >= 136 && d <= 168));
+}
 
 int fg_builtin_w12_bc(int d) {
   /* The largest key block (a multiple of 16) whose three consumers fit their 160 registers

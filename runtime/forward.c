@@ -16,7 +16,9 @@ void fg_plan_grid(const fg_plan_step *s, int sm_count, int64_t batch, int64_t he
   grid[0] = grid[1] = grid[2] = 1;
   switch (s->grid) {
     case FG_GRID_Q_TILES:
+    case FG_GRID_Q_TILE_PAIRS: /* clusters of two blocks along x: an even count */
       grid[0] = br ? ((uint64_t)seqlen_q + br - 1) / br : 0;
+      if (s->grid == FG_GRID_Q_TILE_PAIRS) grid[0] += grid[0] % 2;
       grid[1] = bh;
       break;
     case FG_GRID_HEADS: grid[0] = bh; break;
@@ -28,11 +30,6 @@ void fg_plan_grid(const fg_plan_step *s, int sm_count, int64_t batch, int64_t he
       grid[0] = br ? ((uint64_t)seqlen_k + br - 1) / br : 0;
       grid[1] = (uint64_t)batch * (uint64_t)heads_kv;
       grid[2] = fg_plan_step_splits(s, heads_q, heads_kv, seqlen_q); /* long query ranges */
-      break;
-    case FG_GRID_Q_TILE_PAIRS: /* clusters of two blocks along x */
-      grid[0] = br ? ((uint64_t)seqlen_q + br - 1) / br : 0;
-      grid[0] += grid[0] % 2;
-      grid[1] = bh;
       break;
     case FG_GRID_PERSISTENT: {
       /* bh is at most the grid's y limit per launch (the batch is split as for q_tiles) and the
