@@ -156,21 +156,39 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
      * at 1k, 0.97-0.99x at 2k, where it stays). d = 80-120 from 2k keys three consumers (Br 192),
      * as d = 72, 88, 104 at every length (fg_builtin_variant): d = 80 1.04x / 1.11x two at 4k /
      * 16k, d = 96 1.06x / 1.06x / 1.09x at 2k / 4k / 16k, d = 112 1.05x / 1.09x, d = 120 1.03x /
-     * 1.07x (H200, fg_ab; 0.91-0.97x at 512-1k, where two stay; bench/NOTES.md session 30). */
-    if (nk <= 512 && (dp == 192 || dp == 256) && !fg_builtin_sector_dim(d)) {
+     * 1.07x (H200, fg_ab; 0.91-0.97x at 512-1k, where two stay; bench/NOTES.md session 30).
+     *
+     * Where rows end inside a 32-byte sector (fg_rows_mid_sector), clusters of two query tiles
+     * that share each K/V block, each block loading half (q_tma_c): a K/V row costs its L2
+     * reads half as much again there, and the cluster halves them. H100, fg_ab against the rule
+     * before (bench/NOTES.md sessions 31-32):
+     *   - d = 200, 216, 232: 1.04x / 1.07x / 1.06x at 512 keys (Bc 64), 1.19x / 1.21x / 1.19x at
+     *     1k, 1.25x / 1.27x / 1.25x at 2k, 1.22-1.31x at 4k, 1.15-1.30x at 16k (Bc 80, d = 232
+     *     Bc 64: 1.03x / 1.05x Bc 80 at 4k / 16k); d = 248 (Bc 64) from 1k: 1.09x / 1.15x /
+     *     1.15x / 1.10x at 1k / 2k / 4k / 16k (0.98x at 512);
+     *   - d = 184 (Bc 64) from 2k: 1.04-1.07x / 1.08x / 1.05x at 2k / 4k / 16k (0.90x at 512);
+     *   - from 4k keys on top of three consumers at d = 72, 88, 104, 136, 152 (1.06x / 1.10x at
+     *     d = 72, 4k / 16k, d = 104 1.06x / 1.15x, d = 136 1.10x / 1.08x, d = 152 1.05x / 1.05x;
+     *     0.6-1.0x up to 2k), and at d = 168 on two (Bc 96: 1.07x / 1.13x three consumers).
+     *     Not the head dims on sectors: d = 80-120 0.90-0.97x at 4k / 16k, d = 64, 128, 192, 256
+     *     0.59-0.95x at 512 / 1k / 4k, d = 224 1.01x. */
+    const int mid = fg_rows_mid_sector(d);
+    if (mid && dp == 256 && nk >= (d == 248 ? 1024 : 1)) {
+      v.loop = FG_LOOP_Q_TMA_C;
+      v.bc = d >= 232 || nk <= 512 ? 64 : 80;
+    } else if (mid && d == 184 && nk >= 2048) {
+      v.loop = FG_LOOP_Q_TMA_C;
+      v.bc = 64;
+    } else if (fg_builtin_sector_dim(d) && nk >= 4096) {
+      v.loop = FG_LOOP_Q_TMA_C;
+      if (d == 168) v.warps = 8, v.br = 128, v.bc = 96;
+    } else if (nk <= 512 && (dp == 192 || dp == 256) && !fg_builtin_sector_dim(d)) {
       v.loop = FG_LOOP_Q_TMA_P;
       v.bc = 64;
     } else if (dp == 128 && d < 128 && nk >= 2048) {
       v.warps = 12;
       v.br = 192;
       v.bc = fg_builtin_w12_bc(d);
-    } else if (dp == 256 && fg_rows_mid_sector(d) && d < 248 && nk >= 4096) {
-      /* d = 200, 216, 232 (rows ending inside a sector, where three consumers do not fit) from
-       * 4k keys: clusters of two query tiles sharing each K/V block, each block loading half
-       * (q_tma_c): 1.31x / 1.29x q_tma at 4k / 16k at d = 200, 1.30x / 1.30x at 216, 1.22x /
-       * 1.15x at 232; not d = 248 (1.02x / 0.94x) nor the head dims on sectors (d = 224 1.01x,
-       * d = 128 1.00x; H100, fg_ab, bench/NOTES.md session 31). */
-      v.loop = FG_LOOP_Q_TMA_C;
     }
     return v;
   }

@@ -319,10 +319,13 @@ static void default_set(fg_arch arch) {
    * one more, d = 104's is its 2k+ kernel); with one at d = 144, 160, 176, 184 the plain grid
    * (4k+), three consumers at d = 136 and 152 (1k+, plain) and 168 (2k persistent, 4k+ plain);
    * without one at d = 136..256 but 136, 152, 168 (which have three consumers at every length,
-   * d = 136 and 152 on the plain grid: 13 head dims) K/V blocks of 64 on the persistent grid
-   * (512), and at d = 200, 216, 232 clusters of two blocks (q_tma_c, 4k+); each in 2 dtypes. */
+   * d = 136 and 152 on the plain grid) and 200, 216, 232 (10 head dims) K/V blocks of 64 on the
+   * persistent grid (512); without one clusters of two blocks (q_tma_c, 13 kernels): d = 200 and
+   * 216 with K/V blocks of 64 (512) and 80 (1k+), d = 232 (64, every length), 248 (64, 1k+), 184
+   * (64, 2k+), and from 4k at d = 72, 88, 104, 136, 152 (three consumers) and 168 (two, Bc 96);
+   * each in 2 dtypes. */
   const int twins = arch == FG_ARCH_SM90A ? 2 * (29 + 29) : 0;
-  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 7 + 1 + 4 + 8 + 13 + 3) * 2 : 0;
+  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 7 + 1 + 4 + 8 + 10 + 13) * 2 : 0;
   cr_assert_eq(n, 29 * 2 * 2 * 2 + twins + lengths,
                "29 head dims x 2 dtypes x 2 maskings x (built-in, kv_outer), plus %d and %d", twins,
                lengths);
@@ -333,11 +336,12 @@ static void default_set(fg_arch arch) {
     persistent += v[i].loop == FG_LOOP_Q_TMA_P;
   }
   cr_assert_eq(wg, twins + lengths, "Hopper kernels in the %s default set", fg_arch_name(arch));
-  cr_assert_eq(persistent, arch == FG_ARCH_SM90A ? (5 + 14 + 16 + 2 + 8 + 11 + 1 + 1 + 13) * 2 : 0,
+  cr_assert_eq(persistent, arch == FG_ARCH_SM90A ? (5 + 14 + 16 + 2 + 8 + 11 + 1 + 1 + 10) * 2 : 0,
                "persistent kernels in the %s default set: d <= 64 non-causal, d = 72..192 "
                "non-causal but 136 and 152, causal, d = 64 causal 1k and 2k-4k, d = 32..56 causal "
                "(two and three consumers), d = 72..120 three consumers (and d = 88 causal 1k), "
-               "d = 168 causal 2k, d = 136..256 non-causal 512 but 136, 152, 168, 2 dtypes",
+               "d = 168 causal 2k, d = 136..256 non-causal 512 but 136, 152, 168, 200, 216, 232, "
+               "2 dtypes",
                fg_arch_name(arch));
   char what[128];
   snprintf(what, sizeof what, "forward default set %s", fg_arch_name(arch));

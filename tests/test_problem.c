@@ -112,8 +112,10 @@ Test(problem, parse_round_trips_and_refuses) {
  * from 1k, Bc 96 there); d = 136, 152, 168
  * (rows ending inside a sector) three consumers at every length without a mask and from 1k
  * (168: 2k) with one; the other d = 136-184 causal the plain grid from 4k; without a mask the
- * other d = 136-256 take K/V blocks of 64 on the persistent grid at 512, and d = 200, 216, 232
- * clusters of two blocks from 4k (q_tma_c); every other problem (d = 128 at every length), and every other arch, the length-free
+ * other d = 136-256 take K/V blocks of 64 on the persistent grid at 512; clusters of two blocks
+ * (q_tma_c) where rows end inside a sector without a mask: d = 200-232 at every length, 248 from
+ * 1k, 184 from 2k, and from 4k on top of three consumers at d = 72-104 and 136-152, on two
+ * (Bc 96) at d = 168; every other problem (d = 128 at every length), and every other arch, the length-free
  * rule. fg_problem_builtin follows the call's bucket, and
  * fg_builtin_variants lists each variant once, the length-free one first. */
 Test(problem, builtin_rule_by_length) {
@@ -140,8 +142,8 @@ Test(problem, builtin_rule_by_length) {
       }
       /* Padded up to 128 (d = 72-120): the persistent grid, three consumers (Br 192, the key
        * block fg_builtin_w12_bc gives) from 2k keys with or without a mask, and at every length
-       * without one at d = 72, 88, 104 (with one d = 88 and 104 at 1k too, Bc 96); two (Br 128,
-       * Bc 128) else. */
+       * without one at d = 72, 88, 104 (with one d = 88 and 104 at 1k too, Bc 96; without one
+       * from 4k on clusters); two (Br 128, Bc 128) else. */
       const int padded[] = {72, 88, 96, 104, 112, 120};
       const int w12_bc[] = {112, 112, 96, 96, 96, 80};
       for (size_t k = 0; k < 6; k++)
@@ -155,7 +157,8 @@ Test(problem, builtin_rule_by_length) {
                     "d = %d causal %d", padded[k], c);
           const int at1k = c && (padded[k] == 88 || padded[k] == 104) && buckets[i] == 1024;
           const int three = always || at1k || buckets[i] >= 2048;
-          cr_assert(w.loop == FG_LOOP_Q_TMA_P && w.stages == 2 && w.warps == (three ? 12 : 8) &&
+          const fg_loop_order loop = always && buckets[i] >= 4096 ? FG_LOOP_Q_TMA_C : FG_LOOP_Q_TMA_P;
+          cr_assert(w.loop == loop && w.stages == 2 && w.warps == (three ? 12 : 8) &&
                         w.br == 16 * w.warps && w.bc == (at1k ? 96 : three ? w12_bc[k] : 128),
                     "d = %d causal %d nk %lld", padded[k], c, (long long)buckets[i]);
         }
@@ -175,13 +178,21 @@ Test(problem, builtin_rule_by_length) {
       }
       /* Padded up to 192, rows ending inside a sector: three consumers at every length without
        * a mask, with one from 1k (d = 168: 2k), on the plain grid with Bc 80 / 64 and on the
-       * persistent one with Bc 48 (d = 168; causal below 4k only). */
+       * persistent one with Bc 48 (d = 168; causal below 4k only); without a mask from 4k on
+       * clusters (d = 168 there on two consumers, Bc 96). */
       const int sector[] = {136, 152, 168};
       const int sector_bc[] = {80, 64, 48};
       for (size_t k = 0; k < 3; k++)
         for (int c = 0; c <= 1; c++) {
           const int d = sector[k];
           const fg_variant w = fg_builtin_variant_for(d, (fg_dtype)dt, c, buckets[i], FG_ARCH_SM90A);
+          if (!c && buckets[i] >= 4096) {
+            cr_assert(w.loop == FG_LOOP_Q_TMA_C && w.stages == 2 &&
+                          w.warps == (d == 168 ? 8 : 12) && w.br == 16 * w.warps &&
+                          w.bc == (d == 168 ? 96 : sector_bc[k]),
+                      "d = %d nk %lld", d, (long long)buckets[i]);
+            continue;
+          }
           const int three = !c || buckets[i] >= (d < 168 ? 1024 : 2048);
           const int persistent = three ? d == 168 && (!c || buckets[i] < 4096) : buckets[i] < 4096;
           cr_assert(w.warps == (three ? 12 : 8) && w.br == 16 * w.warps &&
@@ -189,6 +200,25 @@ Test(problem, builtin_rule_by_length) {
                         w.loop == (persistent ? FG_LOOP_Q_TMA_P : FG_LOOP_Q_TMA),
                     "d = %d causal %d nk %lld", d, c, (long long)buckets[i]);
         }
+      /* Clusters past d = 176 where rows end inside a sector (no mask): d = 216 as 200, d = 232
+       * with Bc 64 at every length, d = 248 with Bc 64 from 1k (the persistent grid's Bc 64 at
+       * 512), d = 184 with Bc 64 from 2k (the length-free rule below). */
+      const int past[] = {184, 216, 232, 248};
+      for (size_t k = 0; k < 4; k++) {
+        const int d = past[k];
+        const fg_variant a = fg_builtin_variant_for(d, (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM90A);
+        const fg_variant b = fg_builtin_variant(d, (fg_dtype)dt, 0, FG_ARCH_SM90A);
+        const int from = d == 184 ? 2048 : d == 248 ? 1024 : 512;
+        const int bc = d == 216 && buckets[i] > 512 ? 80 : 64;
+        if (buckets[i] >= from)
+          cr_assert(a.loop == FG_LOOP_Q_TMA_C && a.bc == bc && a.warps == 8 && a.br == 128 &&
+                        a.stages == 2,
+                    "d = %d nk %lld", d, (long long)buckets[i]);
+        else if (buckets[i] == 512)
+          cr_assert(a.loop == FG_LOOP_Q_TMA_P && a.bc == 64 && a.warps == 8, "d = %d 512", d);
+        else
+          cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d nk %lld", d, (long long)buckets[i]);
+      }
       /* No mask: K/V blocks of 64 on the persistent grid at 512 from d = 144, else the
        * length-free rule; other archs, and with a mask d = 128, 192 and 256: the length-free
        * rule. */
@@ -196,17 +226,20 @@ Test(problem, builtin_rule_by_length) {
       for (size_t k = 0; k < 7; k++) {
         fg_variant a = fg_builtin_variant_for(ds[k], (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM90A);
         fg_variant b = fg_builtin_variant(ds[k], (fg_dtype)dt, 0, FG_ARCH_SM90A);
-        if (ds[k] > 128 && buckets[i] == 512) {
+        if (ds[k] == 200) { /* clusters at every length: Bc 64 at 512, the length-free 80 from 1k */
+          cr_assert(a.loop == FG_LOOP_Q_TMA_C && b.loop == FG_LOOP_Q_TMA && b.bc == 80 &&
+                        a.bc == (buckets[i] == 512 ? 64 : 80),
+                    "d = 200 non-causal");
+          a.loop = b.loop;
+          a.bc = b.bc;
+          cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = 200 non-causal");
+        } else if (ds[k] > 128 && buckets[i] == 512) {
           cr_assert(a.loop == FG_LOOP_Q_TMA_P && a.bc == 64 && a.br == b.br &&
                         a.warps == b.warps && a.stages == b.stages,
                     "d = %d non-causal 512", ds[k]);
           cr_assert(b.bc != 64);
         } else if (ds[k] == 96 && buckets[i] >= 2048) {
           cr_assert(a.warps == 12 && b.warps == 8, "d = 96 non-causal");
-        } else if (ds[k] == 200 && buckets[i] >= 4096) { /* d = 200, 216, 232: clusters from 4k */
-          cr_assert(a.loop == FG_LOOP_Q_TMA_C && b.loop == FG_LOOP_Q_TMA, "d = 200 non-causal");
-          a.loop = b.loop;
-          cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = 200 non-causal");
         } else {
           cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d non-causal", ds[k]);
         }
@@ -245,7 +278,8 @@ Test(problem, builtin_rule_by_length) {
     cr_assert_eq(fg_builtin_variants(96, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 2);
     cr_assert(out[0].loop == FG_LOOP_Q_TMA_P && out[0].warps == 8 && out[1].loop == FG_LOOP_Q_TMA_P &&
               out[1].warps == 12 && out[1].bc == 96);
-    cr_assert_eq(fg_builtin_variants(72, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 1); /* always 3 */
+    cr_assert_eq(fg_builtin_variants(72, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 2); /* always 3 */
+    cr_assert(out[1].loop == FG_LOOP_Q_TMA_C && out[1].warps == 12 && out[1].bc == out[0].bc);
     cr_assert_eq(fg_builtin_variants(128, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 1);
     cr_assert_eq(fg_builtin_variants(192, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 2);
     cr_assert(out[1].loop == FG_LOOP_Q_TMA_P && out[1].bc == 64);
