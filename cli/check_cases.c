@@ -270,12 +270,15 @@ static void add_tma_persistent_cases(fg_check_list *l, fg_arch arch) {
       }
 }
 
-/* The TMA kernel on clusters of two blocks (loop q_tma_c, sm_90a only, no mask: two query tiles
- * of a head, each block loading half of every K/V block into both): head dims on and off the
- * 64-column blocks, one to three consumer warpgroups, both dtypes; three query tiles (the second
- * block of the last cluster past the rows), one tile (its partner all past them), GQA with (B, N,
- * H, d) strides, fewer keys than half a K/V block (the second block's half all past the keys),
- * key blocks cut short, no LSE. */
+/* The TMA kernel on clusters of two blocks (loop q_tma_c, sm_90a only: two query tiles of a head,
+ * each block loading half of every K/V block into both): head dims on and off the 64-column
+ * blocks, one to three consumer warpgroups, both dtypes; three query tiles (the second block of
+ * the last cluster past the rows), one tile (its partner all past them), GQA with (B, N, H, d)
+ * strides, fewer keys than half a K/V block (the second block's half all past the keys), key
+ * blocks cut short, no LSE. With a causal mask (the pair loads the later tile's K/V blocks, the
+ * earlier tile releasing those past its own): an odd tile count (the later tile of the first pair
+ * past the rows), more keys than queries, more queries than keys (rows that see no key, pairs with
+ * one or both tiles without keys), GQA over many tiles (the pairs dealt in groups of heads). */
 static void add_tma_cluster_cases(fg_check_list *l, fg_arch arch) {
   if (arch != FG_ARCH_SM90A) return;
   static const struct { int d, warps, bc; } shapes[] = {
@@ -302,6 +305,28 @@ static void add_tma_cluster_cases(fg_check_list *l, fg_arch arch) {
       if (r == 2) c->layout = FG_CHECK_BNHD;
       if (r == 3 && i == 1) c->lse = 0;
       force(c, v);
+    }
+  static const struct {
+    const char *name;
+    int64_t B, Hq, Hkv, Nq, Nk;
+  } causal_runs[] = {{"causal_odd_tiles", 2, 2, 2, 0, 0}, /* Nq = Nk = 2 Br + 37 */
+                     {"causal_more_keys", 2, 2, 1, 300, 777},
+                     {"causal_rows_without_keys", 1, 4, 2, 777, 300},
+                     {"causal_many_tiles", 1, 4, 2, 4500, 4500}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    for (size_t r = 0; r < sizeof causal_runs / sizeof causal_runs[0]; r++) {
+      const int d = shapes[i].d;
+      const int64_t odd = 2 * 16 * shapes[i].warps + 37;
+      const int64_t nq = causal_runs[r].Nq ? causal_runs[r].Nq : odd;
+      const int64_t nk = causal_runs[r].Nk ? causal_runs[r].Nk : odd;
+      const fg_dtype dt = alt((int64_t)(i + r + 1));
+      const fg_variant v = {FG_PASS_FWD, d, 16 * shapes[i].warps, shapes[i].bc, dt, 1,
+                            FG_LOOP_Q_TMA_C, shapes[i].warps, 2, arch};
+      char vn[FG_VARIANT_NAME_MAX];
+      fg_variant_name(&v, vn, sizeof vn);
+      force(add(l, FG_CHECK_RUN, dt, 1, d, causal_runs[r].B, causal_runs[r].Hq, causal_runs[r].Hkv,
+                nq, nk, i == 0 && r == 0, "tma_cluster/%s_%s", vn, causal_runs[r].name),
+            v);
     }
 }
 

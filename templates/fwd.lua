@@ -168,10 +168,6 @@ local function tma_check(v)
   if v.bc > 256 or v.stages < 2 then
     return v.loop .. " takes Bc <= 256 (a TMA box has at most 256 rows) and 2 to 4 K/V stages"
   end
-  if v.loop == "q_tma_c" and v.causal then
-    return "q_tma_c's two query tiles share every K/V block, so it runs without a causal mask " ..
-           "only (take q_tma or q_tma_p)"
-  end
   local cap = TMA_CONSUMER_REGS[v.warps // 4]
   if tma_consumer_regs(v) > cap then
     return v.loop .. " with " .. v.warps // 4 .. " consumer warpgroup(s) needs about " ..

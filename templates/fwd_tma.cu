@@ -15,10 +15,12 @@
 // loops over tiles in common.cuh's fwd_persistent_tile order, the producer running on into the
 // next tile's Q (in the other of {{ q_bufs }} Q buffers) and K/V blocks while the consumers finish
 // this one, so a tile's pipeline fill and epilogue overlap its neighbours' work. On clusters of
-// {{ cluster }} (loop q_tma_c, grid "q_tile_pairs", no mask): the two blocks of a cluster take two
-// query tiles of one head, and each loads half of every K/V block (BC / 2 rows) into both with a
-// multicast TMA, so each reads half the K/V bytes from L2; a stage is loaded again once the
-// consumers of both blocks have released it. Do not edit.
+// {{ cluster }} (loop q_tma_c, grid "q_tile_pairs"): the two blocks of a cluster take two
+// neighbouring query tiles of one head, and each loads half of every K/V block (BC / 2 rows) into
+// both with a multicast TMA, so each reads half the K/V bytes from L2; a stage is loaded again
+// once the consumers of both blocks have released it. With a causal mask the pair loads the K/V
+// blocks its later tile sees, and the earlier tile's consumers release the blocks past their own
+// without computing on them. Do not edit.
 {% include("common.cuh") %}
 {% include("wgmma.cuh") %}
 {% include("tma.cuh") %}
@@ -49,9 +51,9 @@ constexpr bool PERSIST = {{ persist }};
 constexpr int CLUSTER = {{ cluster }};
 constexpr int HALF = BC / CLUSTER;
 // Causal without the persistent grid: the blocks in groups of heads of about GROUP_HALF_WAVES / 2
-// waves each (next_tile; 1.5 waves: d = 256 causal 4k 1.087x, 1 wave 1.050x). Not with three
-// consumers (Br 192, d <= 64): there it lost 1-3% at d = 64 16k and gained 1-2% at 8k (fg_ab,
-// H100, bench/NOTES.md session 18).
+// waves each (next_tile; 1.5 waves: d = 256 causal 4k 1.087x, 1 wave 1.050x), with clusters the
+// pairs of tiles so dealt. Not with three consumers (Br 192, d <= 64): there it lost 1-3% at
+// d = 64 16k and gained 1-2% at 8k (fg_ab, H100, bench/NOTES.md session 18).
 constexpr bool GROUPED = CAUSAL && !PERSIST && CONSUMERS < 3;
 constexpr u32 GROUP_HALF_WAVES = 3;
 constexpr int QBUFS = {{ q_bufs }};
@@ -67,7 +69,7 @@ constexpr int NT_S = BC / 8, NT_O = D / 8;
 static_assert(D % 8 == 0 && D <= DP && DP % 64 == 0 && BR == 64 * CONSUMERS && CONSUMERS >= 1 && CONSUMERS <= 3 &&
               BC % 16 == 0 && BC <= 256 && STAGES >= 2 && STAGES <= 4 &&
               (QBUFS == 1 || (PERSIST && QBUFS == 2)) && (!OBUF || QBUFS == 2) &&
-              (CLUSTER == 1 || (CLUSTER == 2 && !PERSIST && !CAUSAL && HALF % 8 == 0)), "tile shape (fwd.lua)");
+              (CLUSTER == 1 || (CLUSTER == 2 && !PERSIST && HALF % 8 == 0)), "tile shape (fwd.lua)");
 // Shared memory, from a 1024-byte aligned base: QBUFS Q tiles (BR rows), STAGES K blocks, STAGES
 // V blocks (BC rows each), the O tile (OBUF), then the mbarriers. A tile of R rows is CB column
 // blocks of R rows x 128 bytes.
@@ -119,16 +121,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
         // (d = 256 N = 512 9%, 1k 1%: short blocks that read K and V from DRAM, a head's blocks
         // dealt apart) where the tail alone gained 2.7% and 7.6%; the groups gained 5-9% from 2k
         // (fg_ab, H100, bench/NOTES.md session 18).
-        const u32 nq = nctaid_x();
+        // With clusters the pairs of tiles are dealt so (a cluster's two blocks draw the same pair),
+        // the cluster's rank 0 taking the later tile, as fwd_block_of gives it.
+        const u32 nq = nctaid_x() / CLUSTER;
         u32 qi, bh;
-        deal_causal<GROUP_HALF_WAVES>(ctaid_y() * nq + ctaid_x(), nq, nctaid_y(), qi, bh);
-        fb = fwd_block_at<BR, CAUSAL>(p, (i64)(nq - 1 - qi), bh);
+        deal_causal<GROUP_HALF_WAVES>(ctaid_y() * nq + ctaid_x() / CLUSTER, nq, nctaid_y(), qi, bh);
+        const u32 q_tile = CLUSTER * (nq - 1 - qi) + (CLUSTER > 1 ? CLUSTER - 1 - cluster_rank() : 0u);
+        fb = fwd_block_at<BR, CAUSAL>(p, (i64)q_tile, bh);
       } else {
         fb = fwd_block_of<BR, CAUSAL>(p);
       }
     }
     fwd_block_span<BR, BC, CAUSAL>(fb, p);
     return true;
+  };
+  // The K/V blocks the block's producer loads for its tile fb: its own, or with clusters and a
+  // causal mask those of the pair's later tile (rank 0's, the tile after rank 1's), which the two
+  // producers load halves of together; the earlier tile's consumers release the ones past theirs.
+  auto pair_blocks = [&](const fwd_block &f) -> int {
+    if constexpr (CLUSTER > 1 && CAUSAL) {
+      const i64 last_key = f.q0 + (cluster_rank() == 0 ? BR : 2 * BR) - 1 + f.diag;
+      const i64 nb = (p.seqlen_k + BC - 1) / BC;
+      return last_key < 0 ? 0 : (int)(last_key / BC + 1 < nb ? last_key / BC + 1 : nb);
+    } else {
+      return f.n_blocks;
+    }
   };
 
   if (tid == 0) {
@@ -177,7 +194,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
         for (int c = 0; c < CB; ++c)
           tma_load_4d(sbase + (u32)qs * Q_BYTES + (u32)c * BR * 128, tq, 64 * c, (int)fb.q0, (int)fb.h,
                       (int)fb.b, bars + bar_qfull(qs));
-        for (int j = 0; j < fb.n_blocks; ++j, ++kv) {
+        const int n_load = pair_blocks(fb);
+        for (int j = 0; j < n_load; ++j, ++kv) {
           const int s = (int)(kv % STAGES);
           const u32 use = kv / STAGES;  // this is stage s's use number `use`
           // Both halves land in this block (STAGE_BYTES); with clusters, this block loads half HALF
@@ -220,7 +238,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
     const int qs = (int)(k % QBUFS);
     const u32 bh = fb.bh, b = fb.b, h = fb.h;
     const i64 q0 = fb.q0;
-    const int n_blocks = fb.n_blocks, nk32 = fb.nk32, qdiag32 = fb.qdiag32;
+    // A causal pair's tile past the rows (the odd tile's partner) computes nothing.
+    const int n_blocks = CLUSTER > 1 && CAUSAL && q0 >= Nq ? 0 : fb.n_blocks;
+    const int nk32 = fb.nk32, qdiag32 = fb.qdiag32;
 {% fwd_state("D", "sbase + (u32)qs * Q_BYTES") %}
 
     // S_jb = Q K_jb^T, issued (not waited for) once K_jb has landed: k-step ks reads 16 columns,
@@ -295,6 +315,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
       }
       release_v(j);
     }
+    // A causal pair's earlier tile: the blocks past its own are the later tile's; each is released
+    // here once it has landed (so that every release counts towards the use it belongs to).
+    const int n_pair = pair_blocks(fb);
+    if constexpr (CLUSTER > 1 && CAUSAL) {
+      for (int j = n_blocks; j < n_pair; ++j) {
+        const u32 kb = kv0 + (u32)j;
+        mbar_wait(bars + bar_kfull((int)(kb % STAGES)), (kb / STAGES) & 1);
+        release_k(j);
+        mbar_wait(bars + bar_vfull((int)(kb % STAGES)), (kb / STAGES) & 1);
+        release_v(j);
+      }
+    }
 
     // Epilogue: O normalised into this warpgroup's 64 rows of the O tile (OBUF; once the last tile's
     // store has read them) or of the Q tile (their S products are done, so Q is no longer read
@@ -339,7 +371,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
         if constexpr (PERSIST) mbar_arrive(bars + bar_qempty(0));  // the next tile's Q may come
       }
     }
-    kv0 += (u32)n_blocks;
+    kv0 += (u32)n_pair;
   }
   if constexpr (QBUFS > 1) {
     if (ctid % 128 == 0) bulk_wait_read0();  // the last tile's store has read shared memory

@@ -316,16 +316,18 @@ static void default_set(fg_arch arch) {
    * (d = 32..56) the persistent one with three (2k+); at the head dims padded to 128 (d =
    * 72..120, 7 of them) three consumers (2k+; without a mask only d = 80, 96, 112, 120: the other
    * three have them at every length; with one d = 88 and 104 at 1k too, Bc 96: d = 88's is
-   * one more, d = 104's is its 2k+ kernel); with one at d = 144, 160, 176, 184 the plain grid
-   * (4k+), three consumers at d = 136 and 152 (1k+, plain) and 168 (2k persistent, 4k+ plain);
+   * one more, d = 104's is its 2k+ kernel); with one at d = 144, 160, 176 the plain grid
+   * (4k+), three consumers at d = 136 and 152 (1k+, plain) and 168 (2k persistent);
    * without one at d = 136..256 but 136, 152, 168 (which have three consumers at every length,
    * d = 136 and 152 on the plain grid) and 200, 216, 232 (10 head dims) K/V blocks of 64 on the
    * persistent grid (512); without one clusters of two blocks (q_tma_c, 13 kernels): d = 200 and
    * 216 with K/V blocks of 64 (512) and 80 (1k+), d = 232 (64, every length), 248 (64, 1k+), 184
    * (64, 2k+), and from 4k at d = 72, 88, 104, 136, 152 (three consumers) and 168 (two, Bc 96);
-   * each in 2 dtypes. */
+   * with one clusters too (11 kernels): d = 200, 216, 232 (1k+) and 248 (4k+) with K/V blocks of
+   * 64, 184 with 80 (4k+), 168 on two consumers (Bc 96, 4k+), and at 16k on three consumers at
+   * d = 72, 88, 104, 136, 152; each in 2 dtypes. */
   const int twins = arch == FG_ARCH_SM90A ? 2 * (29 + 29) : 0;
-  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 7 + 1 + 4 + 8 + 10 + 13) * 2 : 0;
+  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 7 + 1 + 3 + 7 + 10 + 13 + 11) * 2 : 0;
   cr_assert_eq(n, 29 * 2 * 2 * 2 + twins + lengths,
                "29 head dims x 2 dtypes x 2 maskings x (built-in, kv_outer), plus %d and %d", twins,
                lengths);

@@ -115,7 +115,8 @@ Test(problem, parse_round_trips_and_refuses) {
  * other d = 136-256 take K/V blocks of 64 on the persistent grid at 512; clusters of two blocks
  * (q_tma_c) where rows end inside a sector without a mask: d = 200-232 at every length, 248 from
  * 1k, 184 from 2k, and from 4k on top of three consumers at d = 72-104 and 136-152, on two
- * (Bc 96) at d = 168; every other problem (d = 128 at every length), and every other arch, the length-free
+ * (Bc 96) at d = 168; with one d = 200-232 from 1k, 184, 248 and 168 (on two) from 4k, and on
+ * three consumers at d = 72-104 and 136-152 at 16k; every other problem (d = 128 at every length), and every other arch, the length-free
  * rule. fg_problem_builtin follows the call's bucket, and
  * fg_builtin_variants lists each variant once, the length-free one first. */
 Test(problem, builtin_rule_by_length) {
@@ -157,7 +158,9 @@ Test(problem, builtin_rule_by_length) {
                     "d = %d causal %d", padded[k], c);
           const int at1k = c && (padded[k] == 88 || padded[k] == 104) && buckets[i] == 1024;
           const int three = always || at1k || buckets[i] >= 2048;
-          const fg_loop_order loop = always && buckets[i] >= 4096 ? FG_LOOP_Q_TMA_C : FG_LOOP_Q_TMA_P;
+          const int mid = padded[k] % 16 == 8 && padded[k] <= 104;
+          const fg_loop_order loop = mid && buckets[i] >= (c ? 16384 : 4096) ? FG_LOOP_Q_TMA_C
+                                                                            : FG_LOOP_Q_TMA_P;
           cr_assert(w.loop == loop && w.stages == 2 && w.warps == (three ? 12 : 8) &&
                         w.br == 16 * w.warps && w.bc == (at1k ? 96 : three ? w12_bc[k] : 128),
                     "d = %d causal %d nk %lld", padded[k], c, (long long)buckets[i]);
@@ -186,7 +189,7 @@ Test(problem, builtin_rule_by_length) {
         for (int c = 0; c <= 1; c++) {
           const int d = sector[k];
           const fg_variant w = fg_builtin_variant_for(d, (fg_dtype)dt, c, buckets[i], FG_ARCH_SM90A);
-          if (!c && buckets[i] >= 4096) {
+          if ((!c || d == 168) && buckets[i] >= 4096) {
             cr_assert(w.loop == FG_LOOP_Q_TMA_C && w.stages == 2 &&
                           w.warps == (d == 168 ? 8 : 12) && w.br == 16 * w.warps &&
                           w.bc == (d == 168 ? 96 : sector_bc[k]),
@@ -195,14 +198,17 @@ Test(problem, builtin_rule_by_length) {
           }
           const int three = !c || buckets[i] >= (d < 168 ? 1024 : 2048);
           const int persistent = three ? d == 168 && (!c || buckets[i] < 4096) : buckets[i] < 4096;
+          const int cluster = c && buckets[i] >= 16384;
           cr_assert(w.warps == (three ? 12 : 8) && w.br == 16 * w.warps &&
                         w.bc == (three ? sector_bc[k] : c ? 64 : 96) && w.stages == 2 &&
-                        w.loop == (persistent ? FG_LOOP_Q_TMA_P : FG_LOOP_Q_TMA),
+                        w.loop == (cluster      ? FG_LOOP_Q_TMA_C
+                                   : persistent ? FG_LOOP_Q_TMA_P
+                                                : FG_LOOP_Q_TMA),
                     "d = %d causal %d nk %lld", d, c, (long long)buckets[i]);
         }
       /* Clusters past d = 176 where rows end inside a sector (no mask): d = 216 as 200, d = 232
        * with Bc 64 at every length, d = 248 with Bc 64 from 1k (the persistent grid's Bc 64 at
-       * 512), d = 184 with Bc 64 from 2k (the length-free rule below). */
+       * 512), d = 184 with Bc 64 from 2k (the length-free rule below); causal below. */
       const int past[] = {184, 216, 232, 248};
       for (size_t k = 0; k < 4; k++) {
         const int d = past[k];
@@ -218,6 +224,13 @@ Test(problem, builtin_rule_by_length) {
           cr_assert(a.loop == FG_LOOP_Q_TMA_P && a.bc == 64 && a.warps == 8, "d = %d 512", d);
         else
           cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d nk %lld", d, (long long)buckets[i]);
+        /* With a causal mask: d = 216, 232 from 1k, 248 and 184 (Bc 80) from 4k. */
+        const fg_variant ac = fg_builtin_variant_for(d, (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
+        const int cfrom = d == 184 || d == 248 ? 4096 : 1024;
+        cr_assert_eq(ac.loop == FG_LOOP_Q_TMA_C, buckets[i] >= cfrom, "d = %d causal nk %lld", d,
+                     (long long)buckets[i]);
+        if (buckets[i] >= cfrom)
+          cr_assert(ac.bc == (d == 184 ? 80 : 64) && ac.warps == 8 && ac.br == 128, "d = %d causal", d);
       }
       /* No mask: K/V blocks of 64 on the persistent grid at 512 from d = 144, else the
        * length-free rule; other archs, and with a mask d = 128, 192 and 256: the length-free
@@ -254,6 +267,10 @@ Test(problem, builtin_rule_by_length) {
           b = fg_builtin_variant(ds[k], (fg_dtype)dt, 1, FG_ARCH_SM90A);
           if (ds[k] == 144 && buckets[i] >= 4096) { /* d = 136-184 causal: the plain grid from 4k */
             cr_assert(b.loop == FG_LOOP_Q_TMA_P && a.loop == FG_LOOP_Q_TMA);
+            a.loop = b.loop;
+          }
+          if (ds[k] == 200 && buckets[i] >= 1024) { /* d = 200-232 causal: clusters from 1k */
+            cr_assert(b.loop == FG_LOOP_Q_TMA && a.loop == FG_LOOP_Q_TMA_C && a.bc == 64 && b.bc == 64);
             a.loop = b.loop;
           }
           cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d causal", ds[k]);
