@@ -45,9 +45,9 @@ fg_variant fg_baseline_variant(fg_generator *g, const fg_problem *p, fg_arch arc
 }
 
 /* The forward grid: Br, Bc, warps, stages, every loop order. */
-static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, int64_t nk,
-                          fg_arch arch, const fg_device_limits *lim, const fg_variant *seed,
-                          fg_variant *out, int n, int cap, fg_prune_counts *pc) {
+static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, fg_arch arch,
+                          const fg_device_limits *lim, const fg_variant *seed, fg_variant *out,
+                          int n, int cap, fg_prune_counts *pc) {
   static const int brs[] = {64, 128}, bcs[] = {16, 32, 64, 128}, warps[] = {4, 8};
   char why[256];
   /* q_outer: 2 or 3 stages; q_wgmma and q_wgmma_ov: 2 (3 is pruned by their rule); kv_outer: 1
@@ -79,13 +79,16 @@ static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, in
    * dropped after compiling (the forward's spill limit is 0). Without a mask, the same shapes on
    * the persistent grid too (q_tma_p: 1.01-1.25x q_tma on an H100, most at short sequences; with a
    * causal mask, its tiles paired short with long within a head, 1.09-1.19x up to N = 4k at d =
-   * 128 and 0.94-0.98x at 16k: bench/NOTES.md, session 12). */
+   * 128 and 0.94-0.98x at 16k: bench/NOTES.md, session 12). Where rows end inside a 32-byte
+   * sector (fg_rows_mid_sector) the same shapes on clusters of two blocks too (q_tma_c: 1.03-1.3x
+   * there on an H100, 0.6-0.95x on sectors; bench/NOTES.md, session 32). */
   static const int tma_shapes[][2] = {{8, 64}, {8, 128}, {12, 64}, {12, 128}};
-  for (int persist = 0; persist <= 1; persist++)
+  static const fg_loop_order tma_loops[] = {FG_LOOP_Q_TMA, FG_LOOP_Q_TMA_P, FG_LOOP_Q_TMA_C};
+  for (int li = 0; li < (fg_rows_mid_sector(d) ? 3 : 2); li++)
     for (size_t i = 0; i < sizeof tma_shapes / sizeof tma_shapes[0]; i++) {
       const int w = tma_shapes[i][0];
-      fg_variant v = {FG_PASS_FWD, d, 16 * w, tma_shapes[i][1], dtype, causal,
-                      persist ? FG_LOOP_Q_TMA_P : FG_LOOP_Q_TMA, w, 2, arch};
+      fg_variant v = {FG_PASS_FWD, d, 16 * w, tma_shapes[i][1], dtype, causal, tma_loops[li], w, 2,
+                      arch};
       if (memcmp(&v, seed, sizeof v) == 0) continue;
       if (fg_variant_fits(g, &v, lim, why, sizeof why) == 1) {
         if (n < cap) out[n++] = v;
@@ -93,12 +96,16 @@ static int fwd_candidates(fg_generator *g, int d, fg_dtype dtype, int causal, in
         count_pruned(pc, why);
       }
     }
-  /* The built-in choice for this length too (where it is off this grid). */
-  {
-    const fg_variant b = fg_builtin_variant_for(d, dtype, causal, nk, arch);
-    int dup = memcmp(&b, seed, sizeof b) == 0;
-    for (int i = 0; i < n && !dup; i++) dup = memcmp(&b, &out[i], sizeof b) == 0;
-    if (!dup && fg_variant_fits(g, &b, lim, why, sizeof why) == 1 && n < cap) out[n++] = b;
+  /* The built-in choices of every key length too (where they are off this grid: the length rules'
+   * key blocks of 48-112, 12 warps off the 64-column blocks, clusters), so that a tuned problem is
+   * never slower than the untuned dispatcher's choice for its bucket; the same list for every
+   * bucket (tune keeps one per op, d, dtype and mask). */
+  fg_variant b[FG_BUILTIN_MAX];
+  const int nb = fg_builtin_variants(d, dtype, causal, arch, b);
+  for (int k = 0; k < nb; k++) {
+    int dup = memcmp(&b[k], seed, sizeof b[k]) == 0;
+    for (int i = 0; i < n && !dup; i++) dup = memcmp(&b[k], &out[i], sizeof b[k]) == 0;
+    if (!dup && fg_variant_fits(g, &b[k], lim, why, sizeof why) == 1 && n < cap) out[n++] = b[k];
   }
   return n;
 }
@@ -181,7 +188,7 @@ int fg_candidates(fg_generator *g, const fg_problem *p, fg_arch arch, const fg_d
   if (pass == FG_PASS_BWD)
     n = bwd_candidates(g, d, dtype, causal, arch, lim, &seed, out, n, cap, &pc);
   else
-    n = fwd_candidates(g, d, dtype, causal, p->nk, arch, lim, &seed, out, n, cap, &pc);
+    n = fwd_candidates(g, d, dtype, causal, arch, lim, &seed, out, n, cap, &pc);
   if (pruned) *pruned = pc;
   return n;
 }

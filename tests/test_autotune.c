@@ -531,6 +531,37 @@ Test(candidates, same_for_every_bucket, .timeout = 60) {
   fg_generator_destroy(g);
 }
 
+/* The forward candidates hold the built-in variant of every key length (fg_builtin_variants), so
+ * that a tuned problem is never slower than what the dispatcher runs untuned (the length rules'
+ * key blocks off the grid, three consumers off the 64-column blocks, clusters); clusters of two
+ * blocks (q_tma_c) are on the grid where rows end inside a sector only. */
+Test(candidates, every_builtin_of_every_length, .timeout = 120) {
+  fg_generator *g = gen();
+  static const int ds[] = {64, 72, 88, 128, 168, 184, 200, 248};
+  for (size_t k = 0; k < sizeof ds / sizeof ds[0]; k++)
+    for (int causal = 0; causal <= 1; causal++) {
+      const fg_problem p = {FG_PASS_FWD, ds[k], FG_DTYPE_BF16, causal, 0, 0};
+      fg_variant v[256], b[FG_BUILTIN_MAX];
+      const int n = fg_candidates(g, &p, FG_ARCH_SM90A, &fg_limits_h100, v, 256, NULL);
+      const int nb = fg_builtin_variants(ds[k], FG_DTYPE_BF16, causal, FG_ARCH_SM90A, b);
+      cr_assert_gt(nb, 0);
+      for (int j = 0; j < nb; j++) {
+        int found = 0;
+        for (int i = 0; i < n && !found; i++) found = memcmp(&v[i], &b[j], sizeof b[j]) == 0;
+        char name[FG_VARIANT_NAME_MAX];
+        fg_variant_name(&b[j], name, sizeof name);
+        cr_assert(found, "d = %d causal %d: the built-in %s is not a candidate", ds[k], causal, name);
+      }
+      int cluster = 0;
+      for (int i = 0; i < n; i++) cluster += v[i].loop == FG_LOOP_Q_TMA_C;
+      if (fg_rows_mid_sector(ds[k]))
+        cr_assert_geq(cluster, 1, "d = %d causal %d: q_tma_c on the grid", ds[k], causal);
+      else
+        cr_assert_eq(cluster, 0, "d = %d causal %d: no q_tma_c on sectors", ds[k], causal);
+    }
+  fg_generator_destroy(g);
+}
+
 /* ---- the backward correctness gate ------------------------------------------------------- */
 
 /* Synthetic gradients: ref in [-2, 2], naive = ref + an error of about 1%, x = ref in dtype. */
