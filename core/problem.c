@@ -250,8 +250,8 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
    * 232 with K/V blocks of 64 from 1k keys (1.01-1.04x at 1k, 1.22-1.23x at 4k, 1.19-1.20x at
    * 16k), d = 248 from 4k (1.10x / 1.09x at 4k / 16k, 0.95x at 1k); d = 184 from 4k with blocks
    * of 80 (1.06x / 1.14x; 0.91x at 1k); d = 168 from 4k on two consumers with blocks of 96 (1.12x
-   * / 1.15x three on the plain grid); on top of three consumers at d = 72, 88, 104, 136, 152 at
-   * 16k only (1.06-1.16x there, 0.82-0.89x at 2k; 4k-8k not measured). */
+   * / 1.15x three on the plain grid); on top of three consumers at d = 72, 88, 104, 136, 152 from
+   * 8k (1.02-1.08x at 8k, 1.06-1.16x at 16k; 0.99-1.06x at 4k, 0.82-0.89x at 2k). */
   if (fg_rows_mid_sector(d)) {
     if ((dp == 256 && nk >= (d == 248 ? 4096 : 1024)) || (d == 184 && nk >= 4096)) {
       v.loop = FG_LOOP_Q_TMA_C;
@@ -261,7 +261,7 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
       v.warps = 8;
       v.br = 128;
       v.bc = 96;
-    } else if (fg_builtin_sector_dim(d) && nk >= 16384) {
+    } else if (fg_builtin_sector_dim(d) && nk >= 8192) {
       v.loop = FG_LOOP_Q_TMA_C;
     }
   }

@@ -324,7 +324,7 @@ static void default_set(fg_arch arch) {
    * 216 with K/V blocks of 64 (512) and 80 (1k+), d = 232 (64, every length), 248 (64, 1k+), 184
    * (64, 2k+), and from 4k at d = 72, 88, 104, 136, 152 (three consumers) and 168 (two, Bc 96);
    * with one clusters too (11 kernels): d = 200, 216, 232 (1k+) and 248 (4k+) with K/V blocks of
-   * 64, 184 with 80 (4k+), 168 on two consumers (Bc 96, 4k+), and at 16k on three consumers at
+   * 64, 184 with 80 (4k+), 168 on two consumers (Bc 96, 4k+), and from 8k on three consumers at
    * d = 72, 88, 104, 136, 152; each in 2 dtypes. */
   const int twins = arch == FG_ARCH_SM90A ? 2 * (29 + 29) : 0;
   const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 7 + 1 + 3 + 7 + 10 + 13 + 11) * 2 : 0;

@@ -116,7 +116,7 @@ Test(problem, parse_round_trips_and_refuses) {
  * (q_tma_c) where rows end inside a sector without a mask: d = 200-232 at every length, 248 from
  * 1k, 184 from 2k, and from 4k on top of three consumers at d = 72-104 and 136-152, on two
  * (Bc 96) at d = 168; with one d = 200-232 from 1k, 184, 248 and 168 (on two) from 4k, and on
- * three consumers at d = 72-104 and 136-152 at 16k; every other problem (d = 128 at every length), and every other arch, the length-free
+ * three consumers at d = 72-104 and 136-152 from 8k; every other problem (d = 128 at every length), and every other arch, the length-free
  * rule. fg_problem_builtin follows the call's bucket, and
  * fg_builtin_variants lists each variant once, the length-free one first. */
 Test(problem, builtin_rule_by_length) {
@@ -159,7 +159,7 @@ Test(problem, builtin_rule_by_length) {
           const int at1k = c && (padded[k] == 88 || padded[k] == 104) && buckets[i] == 1024;
           const int three = always || at1k || buckets[i] >= 2048;
           const int mid = padded[k] % 16 == 8 && padded[k] <= 104;
-          const fg_loop_order loop = mid && buckets[i] >= (c ? 16384 : 4096) ? FG_LOOP_Q_TMA_C
+          const fg_loop_order loop = mid && buckets[i] >= (c ? 8192 : 4096) ? FG_LOOP_Q_TMA_C
                                                                             : FG_LOOP_Q_TMA_P;
           cr_assert(w.loop == loop && w.stages == 2 && w.warps == (three ? 12 : 8) &&
                         w.br == 16 * w.warps && w.bc == (at1k ? 96 : three ? w12_bc[k] : 128),
@@ -198,7 +198,7 @@ Test(problem, builtin_rule_by_length) {
           }
           const int three = !c || buckets[i] >= (d < 168 ? 1024 : 2048);
           const int persistent = three ? d == 168 && (!c || buckets[i] < 4096) : buckets[i] < 4096;
-          const int cluster = c && buckets[i] >= 16384;
+          const int cluster = c && buckets[i] >= 8192;
           cr_assert(w.warps == (three ? 12 : 8) && w.br == 16 * w.warps &&
                         w.bc == (three ? sector_bc[k] : c ? 64 : 96) && w.stages == 2 &&
                         w.loop == (cluster      ? FG_LOOP_Q_TMA_C
