@@ -283,50 +283,36 @@ static void add_tma_cluster_cases(fg_check_list *l, fg_arch arch) {
   if (arch != FG_ARCH_SM90A) return;
   static const struct { int d, warps, bc; } shapes[] = {
       {128, 8, 128}, {216, 8, 80}, {72, 12, 112}, {64, 4, 128}, {256, 8, 64}};
+  /* Nq or Nk 0: 2 Br + 37 (three query tiles); quick: the first shape's case runs in --quick;
+   * bnhd: (B, N, H, d) strides; no_lse: the shape (index) whose case writes no LSE. */
   static const struct {
     const char *name;
+    int causal;
     int64_t B, Hq, Hkv, Nq, Nk;
-  } runs[] = {{"odd_tiles", 2, 4, 4, 0, 650}, /* Nq: 2 Br + 37 */
-              {"one_tile", 3, 2, 2, 40, 300},
-              {"gqa_bnhd", 2, 8, 2, 520, 777},
-              {"few_keys", 2, 4, 1, 300, 9}};
+    int quick, bnhd, no_lse;
+  } runs[] = {{"odd_tiles", 0, 2, 4, 4, 0, 650, 1, 0, -1},
+              {"one_tile", 0, 3, 2, 2, 40, 300, 0, 0, -1},
+              {"gqa_bnhd", 0, 2, 8, 2, 520, 777, 0, 1, -1},
+              {"few_keys", 0, 2, 4, 1, 300, 9, 0, 0, 1},
+              {"causal_odd_tiles", 1, 2, 2, 2, 0, 0, 1, 0, -1},
+              {"causal_more_keys", 1, 2, 2, 1, 300, 777, 0, 0, -1},
+              {"causal_rows_without_keys", 1, 1, 4, 2, 777, 300, 0, 0, -1},
+              {"causal_many_tiles", 1, 1, 4, 2, 4500, 4500, 0, 0, -1}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
-      const int d = shapes[i].d;
-      const int64_t nq = runs[r].Nq ? runs[r].Nq : 2 * 16 * shapes[i].warps + 37;
-      const fg_dtype dt = alt((int64_t)(i + r));
-      const fg_variant v = {FG_PASS_FWD, d, 16 * shapes[i].warps, shapes[i].bc, dt, 0,
-                            FG_LOOP_Q_TMA_C, shapes[i].warps, 2, arch};
-      char vn[FG_VARIANT_NAME_MAX];
-      fg_variant_name(&v, vn, sizeof vn);
-      fg_check_case *c = add(l, FG_CHECK_RUN, dt, 0, d, runs[r].B, runs[r].Hq, runs[r].Hkv,
-                             nq, runs[r].Nk, i == 0 && r == 0, "tma_cluster/%s_%s", vn,
-                             runs[r].name);
-      if (r == 2) c->layout = FG_CHECK_BNHD;
-      if (r == 3 && i == 1) c->lse = 0;
-      force(c, v);
-    }
-  static const struct {
-    const char *name;
-    int64_t B, Hq, Hkv, Nq, Nk;
-  } causal_runs[] = {{"causal_odd_tiles", 2, 2, 2, 0, 0}, /* Nq = Nk = 2 Br + 37 */
-                     {"causal_more_keys", 2, 2, 1, 300, 777},
-                     {"causal_rows_without_keys", 1, 4, 2, 777, 300},
-                     {"causal_many_tiles", 1, 4, 2, 4500, 4500}};
-  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-    for (size_t r = 0; r < sizeof causal_runs / sizeof causal_runs[0]; r++) {
-      const int d = shapes[i].d;
+      const int d = shapes[i].d, causal = runs[r].causal;
       const int64_t odd = 2 * 16 * shapes[i].warps + 37;
-      const int64_t nq = causal_runs[r].Nq ? causal_runs[r].Nq : odd;
-      const int64_t nk = causal_runs[r].Nk ? causal_runs[r].Nk : odd;
-      const fg_dtype dt = alt((int64_t)(i + r + 1));
-      const fg_variant v = {FG_PASS_FWD, d, 16 * shapes[i].warps, shapes[i].bc, dt, 1,
+      const int64_t nq = runs[r].Nq ? runs[r].Nq : odd, nk = runs[r].Nk ? runs[r].Nk : odd;
+      const fg_dtype dt = alt((int64_t)(i + r + (size_t)causal));
+      const fg_variant v = {FG_PASS_FWD, d, 16 * shapes[i].warps, shapes[i].bc, dt, causal,
                             FG_LOOP_Q_TMA_C, shapes[i].warps, 2, arch};
       char vn[FG_VARIANT_NAME_MAX];
       fg_variant_name(&v, vn, sizeof vn);
-      force(add(l, FG_CHECK_RUN, dt, 1, d, causal_runs[r].B, causal_runs[r].Hq, causal_runs[r].Hkv,
-                nq, nk, i == 0 && r == 0, "tma_cluster/%s_%s", vn, causal_runs[r].name),
-            v);
+      fg_check_case *c = add(l, FG_CHECK_RUN, dt, causal, d, runs[r].B, runs[r].Hq, runs[r].Hkv,
+                             nq, nk, i == 0 && runs[r].quick, "tma_cluster/%s_%s", vn, runs[r].name);
+      if (runs[r].bnhd) c->layout = FG_CHECK_BNHD;
+      if (runs[r].no_lse == (int)i) c->lse = 0;
+      force(c, v);
     }
 }
 
