@@ -203,12 +203,15 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
   } else if (dp == 64) {
     /* Below 64 (H200, fg_ab; bench/NOTES.md session 30): three consumers from 2k keys too
      * (d = 40 / 56: 1.11x / 1.07x two at 2k), but on the persistent grid at every length (at
-     * 16k 1.47x / 1.73x the portable kernel, the plain grid's three 1.44x / 1.66x). */
+     * 16k 1.47x / 1.73x the portable kernel, the plain grid's three 1.44x / 1.66x). Up to 1k
+     * keys 4 K/V stages (tiles of 2-8 blocks: the next tile's blocks load under this one's
+     * last): d = 40 / 48 / 56 1.02x / 1.04x / 1.07x two stages at 1k, d = 64 1.01x (H100, fg_ab;
+     * 3 stages 0.95-1.05x; bench/NOTES.md session 32). */
     v.loop = nk >= 8192 && d == 64 ? FG_LOOP_Q_TMA : FG_LOOP_Q_TMA_P;
     v.warps = nk >= 2048 ? 12 : 8;
     v.br = 16 * v.warps;
     v.bc = 128;
-    v.stages = 2;
+    v.stages = nk <= 1024 ? 4 : 2;
   } else if (dp == 192 && fg_builtin_sector_dim(d) && nk >= (d < 168 ? 1024 : 2048)) {
     /* d = 136, 152 from 1k keys and d = 168 from 2k: three consumers (Br 192; their rows end
      * inside a sector, fg_builtin_variant), on the plain grid with the key block that fits it

@@ -106,8 +106,8 @@ Test(problem, parse_round_trips_and_refuses) {
 
 /* The built-in rule by key length (fg_builtin_variant_for): on sm_90a with a causal mask, d = 64
  * runs the wgmma kernel with K/V blocks of 64 at 512, the persistent TMA kernel at 1k (two
- * consumer warpgroups) and 2k-4k (three) and the plain one from 8k; below 64 the persistent one
- * (causal: two consumers up to 1k, three from 2k); a head dim padded up to 128 (d = 72-120) the
+ * consumer warpgroups, 4 stages) and 2k-4k (three) and the plain one from 8k; below 64 the
+ * persistent one (causal: two consumers and 4 stages up to 1k, three from 2k); a head dim padded up to 128 (d = 72-120) the
  * persistent one with three consumers from 2k keys, with or without a mask (causal d = 88, 104
  * from 1k, Bc 96 there); d = 136, 152, 168
  * (rows ending inside a sector) three consumers at every length without a mask and from 1k
@@ -132,7 +132,8 @@ Test(problem, builtin_rule_by_length) {
       cr_assert_eq(v.loop, want, "d = 64 causal, nk %lld", (long long)buckets[i]);
       const int warps = buckets[i] <= 1024 ? 8 : 12;
       if (want != FG_LOOP_Q_WGMMA)
-        cr_assert(v.warps == warps && v.br == 16 * warps && v.bc == 128 && v.stages == 2 &&
+        cr_assert(v.warps == warps && v.br == 16 * warps && v.bc == 128 &&
+                  v.stages == (buckets[i] <= 1024 ? 4 : 2) &&
                   v.causal == 1 && v.d == 64 && v.dtype == (fg_dtype)dt &&
                   v.arch == FG_ARCH_SM90A);
       else {
@@ -165,13 +166,13 @@ Test(problem, builtin_rule_by_length) {
                         w.br == 16 * w.warps && w.bc == (at1k ? 96 : three ? w12_bc[k] : 128),
                     "d = %d causal %d nk %lld", padded[k], c, (long long)buckets[i]);
         }
-      /* Below 64: the persistent grid; causal two consumers up to 1k keys, three from 2k;
+      /* Below 64: the persistent grid; causal two consumers (4 stages) up to 1k keys, three from 2k;
        * without a mask three. */
       for (int d = 32; d < 64; d += 8) {
         const fg_variant c = fg_builtin_variant_for(d, (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
         const int w = buckets[i] >= 2048 ? 12 : 8;
         cr_assert(c.loop == FG_LOOP_Q_TMA_P && c.warps == w && c.br == 16 * w && c.bc == 128 &&
-                      c.stages == 2,
+                      c.stages == (buckets[i] <= 1024 ? 4 : 2),
                   "d = %d causal nk %lld", d, (long long)buckets[i]);
         const fg_variant n = fg_builtin_variant_for(d, (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM90A);
         cr_assert(n.loop == FG_LOOP_Q_TMA_P && n.warps == 12 && n.br == 192 && n.bc == 128,
