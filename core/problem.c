@@ -189,6 +189,12 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
       v.warps = 12;
       v.br = 192;
       v.bc = fg_builtin_w12_bc(d);
+    } else if (dp == 64 && nk <= 1024) {
+      /* d <= 64 up to 1k keys: 4 K/V stages (tiles of 4-8 blocks: the next tile's first blocks
+       * load under this one's last), d = 64 1.04x / 1.02x two at 512 / 1k, d = 48 1.03x / 1.04x,
+       * d = 40 / 56 1.10x / 1.07x at 1k (H100, fg_ab; 0.99-1.03x from 2k; bench/NOTES.md
+       * session 32). */
+      v.stages = 4;
     }
     return v;
   }

@@ -313,7 +313,8 @@ static void default_set(fg_arch arch) {
    * or 192 (d = 72..192, 16 of them). The built-ins by key length too (fg_builtin_variant_for):
    * with a causal mask at d = 64 the wgmma kernel with K/V blocks of 64 (512) and the TMA kernel
    * persistent with two consumer warpgroups and 4 stages (1k) and three (2k-4k) and plain (8k+);
-   * below 64 (d = 32..56) the persistent one with three (2k+) and with 4 stages (up to 1k); at the head dims padded to 128 (d =
+   * below 64 (d = 32..56) the persistent one with three (2k+) and with 4 stages (up to 1k);
+   * without one at d = 32..64 4 stages (up to 1k); at the head dims padded to 128 (d =
    * 72..120, 7 of them) three consumers (2k+; without a mask only d = 80, 96, 112, 120: the other
    * three have them at every length; with one d = 88 and 104 at 1k too, Bc 96: d = 88's is
    * one more, d = 104's is its 2k+ kernel); with one at d = 144, 160, 176 the plain grid
@@ -327,7 +328,7 @@ static void default_set(fg_arch arch) {
    * 64, 184 with 80 (4k+), 168 on two consumers (Bc 96, 4k+), and from 8k on three consumers at
    * d = 72, 88, 104, 136, 152; each in 2 dtypes. */
   const int twins = arch == FG_ARCH_SM90A ? 2 * (29 + 29) : 0;
-  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 4 + 7 + 1 + 3 + 7 + 10 + 13 + 11) * 2 : 0;
+  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 4 + 5 + 7 + 1 + 3 + 7 + 10 + 13 + 11) * 2 : 0;
   cr_assert_eq(n, 29 * 2 * 2 * 2 + twins + lengths,
                "29 head dims x 2 dtypes x 2 maskings x (built-in, kv_outer), plus %d and %d", twins,
                lengths);
@@ -338,10 +339,10 @@ static void default_set(fg_arch arch) {
     persistent += v[i].loop == FG_LOOP_Q_TMA_P;
   }
   cr_assert_eq(wg, twins + lengths, "Hopper kernels in the %s default set", fg_arch_name(arch));
-  cr_assert_eq(persistent, arch == FG_ARCH_SM90A ? (5 + 14 + 16 + 2 + 8 + 4 + 11 + 1 + 1 + 10) * 2 : 0,
+  cr_assert_eq(persistent, arch == FG_ARCH_SM90A ? (5 + 14 + 16 + 2 + 8 + 4 + 5 + 11 + 1 + 1 + 10) * 2 : 0,
                "persistent kernels in the %s default set: d <= 64 non-causal, d = 72..192 "
                "non-causal but 136 and 152, causal, d = 64 causal 1k and 2k-4k, d = 32..56 causal "
-               "(two and three consumers, and 4 stages), d = 72..120 three consumers (and d = 88 causal 1k), "
+               "(two and three consumers, and 4 stages), d = 32..64 non-causal 4 stages, d = 72..120 three consumers (and d = 88 causal 1k), "
                "d = 168 causal 2k, d = 136..256 non-causal 512 but 136, 152, 168, 200, 216, 232, "
                "2 dtypes",
                fg_arch_name(arch));

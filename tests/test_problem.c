@@ -107,7 +107,8 @@ Test(problem, parse_round_trips_and_refuses) {
 /* The built-in rule by key length (fg_builtin_variant_for): on sm_90a with a causal mask, d = 64
  * runs the wgmma kernel with K/V blocks of 64 at 512, the persistent TMA kernel at 1k (two
  * consumer warpgroups, 4 stages) and 2k-4k (three) and the plain one from 8k; below 64 the
- * persistent one (causal: two consumers and 4 stages up to 1k, three from 2k); a head dim padded up to 128 (d = 72-120) the
+ * persistent one (causal: two consumers up to 1k, three from 2k; 4 stages up to 1k with a mask
+ * or without); a head dim padded up to 128 (d = 72-120) the
  * persistent one with three consumers from 2k keys, with or without a mask (causal d = 88, 104
  * from 1k, Bc 96 there); d = 136, 152, 168
  * (rows ending inside a sector) three consumers at every length without a mask and from 1k
@@ -167,7 +168,7 @@ Test(problem, builtin_rule_by_length) {
                     "d = %d causal %d nk %lld", padded[k], c, (long long)buckets[i]);
         }
       /* Below 64: the persistent grid; causal two consumers (4 stages) up to 1k keys, three from 2k;
-       * without a mask three. */
+       * without a mask three (4 stages up to 1k). */
       for (int d = 32; d < 64; d += 8) {
         const fg_variant c = fg_builtin_variant_for(d, (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
         const int w = buckets[i] >= 2048 ? 12 : 8;
@@ -175,7 +176,8 @@ Test(problem, builtin_rule_by_length) {
                       c.stages == (buckets[i] <= 1024 ? 4 : 2),
                   "d = %d causal nk %lld", d, (long long)buckets[i]);
         const fg_variant n = fg_builtin_variant_for(d, (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM90A);
-        cr_assert(n.loop == FG_LOOP_Q_TMA_P && n.warps == 12 && n.br == 192 && n.bc == 128,
+        cr_assert(n.loop == FG_LOOP_Q_TMA_P && n.warps == 12 && n.br == 192 && n.bc == 128 &&
+                      n.stages == (buckets[i] <= 1024 ? 4 : 2),
                   "d = %d nk %lld", d, (long long)buckets[i]);
         const fg_variant b = fg_builtin_variant(d, (fg_dtype)dt, 1, FG_ARCH_SM90A);
         cr_assert(b.loop == FG_LOOP_Q_TMA_P && b.warps == 8 && b.bc == 128, "d = %d causal", d);
@@ -252,6 +254,10 @@ Test(problem, builtin_rule_by_length) {
                         a.warps == b.warps && a.stages == b.stages,
                     "d = %d non-causal 512", ds[k]);
           cr_assert(b.bc != 64);
+        } else if (ds[k] == 64 && buckets[i] <= 1024) { /* d <= 64 up to 1k: 4 stages */
+          cr_assert(a.stages == 4 && b.stages == 2, "d = 64 non-causal");
+          a.stages = b.stages;
+          cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = 64 non-causal");
         } else if (ds[k] == 96 && buckets[i] >= 2048) {
           cr_assert(a.warps == 12 && b.warps == 8, "d = 96 non-causal");
         } else {
