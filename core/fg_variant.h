@@ -28,7 +28,7 @@ const char *fg_pass_name(fg_pass p);
  * (one block per SM looping over the tiles, the next tile's loads under this one's epilogue; grid
  * kind "persistent"). q_tma_c is q_tma on clusters of two blocks, two query tiles of one head that
  * share every K/V block: each block loads half of it and the TMA multicasts it to both (grid kind
- * "q_tile_pairs"; without a causal mask only). */
+ * "q_tile_pairs"; with a causal mask the pair loads the blocks its later tile sees). */
 typedef enum fg_loop_order {
   FG_LOOP_Q_OUTER = 0,
   FG_LOOP_KV_OUTER = 1,
