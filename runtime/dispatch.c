@@ -336,7 +336,11 @@ FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char
       fg_text_add(&t, ", %.1f MiB fp32 workspace", (double)ws / (1024.0 * 1024.0));
     if (meta.regs >= 0) fg_text_add(&t, ", %d registers per thread", meta.regs);
     if (sp->grid == FG_GRID_Q_TILE_PAIRS)
-      fg_text_add(&t, ", clusters of two blocks along x (two query tiles sharing each K/V block)");
+      fg_text_add(&t, a.causal ? ", clusters of two blocks along x (two neighbouring query tiles "
+                                 "sharing each K/V block: the later tile's, the earlier one "
+                                 "skipping those past its own)"
+                               : ", clusters of two blocks along x (two query tiles sharing each "
+                                 "K/V block)");
     uint64_t limit = sp->grid == FG_GRID_HEADS ? 2147483647u : (uint64_t)ctx->limits.max_grid_y;
     uint64_t bh = (uint64_t)a.batch * (uint64_t)a.heads_q;
     if (bh > limit) {

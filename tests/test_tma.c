@@ -405,27 +405,31 @@ static const char *const F16_NAME = "fwd_d128_br64_bc128_f16_causal_qtma_w4_s2_s
 static const char *const PERSIST_NAME = "fwd_d64_br128_bc64_bf16_noncausal_qtmap_w8_s2_sm90a";
 /* TMA_NAME on clusters of two blocks (q_tma_c: K/V boxes of half a block), chosen at 2k keys. */
 static const char *const CLUSTER_NAME = "fwd_d64_br128_bc64_bf16_noncausal_qtmac_w8_s2_sm90a";
-static fg_export_step steps3[5][1];
-static char entries[5][64];
+/* And with a causal mask (the pair loading its later tile's K/V blocks), chosen at 2k keys. */
+static const char *const CLUSTER_CAUSAL_NAME = "fwd_d64_br128_bc64_bf16_causal_qtmac_w8_s2_sm90a";
+static fg_export_step steps3[6][1];
+static char entries[6][64];
 static const fg_export_tmap f16_maps[3] = {
     {FG_EXPORT_TENSOR_Q, 64}, {FG_EXPORT_TENSOR_K, 128}, {FG_EXPORT_TENSOR_V, 128}};
 static const fg_export_tmap cluster_maps[3] = {
     {FG_EXPORT_TENSOR_Q, 128}, {FG_EXPORT_TENSOR_K, 32}, {FG_EXPORT_TENSOR_V, 32}};
-static fg_export_kernel kernels[5];
-static const fg_export_choice choices[2] = {
+static fg_export_kernel kernels[6];
+static const fg_export_choice choices[3] = {
     {"fwd_d64_bf16_noncausal_nk512", "fwd_d64_br128_bc64_bf16_noncausal_qtma_w8_s2_sm90a", "test"},
-    {"fwd_d64_bf16_noncausal_nk2048", "fwd_d64_br128_bc64_bf16_noncausal_qtmac_w8_s2_sm90a", "test"}};
+    {"fwd_d64_bf16_noncausal_nk2048", "fwd_d64_br128_bc64_bf16_noncausal_qtmac_w8_s2_sm90a", "test"},
+    {"fwd_d64_bf16_causal_nk2048", "fwd_d64_br128_bc64_bf16_causal_qtmac_w8_s2_sm90a", "test"}};
 static fg_export table;
 
 static void register_kernels(void) {
-  const char *names[5] = {TMA_NAME, REF_NAME, F16_NAME, PERSIST_NAME, CLUSTER_NAME};
-  const int br[5] = {128, 128, 64, 128, 128}, threads[5] = {384, 256, 256, 384, 384};
-  for (int i = 0; i < 5; i++) {
+  const char *names[6] = {TMA_NAME, REF_NAME, F16_NAME, PERSIST_NAME, CLUSTER_NAME,
+                          CLUSTER_CAUSAL_NAME};
+  const int br[6] = {128, 128, 64, 128, 128, 128}, threads[6] = {384, 256, 256, 384, 384, 384};
+  for (int i = 0; i < 6; i++) {
     kernels[i] = tma_export_kernel();
     kernels[i].variant = names[i];
     snprintf(entries[i], sizeof entries[i], "fg_%s", names[i]);
     const int grid = i == 3   ? FG_EXPORT_GRID_PERSISTENT
-                     : i == 4 ? FG_EXPORT_GRID_Q_TILE_PAIRS
+                     : i >= 4 ? FG_EXPORT_GRID_Q_TILE_PAIRS
                               : FG_EXPORT_GRID_Q_TILES;
     kernels[i].grid = grid;
     steps3[i][0] = (fg_export_step){entries[i], grid, br[i], threads[i], 99000 + i, 0, 0};
@@ -439,10 +443,11 @@ static void register_kernels(void) {
   kernels[1].n_tmaps = 0;
   kernels[2].tmaps = f16_maps;
   kernels[4].tmaps = cluster_maps;
+  kernels[5].tmaps = cluster_maps;
   table = export_of(kernels, sizeof kernels[0]);
-  table.n_kernels = 5;
+  table.n_kernels = 6;
   table.choices = choices;
-  table.n_choices = 2;
+  table.n_choices = 3;
   char err[1024] = "";
   cr_assert_eq(fg_register_export(&table, err, sizeof err), FG_OK, "%s", err);
 }
@@ -797,4 +802,8 @@ Test(explain, names_the_tensor_maps, .init = fake_setup, .fini = fake_teardown) 
   cr_assert(strstr(buf, "grid (2, 8, 1) x 384 threads") && strstr(buf, "clusters of two blocks"),
             "%s", buf);
   cr_assert(strstr(buf, "\nTMA: q 128 rows, k 32, v 32\n"), "%s", buf);
+  a.causal = 1; /* the causal pair: the later tile's blocks, the earlier tile skipping the rest */
+  cr_assert_eq(fg_explain(ctx, &a, buf, sizeof buf), FG_OK, "%s", buf);
+  cr_assert(strstr(buf, CLUSTER_CAUSAL_NAME), "the exported choice: %s", buf);
+  cr_assert(strstr(buf, "clusters of two blocks") && strstr(buf, "the later tile's"), "%s", buf);
 }
