@@ -236,9 +236,9 @@ static void fg_text_add(fg_text *t, const char *fmt, ...) {
 }
 
 /* The lines every explanation starts with: the problem (a: the forward view, normalised), the
- * device and the policy. */
-static void fg_explain_head(fg_context *ctx, fg_text *t, const char *what,
-                            const fg_attention_args *a) {
+ * device and the policy; for an empty call (nothing launched) that line too, and returns 1. */
+static int fg_explain_head(fg_context *ctx, fg_text *t, const char *what,
+                           const fg_attention_args *a) {
   fg_text_add(t,
               "problem: %s, batch %" PRId64 ", heads_q %" PRId64 ", heads_kv %" PRId64
               ", seqlen_q %" PRId64 ", seqlen_k %" PRId64 ", head_dim %" PRId64
@@ -251,6 +251,10 @@ static void fg_explain_head(fg_context *ctx, fg_text *t, const char *what,
       ctx->device, ctx->limits.name, ctx->limits.cc_major, ctx->limits.cc_minor,
       fg_arch_name(ctx->arch), ctx->limits.sm_count, ctx->limits.smem_optin_per_block);
   fg_text_add(t, "policy: %s\n", fg_policy_name(ctx->policy));
+  if (!fg_args_empty(a)) return 0;
+  fg_text_add(t, "nothing to launch: batch, heads_q or seqlen_q is 0 (the call returns at once "
+                 "and touches nothing)\n");
+  return 1;
 }
 
 /* The dispatcher's decision for pass, in lines: key, choice, variant, binary. Returns FG_OK with
@@ -307,12 +311,7 @@ FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char
     fg_text_add(&t, "invalid arguments: %s\n", err);
     return fg_fail(ctx, st, "%s", err);
   }
-  fg_explain_head(ctx, &t, "forward", &a);
-  if (fg_args_empty(&a)) {
-    fg_text_add(&t, "nothing to launch: batch, heads_q or seqlen_q is 0 (the call returns at once "
-                    "and touches nothing)\n");
-    return FG_OK;
-  }
+  if (fg_explain_head(ctx, &t, "forward", &a)) return FG_OK;
   const fg_dispatch *d = NULL;
   fg_binary_source src;
   fg_kernel_meta meta;
@@ -373,12 +372,7 @@ FG_API fg_status fg_explain_backward(fg_context *ctx, const fg_attention_backwar
   }
   fg_attention_args a;
   fg_backward_forward_args(&b, &a);
-  fg_explain_head(ctx, &t, "backward (dQ, dK, dV)", &a);
-  if (fg_args_empty(&a)) {
-    fg_text_add(&t, "nothing to launch: batch, heads_q or seqlen_q is 0 (the call returns at once "
-                    "and touches nothing)\n");
-    return FG_OK;
-  }
+  if (fg_explain_head(ctx, &t, "backward (dQ, dK, dV)", &a)) return FG_OK;
   const fg_dispatch *d = NULL;
   fg_binary_source src;
   fg_kernel_meta meta;
