@@ -77,6 +77,14 @@ static int checked_before(tprob *P, const ttriple *T, int c) {
   return T->checked[c] != 0;
 }
 
+/* The candidates of problem P still to check: measured here, without a result, and checked by
+ * no earlier bucket of the triple (whose verdicts checked_before carries over). */
+static int todo_count(tprob *P, const ttriple *T) {
+  int todo = 0;
+  for (int c = 0; c < T->n; c++) todo += P->measure[c] && !P->have_res[c] && !checked_before(P, T, c);
+  return todo;
+}
+
 /* Keeps the verdict of candidate c's check for the triple's later buckets. */
 static void keep_verdict(const tprob *P, ttriple *T, int c) {
   T->checked[c] = P->have_res[c] ? 2 : 1;
@@ -141,9 +149,7 @@ static fg_status check_problem_bwd(trun *R, int pi, uint64_t seed) {
   fg_context *ctx = R->ctx;
   tprob *P = &R->pr[pi];
   ttriple *T = &R->tri[P->tri];
-  int todo = 0; /* candidates no earlier bucket of the triple checked */
-  for (int c = 0; c < T->n; c++) todo += P->measure[c] && !P->have_res[c] && !checked_before(P, T, c);
-  if (todo == 0) return FG_OK;
+  if (todo_count(P, T) == 0) return FG_OK;
   const fg_tune_problem *pb = &R->problems[pi];
   tdev *D = &R->D;
   const int64_t N = BWD_CHECK_N, d = pb->d;
@@ -258,9 +264,7 @@ fg_status fg_tune_check_problem(trun *R, int pi, uint64_t seed) {
   fg_context *ctx = R->ctx;
   tprob *P = &R->pr[pi];
   ttriple *T = &R->tri[P->tri];
-  int todo = 0; /* candidates no earlier bucket of the triple checked */
-  for (int c = 0; c < T->n; c++) todo += P->measure[c] && !P->have_res[c] && !checked_before(P, T, c);
-  if (todo == 0) return FG_OK;
+  if (todo_count(P, T) == 0) return FG_OK;
   const fg_tune_problem *pb = &R->problems[pi];
   tdev *D = &R->D;
   const int64_t n = pb->n < CHECK_N_MAX ? pb->n : CHECK_N_MAX;
