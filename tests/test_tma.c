@@ -523,6 +523,19 @@ static void expect_same_output_as_pointers(problem *pr, const char *name) {
   free(tma_out);
 }
 
+/* Runs name on pr as expect_same_output_as_pointers does and returns its one TMA launch, whose
+ * entry is fg_<name>. */
+static const fake_tma_launch *one_launch_as_pointers(problem *pr, const char *name) {
+  const int before = fake.tma_launch_count();
+  expect_same_output_as_pointers(pr, name);
+  cr_assert_eq(fake.tma_launch_count(), before + 1);
+  const fake_tma_launch *l = fake.tma_launch_get(before);
+  char entry[FG_VARIANT_NAME_MAX + 3];
+  snprintf(entry, sizeof entry, "fg_%s", name);
+  cr_assert_str_eq(l->entry, entry);
+  return l;
+}
+
 /* Asserts encode i as fgt_expect_map does, and an element stride of 1 in every dimension. */
 static void expect_map(int i, int type, const void *base, const unsigned long long dims[4],
                        const unsigned long long strides[3], unsigned rows) {
@@ -605,11 +618,7 @@ Test(launch, persistent_grid_is_one_block_per_sm_at_most, .init = fake_setup,
   for (int i = 0; i < 2; i++) {
     problem pr = make_problem(FG_DTYPE_BF16, runs[i].B, runs[i].Hq, runs[i].Hkv, runs[i].Nq, 50,
                               64, NULL);
-    const int before = fake.tma_launch_count();
-    expect_same_output_as_pointers(&pr, PERSIST_NAME);
-    cr_assert_eq(fake.tma_launch_count(), before + 1);
-    const fake_tma_launch *l = fake.tma_launch_get(before);
-    cr_assert_str_eq(l->entry, "fg_fwd_d64_br128_bc64_bf16_noncausal_qtmap_w8_s2_sm90a");
+    const fake_tma_launch *l = one_launch_as_pointers(&pr, PERSIST_NAME);
     cr_assert(l->grid[0] == runs[i].grid && l->grid[1] == 1 && l->grid[2] == 1,
               "grid %u x %u x %u, expected %u x 1 x 1", l->grid[0], l->grid[1], l->grid[2],
               runs[i].grid);
@@ -627,11 +636,7 @@ Test(launch, cluster_grid_pairs_the_query_tiles, .init = fake_setup, .fini = fak
   } runs[] = {{300, 4}, {256, 2}, {40, 2}};
   for (int i = 0; i < 3; i++) {
     problem pr = make_problem(FG_DTYPE_BF16, 2, 4, 2, runs[i].Nq, 90, 64, NULL);
-    const int before = fake.tma_launch_count();
-    expect_same_output_as_pointers(&pr, CLUSTER_NAME);
-    cr_assert_eq(fake.tma_launch_count(), before + 1);
-    const fake_tma_launch *l = fake.tma_launch_get(before);
-    cr_assert_str_eq(l->entry, "fg_fwd_d64_br128_bc64_bf16_noncausal_qtmac_w8_s2_sm90a");
+    const fake_tma_launch *l = one_launch_as_pointers(&pr, CLUSTER_NAME);
     cr_assert(l->grid[0] == runs[i].grid_x && l->grid[1] == 8 && l->grid[2] == 1,
               "grid %u x %u x %u, expected %u x 8 x 1", l->grid[0], l->grid[1], l->grid[2],
               runs[i].grid_x);
