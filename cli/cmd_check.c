@@ -239,8 +239,8 @@ int fg_cmd_check(int argc, char **argv) {
   fg_arch arch = ctx ? fg_context_arch(ctx) : FG_ARCH_SM90A;
   int device_count = 1;
   if (ctx) fg_cu.cuDeviceGetCount(&device_count);
-  fg_variant *defs = calloc(1024, sizeof *defs);
-  int ndefs = defs ? fg_default_variants(arch, 1, defs, 1024) : 0;
+  fg_variant *defs = calloc(FG_DEFAULT_VARIANTS_MAX, sizeof *defs);
+  int ndefs = defs ? fg_default_variants(arch, 1, defs, FG_DEFAULT_VARIANTS_MAX) : 0;
   fg_check_list l = {0};
   fg_check_build_cases(&l, defs, ndefs, device_count);
   char *sel = calloc((size_t)l.n + 1, 1);

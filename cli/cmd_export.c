@@ -547,12 +547,12 @@ int fg_cmd_export(int argc, char **argv) {
              "the built-in rule's %s for every head_dim 32..256, f16/bf16, causal or not",
              with_backward ? "forward and backward variants" : "forward variant");
     for (int a = 0; a < narch && rc == 0; a++) {
-      fg_variant v[512];
-      int n = fg_default_variants(archs[a], 0, v, 512);
+      fg_variant v[FG_DEFAULT_VARIANTS_MAX];
+      int n = fg_default_variants(archs[a], 0, v, FG_DEFAULT_VARIANTS_MAX);
       for (int i = 0; i < n && rc == 0; i++)
         if (set_add_kernel(&s, &v[i]) != 0) rc = 1;
       /* The backward of the same problems: what fg_attention_backward runs by the rule. */
-      n = with_backward ? fg_default_backward_variants(archs[a], v, 512) : 0;
+      n = with_backward ? fg_default_backward_variants(archs[a], v, FG_DEFAULT_VARIANTS_MAX) : 0;
       for (int i = 0; i < n && rc == 0; i++)
         if (set_add_kernel(&s, &v[i]) != 0) rc = 1;
     }

@@ -417,9 +417,9 @@ int fg_cmd_build_default(int argc, char **argv) {
   printf("%-56s %-7s %8s %5s %9s %6s\n", "variant", "arch", "nvrtc ms", "regs", "smem(B)", "spill");
   for (int ai = 0; ai < narch; ai++) {
     const fg_arch arch = archs[ai];
-    fg_variant v[1024];
-    int n = fg_default_variants(arch, kv, v, 512);
-    if (with_backward) n += fg_default_backward_variants(arch, v + n, 1024 - n);
+    fg_variant v[2 * FG_DEFAULT_VARIANTS_MAX];
+    int n = fg_default_variants(arch, kv, v, FG_DEFAULT_VARIANTS_MAX);
+    if (with_backward) n += fg_default_backward_variants(arch, v + n, 2 * FG_DEFAULT_VARIANTS_MAX - n);
     if (any_d) { /* only the head dims asked for */
       int k = 0;
       for (int i = 0; i < n; i++)

@@ -108,7 +108,10 @@ int fg_generator_build_reference(fg_generator *g, fg_dtype dtype, int exact, fg_
 /* The default kernel set: for every d (32..256 step 8), dtype, causal, the variants the built-in
  * rule picks for arch at any length (fg_builtin_variants); with with_kv_outer also the kv_outer
  * variant, and the q_outer one where the rule picks a wgmma kernel (sm_90a), so the portable path
- * is always in the set. Returns the count written (at most cap). */
+ * is always in the set. Returns the count written (at most cap: callers pass
+ * FG_DEFAULT_VARIANTS_MAX, which tests/test_compile.c checks the set stays under; it passed 512
+ * when q_tma_d came, and a cap of 512 then cut the set short without a word). */
+#define FG_DEFAULT_VARIANTS_MAX 1024
 int fg_default_variants(fg_arch arch, int with_kv_outer, fg_variant *out, int cap);
 /* The backward's default set: for every d (32..256 step 8), dtype, causal, the built-in rule's
  * backward variant for arch (what fg_attention_backward runs without a tuning record). Returns the

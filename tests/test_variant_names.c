@@ -98,9 +98,9 @@ Test(variant_names, every_canonical_name_parses_back_to_itself) {
 Test(variant_names, the_default_sets_and_built_in_choices_parse) {
   int count = 0;
   for (int arch = 0; arch < FG_ARCH_COUNT; arch++) {
-    fg_variant v[512];
+    fg_variant v[FG_DEFAULT_VARIANTS_MAX];
     for (int kv = 0; kv <= 1; kv++) {
-      int n = fg_default_variants((fg_arch)arch, kv, v, 512);
+      int n = fg_default_variants((fg_arch)arch, kv, v, FG_DEFAULT_VARIANTS_MAX);
       cr_assert_gt(n, 0);
       for (int i = 0; i < n; i++) expect_round_trip(&v[i], &count);
     }
