@@ -234,7 +234,8 @@ static void add_tma_in_place_cases(fg_check_list *l, fg_arch arch) {
 }
 
 /* The persistent TMA kernel (loop q_tma_p, sm_90a only: one block per SM looping over tiles, the
- * next tile's Q in a second buffer where it fits): head dims on and off the 64-column blocks,
+ * next tile's Q in a second buffer where it fits; and q_tma_d, the same taking its tiles from a
+ * counter in its workspace, as its blocks come free): head dims on and off the 64-column blocks,
  * both dtypes, causal or not, at one tile per block (fewer tiles than SMs), a few per block (GQA,
  * causal bottom-right) and up to five per block (each Q buffer reused, and causal at d = 96 and
  * 128 the O buffer, fwd.lua's o_buf; the K/V stages' phases carried across tiles); rows that see no key (tiles without key blocks inside a
@@ -250,24 +251,26 @@ static void add_tma_persistent_cases(fg_check_list *l, fg_arch arch) {
               {"few_per_block_gqa", 4, 16, 4, 500, 500, 545},
               {"many_per_block", 8, 16, 16, 520, 520, 520},
               {"rows_without_keys", 6, 16, 8, 400, 150, 150}};
-  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++)
-      for (int causal = 0; causal <= 1; causal++) {
-        const int d = shapes[i].d, small = d == 64 || d == 128;
-        if (!small && r == 2) continue; /* the deepest run at d = 64 and 128 only (host time) */
-        const fg_dtype dt = alt((int64_t)(i + r) + causal);
-        const fg_variant v = {FG_PASS_FWD, d, 16 * shapes[i].warps,
-                              causal ? shapes[i].bc_causal : shapes[i].bc, dt, causal,
-                              FG_LOOP_Q_TMA_P, shapes[i].warps, 2, arch};
-        char vn[FG_VARIANT_NAME_MAX];
-        fg_variant_name(&v, vn, sizeof vn);
-        fg_check_case *c = add(l, FG_CHECK_RUN, dt, causal, d, runs[r].B, runs[r].Hq,
-                               runs[r].Hkv, runs[r].Nq, causal ? runs[r].Nk_causal : runs[r].Nk,
-                               small && r != 2, "tma_persistent/%s_%s", vn, runs[r].name);
-        if (r == 1 && i == 0) c->layout = FG_CHECK_BNHD;
-        if (r == 0 && i == 1) c->lse = 0;
-        force(c, v);
-      }
+  static const fg_loop_order loops[] = {FG_LOOP_Q_TMA_P, FG_LOOP_Q_TMA_D};
+  for (size_t li = 0; li < sizeof loops / sizeof loops[0]; li++)
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+      for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++)
+        for (int causal = 0; causal <= 1; causal++) {
+          const int d = shapes[i].d, small = d == 64 || d == 128;
+          if (!small && r == 2) continue; /* the deepest run at d = 64 and 128 only (host time) */
+          const fg_dtype dt = alt((int64_t)(i + r + li) + causal);
+          const fg_variant v = {FG_PASS_FWD, d, 16 * shapes[i].warps,
+                                causal ? shapes[i].bc_causal : shapes[i].bc, dt, causal,
+                                loops[li], shapes[i].warps, 2, arch};
+          char vn[FG_VARIANT_NAME_MAX];
+          fg_variant_name(&v, vn, sizeof vn);
+          fg_check_case *c = add(l, FG_CHECK_RUN, dt, causal, d, runs[r].B, runs[r].Hq,
+                                 runs[r].Hkv, runs[r].Nq, causal ? runs[r].Nk_causal : runs[r].Nk,
+                                 small && r != 2, "tma_persistent/%s_%s", vn, runs[r].name);
+          if (r == 1 && i == 0) c->layout = FG_CHECK_BNHD;
+          if (r == 0 && i == 1) c->lse = 0;
+          force(c, v);
+        }
 }
 
 /* The TMA kernel on clusters of two blocks (loop q_tma_c, sm_90a only: two query tiles of a head,

@@ -28,7 +28,9 @@ const char *fg_pass_name(fg_pass p);
  * (one block per SM looping over the tiles, the next tile's loads under this one's epilogue; grid
  * kind "persistent"). q_tma_c is q_tma on clusters of two blocks, two query tiles of one head that
  * share every K/V block: each block loads half of it and the TMA multicasts it to both (grid kind
- * "q_tile_pairs"; with a causal mask the pair loads the blocks its later tile sees). */
+ * "q_tile_pairs"; with a causal mask the pair loads the blocks its later tile sees). q_tma_d is
+ * q_tma_p taking its tiles as its blocks come free, from a counter in the call's workspace (8 bytes
+ * per (batch, head), one word used), in the persistent order's units. */
 typedef enum fg_loop_order {
   FG_LOOP_Q_OUTER = 0,
   FG_LOOP_KV_OUTER = 1,
@@ -39,6 +41,7 @@ typedef enum fg_loop_order {
   FG_LOOP_KV_TMA = 6,
   FG_LOOP_Q_TMA_P = 7,
   FG_LOOP_Q_TMA_C = 8,
+  FG_LOOP_Q_TMA_D = 9,
   FG_LOOP_COUNT
 } fg_loop_order;
 typedef enum fg_arch {
@@ -77,9 +80,9 @@ int fg_variant_check(const fg_variant *v, char *err, size_t errlen);
 
 const char *fg_arch_name(fg_arch a);  /* "sm_80", ... "sm_90a" */
 /* The loop order's token in variant names ("qouter", "kvouter", "qwgmma", "qwgmmaov", "kvwgmma",
- * "qtma", "kvtma", "qtmap", "qtmac") and its name in the templates ("q_outer", "kv_outer",
- * "q_wgmma", "q_wgmma_ov", "kv_wgmma", "q_tma", "kv_tma", "q_tma_p", "q_tma_c"); "?" when out of
- * range. */
+ * "qtma", "kvtma", "qtmap", "qtmac", "qtmad") and its name in the templates ("q_outer",
+ * "kv_outer", "q_wgmma", "q_wgmma_ov", "kv_wgmma", "q_tma", "kv_tma", "q_tma_p", "q_tma_c",
+ * "q_tma_d"); "?" when out of range. */
 const char *fg_loop_token(fg_loop_order l);
 const char *fg_loop_name(fg_loop_order l);
 int fg_arch_parse(const char *s, fg_arch *out); /* accepts "sm_90a" and "sm90a"; 0 on success */

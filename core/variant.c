@@ -33,10 +33,11 @@ fg_arch fg_arch_for_cc(int major, int minor) {
 }
 
 static const char *const loop_tokens[FG_LOOP_COUNT] = {"qouter", "kvouter", "qwgmma", "qwgmmaov",
-                                                       "kvwgmma", "qtma", "kvtma", "qtmap", "qtmac"};
+                                                       "kvwgmma", "qtma", "kvtma", "qtmap", "qtmac",
+                                                       "qtmad"};
 static const char *const loop_names[FG_LOOP_COUNT] = {"q_outer", "kv_outer", "q_wgmma",
                                                       "q_wgmma_ov", "kv_wgmma", "q_tma", "kv_tma",
-                                                      "q_tma_p", "q_tma_c"};
+                                                      "q_tma_p", "q_tma_c", "q_tma_d"};
 
 const char *fg_loop_token(fg_loop_order l) {
   return ((int)l >= 0 && l < FG_LOOP_COUNT) ? loop_tokens[l] : "?";
@@ -97,7 +98,7 @@ int fg_variant_parse(const char *name, fg_variant *out, char *err, size_t errlen
       "pass (expected fwd or bwd)",      "head dim (expected d<N>, e.g. d128)",
       "Br (expected br<N>)",         "Bc (expected bc<N>)",
       "dtype (expected f16 or bf16)", "masking (expected causal or noncausal)",
-      "loop order (expected qouter, kvouter, qwgmma, qwgmmaov, kvwgmma, qtma, kvtma, qtmap or qtmac)", "warps (expected w<N>)",
+      "loop order (expected qouter, kvouter, qwgmma, qwgmmaov, kvwgmma, qtma, kvtma, qtmap, qtmac or qtmad)", "warps (expected w<N>)",
       "stages (expected s<N>)",      "arch (expected sm80, sm86, sm89, sm90 or sm90a)"};
   char tmp[FG_VARIANT_NAME_MAX * 2];
   if (!name || strlen(name) >= sizeof tmp) {
@@ -179,10 +180,11 @@ int fg_variant_check(const fg_variant *v, char *err, size_t errlen) {
   if (v->warps != 1 && v->warps != 2 && v->warps != 4 && v->warps != 8 &&
       !(v->warps == 16 && v->pass == FG_PASS_BWD) &&
       !(v->warps == 12 && v->pass == FG_PASS_FWD &&
-        (v->loop == FG_LOOP_Q_TMA || v->loop == FG_LOOP_Q_TMA_P || v->loop == FG_LOOP_Q_TMA_C))) {
+        (v->loop == FG_LOOP_Q_TMA || v->loop == FG_LOOP_Q_TMA_P || v->loop == FG_LOOP_Q_TMA_C ||
+         v->loop == FG_LOOP_Q_TMA_D))) {
     snprintf(err, errlen,
              "warps = %d: must be 1, 2, 4 or 8 (16 too for the backward pass, 12 for q_tma's "
-             "(and q_tma_p's, q_tma_c's) three consumer warpgroups)",
+             "(and q_tma_p's, q_tma_c's, q_tma_d's) three consumer warpgroups)",
              v->warps);
     return -1;
   }

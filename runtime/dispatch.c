@@ -332,8 +332,12 @@ FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char
     if (fg_plan_workspace_bytes(&meta, a.batch, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k, 0,
                                 &ws, NULL) == 0 &&
         ws)
-      fg_text_add(&t, ", %.1f MiB fp32 workspace", (double)ws / (1024.0 * 1024.0));
+      fg_text_add(&t, ws < 1024 * 1024 ? ", %.0f B workspace (%s)" : ", %.1f MiB workspace (%s)",
+                  ws < 1024 * 1024 ? (double)ws : (double)ws / (1024.0 * 1024.0),
+                  meta.n_workspaces > 0 ? meta.workspaces[0].name : "?");
     if (meta.regs >= 0) fg_text_add(&t, ", %d registers per thread", meta.regs);
+    if (d->variant.loop == FG_LOOP_Q_TMA_D)
+      fg_text_add(&t, ", each block taking its next tile from the counter as it comes free");
     if (sp->grid == FG_GRID_Q_TILE_PAIRS)
       fg_text_add(&t, a.causal ? ", clusters of two blocks along x (two neighbouring query tiles "
                                  "sharing each K/V block: the later tile's, the earlier one "

@@ -3,6 +3,7 @@
  * the stream-ordered workspace, and the tensor maps of plans that take them (fwd_tma: q, k, v, o
  * picked from each launch's block and encoded by tmap.c). */
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -78,8 +79,19 @@ fg_status fg_fwd_tma_params_fill(fg_context *ctx, const fg_loaded_kernel *k, con
   return fg_tmaps_encode(ctx, k, views, out->tmap);
 }
 
+/* Launch numbers (fg_fwd_params.tile_epoch): the epoch a q_tma_d kernel writes into its tile
+ * counter, a word of its workspace that holds whatever the memory held before (templates/
+ * fwd_tma.cu, dyn_ticket). They run through 0x7F800001 .. 0x7FBFFFFE: as the high half of that
+ * word, the bits of a signalling NaN, which no float of another workspace holds (arithmetic gives
+ * quiet NaNs) and which the integers there (semaphores, counts) never reach; never 0, the value
+ * the kernels leave their counter at, nor 0xFFFFFFFF, flashgen check's poison. */
+static _Atomic uint64_t fg_next_launch = 0;
+static unsigned long long fg_launch_epoch(void) {
+  return 0x7F800001ull + atomic_fetch_add(&fg_next_launch, 1) % 0x3FFFFEull;
+}
+
 /* The parameter block of the launch of batches b0 .. b0 + chunk - 1 (fewer at the end): the
- * base addresses of its batches, its batch count, its part of the workspace ws. */
+ * base addresses of its batches, its batch count, its part of the workspace ws, its number. */
 static void fg_launch_chunk(const fg_fwd_params *p, int64_t b0, int64_t chunk, fg_launch_elems el,
                             CUdeviceptr ws, uint64_t ws_per_batch, fg_fwd_params *c) {
   *c = *p;
@@ -93,6 +105,7 @@ static void fg_launch_chunk(const fg_fwd_params *p, int64_t b0, int64_t chunk, f
   }
   if (ws) c->workspace = ws;
   if (c->workspace && b0 > 0) c->workspace += (unsigned long long)((uint64_t)b0 * ws_per_batch);
+  c->tile_epoch = fg_launch_epoch();
 }
 
 /* Launches with the context already current. */

@@ -141,8 +141,9 @@ local SM90_SMEM = 232448  -- shared memory one block may opt into on sm_90 (227 
 local function tma_smem(v, q_bufs, o_buf)
   return ((q_bufs + (o_buf and 1 or 0)) * v.br + 2 * v.stages * v.bc) * tma_dp(v) * 2 + 1024 + 256
 end
+local function tma_persist(v) return v.loop == "q_tma_p" or v.loop == "q_tma_d" end
 local function tma_q_bufs(v)
-  if v.loop ~= "q_tma_p" then return 1 end
+  if not tma_persist(v) then return 1 end
   return tma_smem(v, 2) <= SM90_SMEM and 2 or 1
 end
 local function tma_o_buf(v)
@@ -155,7 +156,7 @@ local function tma_resources(v)
   if consumers > 1 then regs = 65536 // (128 * (consumers + 1)) // 8 * 8 end
   return { threads = 32 * v.warps + 128, smem = tma_smem(v, tma_q_bufs(v), tma_o_buf(v)), regs = regs }
 end
-local function tma_loop(v) return v.loop == "q_tma" or v.loop == "q_tma_p" or v.loop == "q_tma_c" end
+local function tma_loop(v) return v.loop == "q_tma" or tma_persist(v) or v.loop == "q_tma_c" end
 local function tma_check(v)
   if v.arch ~= "sm_90a" then
     return v.loop .. " needs sm_90a: TMA and wgmma are instructions of Hopper (compute " ..
@@ -254,11 +255,15 @@ function M.launch(v)
     -- one per tile), each taking tiles of br query rows in common.cuh's fwd_persistent_tile order.
     -- q_tma_c's grid is "q_tile_pairs": clusters of two blocks (two query tiles of a head) that
     -- each load half of every K/V block, rows bc / 2 apart, multicast to both (boxes of bc / 2 rows).
-    local persist, cluster = v.loop == "q_tma_p", v.loop == "q_tma_c" and 2 or 1
+    -- q_tma_d is q_tma_p taking its tiles from a counter as its blocks come free (fwd_tma.cu's DYN):
+    -- the counter is the first word of its workspace (8 bytes per (batch, head), the unit one query
+    -- head's rows), which it leaves at 0 (the runtime numbers each launch: fg_fwd_params.tile_epoch).
+    local persist, dyn, cluster = tma_persist(v), v.loop == "q_tma_d", v.loop == "q_tma_c" and 2 or 1
     local t = one_step("fwd_tma.cu", M.entry(v),
                        persist and "persistent" or cluster > 1 and "q_tile_pairs" or "q_tiles", v.br,
-                       r.threads, r.smem)
-    t.constants = { persist = persist, cluster = cluster, q_bufs = tma_q_bufs(v), o_buf = tma_o_buf(v),
+                       r.threads, r.smem,
+                       dyn and { { name = "tile_counter", param = "workspace", bytes = 8, rows = 2147483647 } } or nil)
+    t.constants = { persist = persist, dyn = dyn, cluster = cluster, q_bufs = tma_q_bufs(v), o_buf = tma_o_buf(v),
                     mask_in_place = tma_mask_in_place(v) }
     t.params = "fwd_tma"
     t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "k", rows = v.bc // cluster },

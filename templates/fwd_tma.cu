@@ -46,6 +46,18 @@ constexpr bool CAUSAL = {{ causal }};
 // columns where it fits), else in its tile's Q buffer, which is then freed only once the store
 // has read it.
 constexpr bool PERSIST = {{ persist }};
+// The persistent grid's tiles taken from a counter (q_tma_d; fwd.lua's dyn): a block's tiles are
+// not fixed by the order but taken as the blocks come free, so blocks that run fast or drew short
+// tiles take more (the static order left 5-12% of the SMs' time idle at the short rows, bench/
+// NOTES.md session 33). Tickets come from a word of the call's workspace (dyn_ticket) in the
+// static order's units (causal: a pair of tiles of about equal cost; else one tile); a scheduler
+// thread (lane 0 of the producer warpgroup's warp 1, idle otherwise) takes them up to SLOTS tiles
+// ahead into a ring of slots beside the mbarriers, with the fields the producer's loads need
+// (so that the producer keeps its 24 registers), for the producer ("ready") and the consumers
+// (after their Q's "full"), who all hand each slot back ("free": every reader arrives after its
+// own read, which one lane per warp could not vouch for to racecheck, as in bwd_tma.cu).
+constexpr bool DYN = {{ dyn }};
+constexpr int SLOTS = 2;
 // Blocks per cluster: 2 (q_tma_c) shares each K/V block between two query tiles of a head, each
 // block loading HALF of its rows into both (fwd.lua: boxes of BC / 2 rows); 1 else.
 constexpr int CLUSTER = {{ cluster }};
@@ -86,7 +98,62 @@ FG_DEV u32 bar_kfull(int s) { return 8u * (NQBAR + s); }
 FG_DEV u32 bar_vfull(int s) { return 8u * (NQBAR + STAGES + s); }
 FG_DEV u32 bar_kempty(int s) { return 8u * (NQBAR + 2 * STAGES + s); }
 FG_DEV u32 bar_vempty(int s) { return 8u * (NQBAR + 3 * STAGES + s); }
-static_assert(8 * (NQBAR + 4 * STAGES) <= 256, "mbarriers past their 256 bytes (fwd.lua)");
+// DYN: per slot "ready" and "free", then the slots (8 words each: the tile's query tile or
+// DYN_END, its (batch, head), then for the producer q0, b, h, hk and its K/V blocks).
+FG_DEV u32 bar_sready(int i) { return 8u * (NQBAR + 4 * STAGES + i); }
+FG_DEV u32 bar_sfree(int i) { return 8u * (NQBAR + 4 * STAGES + SLOTS + i); }
+FG_DEV u32 dyn_slot(int i) { return 8u * (NQBAR + 4 * STAGES + 2 * SLOTS) + 32u * i; }
+constexpr u32 DYN_END = 0xffffffffu;
+static_assert(8 * (NQBAR + 4 * STAGES) + (DYN ? 16 * SLOTS + 32 * SLOTS : 0) <= 256,
+              "mbarriers past their 256 bytes (fwd.lua)");
+FG_DEV void ld_shared_v2(u32 a, u32 (&w)[2]) {
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w[0]), "=r"(w[1]) : "r"(a) : "memory");
+}
+FG_DEV void ld_shared_v8(u32 a, u32 (&w)[8]) {
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(a) : "memory");
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(w[4]), "=r"(w[5]), "=r"(w[6]), "=r"(w[7]) : "r"(a + 16u) : "memory");
+}
+FG_DEV void st_shared_v8(u32 a, const u32 (&w)[8]) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a + 16u), "r"(w[4]), "r"(w[5]), "r"(w[6]), "r"(w[7]) : "memory");
+}
+// A ticket of this launch from the counter word at c: its high half is the launch's epoch
+// (p.tile_epoch, which runtime/forward.c makes unique per launch and never 0), its low half the
+// tickets taken. The word comes from the call's workspace, so it holds whatever was there: the
+// first block to find another epoch installs its own (ticket 0, by compare-and-swap on the word
+// its own addition left); a block whose addition landed before that takes a new ticket. The
+// launch's last ticket puts the word back to 0 (the scheduler's end).
+FG_DEV u32 dyn_ticket(unsigned long long *c, u32 epoch) {
+  const unsigned long long v = atomicAdd(c, 1ull);
+  if ((u32)(v >> 32) == epoch) return (u32)v;
+  unsigned long long expected = v + 1ull;
+  for (;;) {
+    const unsigned long long prev = atomicCAS(c, expected, ((unsigned long long)epoch << 32) | 1ull);
+    if (prev == expected) return 0u;
+    if ((u32)(prev >> 32) == epoch) return (u32)atomicAdd(c, 1ull);
+    expected = prev;
+  }
+}
+// Tile g of the causal persistent order's sequence of units (common.cuh's fwd_persistent_tile,
+// in 32 bits: a launch's tiles are fewer than 2^31, as a tile is at least 64 x 32 elements of Q
+// (4 KB) and no GPU holds 2^31 of them, 8 TB; tests/test_tile_order.c checks the order on a C
+// transcription of fwd_persistent_tile, which this follows, unit by unit): unit g / 2 is a
+// head's query tiles j and tiles_q - 1 - j (with tiles_q odd, the middle tiles of two heads);
+// DYN_END past the total.
+FG_DEV void fwd_unit_tile(u32 tq, u32 g, u32 total, u32 &q_tile, u32 &bh) {
+  if (g >= total) return;
+  const u32 half = g & 1u, m = (tq - 1u) / 2u, h2 = g / (2u * tq), v = g - h2 * 2u * tq;
+  if (tq % 2u == 0) {
+    const u32 second = v >= tq ? 1u : 0u, j = (v - second * tq) >> 1;
+    bh = 2u * h2 + second;
+    q_tile = half ? tq - 1u - j : j;
+  } else {
+    const u32 u = v >> 1, j = u < m ? u : u - m - 1u;
+    bh = 2u * h2 + (u == m ? half : (u > m ? 1u : 0u));
+    q_tile = u == m ? m : half ? tq - 1u - j : j;
+  }
+}
+constexpr u32 SLOT_READERS = 128 * CONSUMERS + 1;  // DYN: the consumer threads and the producer
 constexpr u32 CONSUMER_WARPS = 4 * CONSUMERS;  // arrivals on an "empty" barrier (lane 0 of each, of every block of the cluster)
 
 // d (64 x BC, f32) = Q K^T over one k-step: A (64 x 16) and B (BC x 16) from shared memory, both
@@ -95,6 +162,49 @@ constexpr u32 CONSUMER_WARPS = 4 * CONSUMERS;  // arrivals on an "empty" barrier
 // d (64 x D, f32) += P V over 16 keys: A = P from registers (the mma.sync m16k16 fragment, per
 // warp), B = V (16 x D) from shared memory, D-major (transposed).
 {% wgmma_rs("wgmma_pv", d) %}
+// The scheduler (DYN; lane 0 of the producer warpgroup's warp 1): tile k into slot k % SLOTS once
+// the consumers have read the slot's last. Out of line, in 32 bits: a launch's tiles (above) and
+// rows (validated) are fewer than 2^31.
+__noinline__ __device__ void dyn_scheduler(u32 bars, unsigned long long *ctr, u32 epoch, u32 nq, u32 nk, u32 batch,
+                                           u32 heads_q, u32 hq_per_hkv) {
+  const u32 tq = (nq + BR - 1) / BR, total = tq * batch * heads_q;
+  const u32 units = CAUSAL ? (total + 1u) / 2u : total;  // tickets: pairs of tiles with a mask
+  const long long diag = (long long)nk - (long long)nq;
+  const u32 nbk = (nk + BC - 1) / BC;
+  u32 t = 0;
+  for (u32 k = 0;; ++k) {
+    const int sl = (int)(k % SLOTS);
+    if (k >= SLOTS) mbar_wait(bars + bar_sfree(sl), (k / SLOTS - 1) & 1);
+    if (!CAUSAL || k % 2 == 0) t = dyn_ticket(ctr, epoch);
+    u32 w[8] = {DYN_END, 0, 0, 0, 0, 0, 0, 0};
+    if (t < units) {
+      u32 q_tile = DYN_END, bh = 0;
+      if constexpr (CAUSAL)
+        fwd_unit_tile(tq, 2u * t + (k & 1u), total, q_tile, bh);
+      else
+        q_tile = t % tq, bh = t / tq;
+      if (q_tile != DYN_END) {  // fwd_block_at and fwd_block_span's fields, as the producer needs them
+        const u32 h = bh % heads_q, q0 = q_tile * BR;
+        u32 nb = nbk;
+        if (CAUSAL) {
+          const long long last_key = (long long)q0 + BR - 1 + diag;  // fwd_block_span's
+          nb = last_key < 0 ? 0u : ((u32)(last_key / BC) + 1u < nb ? (u32)(last_key / BC) + 1u : nb);
+        }
+        w[0] = q_tile, w[1] = bh, w[2] = q0, w[3] = bh / heads_q, w[4] = h, w[5] = h / hq_per_hkv, w[6] = nb;
+      }
+    }
+    st_shared_v8(bars + dyn_slot(sl), w);
+    mbar_arrive(bars + bar_sready(sl));
+    if (w[0] == DYN_END) {
+      // This block's last ticket: an odd total's last pair ends at its second tile, whose ticket
+      // was the pair's; the block takes its end all the same, so that every block takes one, and
+      // the launch's last (units + blocks of them) puts the word back to 0 for the next launch.
+      if (t < units) t = dyn_ticket(ctr, epoch);
+      if (t == units + gridDim.x - 1) *ctr = 0ull;
+      break;
+    }
+  }
+}
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__cluster_dims__(" .. cluster .. ", 1, 1) " or "" }}{{ entry }}(const __grid_constant__ fg_fwd_tma_params P) {
@@ -106,7 +216,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
   const i64 Nq = p.seqlen_q;
   // The block's k-th tile into fb; false past its last (a block per tile: k = 0 only).
   auto next_tile = [&](i64 k, fwd_block &fb) -> bool {
-    if constexpr (PERSIST) {
+    if constexpr (DYN) {  // the consumers' (the producer reads its slot's other fields)
+      mbar_wait(bars + bar_qfull((int)(k % QBUFS)), (u32)(k / QBUFS) & 1);
+      u32 w[2];
+      ld_shared_v2(bars + dyn_slot((int)(k % SLOTS)), w);
+      mbar_arrive(bars + bar_sfree((int)(k % SLOTS)));  // every reader (as bwd_tma.cu's stages)
+      if (w[0] == DYN_END) return false;
+      fb = fwd_block_at<BR, CAUSAL>(p, (i64)w[0], w[1]);
+    } else if constexpr (PERSIST) {
       i64 q_tile;
       u32 bh;
       if (!fwd_persistent_tile<BR, CAUSAL>(p, k, q_tile, bh)) return false;
@@ -154,6 +271,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
       mbar_init(bars + bar_qfull(i), 1);
       if constexpr (PERSIST) mbar_init(bars + bar_qempty(i), CONSUMERS);  // thread 0 of each consumer warpgroup
     }
+    if constexpr (DYN)
+      for (int i = 0; i < SLOTS; ++i) {
+        mbar_init(bars + bar_sready(i), 1);
+        mbar_init(bars + bar_sfree(i), SLOT_READERS);
+      }
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bars + bar_kfull(s), 1);
@@ -180,12 +302,42 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
   };
   if (tid < 128) {
     // The producer warpgroup: one thread issues every load; the others only give registers up.
+    if (DYN && tid / 32 == 1) {  // warp-uniform: the scheduler's warp gives its registers up on its own
+      // (one regs_dec for the warpgroup, then the scheduler in warp 1, spilled 140-190 B in the producer)
+      if constexpr (CONSUMERS > 1) regs_dec<24>();
+      if (tid == 32)
+        dyn_scheduler(bars, (unsigned long long *)p.workspace, (u32)p.tile_epoch, (u32)Nq, (u32)p.seqlen_k,
+                      (u32)p.batch, (u32)p.heads_q, (u32)p.hq_per_hkv);
+      return;
+    }
     if constexpr (CONSUMERS > 1) regs_dec<24>();
     if (tid == 0) {
       const void *tq = &P.tmap[0], *tk = &P.tmap[1], *tv = &P.tmap[2];
       u32 kv = 0;  // K/V blocks loaded before, over the block's tiles: block kv takes stage kv % STAGES
       fwd_block fb;
-      for (i64 k = 0; next_tile(k, fb); ++k) {
+      // The block's k-th tile: from the order, or (DYN) from its slot, whose end the consumers
+      // learn from their Q buffer's "full" barrier (a plain arrival once the buffer's last use
+      // is released, so the barrier's phases stay in step).
+      auto producer_tile = [&](i64 k) -> bool {
+        if constexpr (DYN) {
+          mbar_wait(bars + bar_sready((int)(k % SLOTS)), (u32)(k / SLOTS) & 1);
+          u32 w[8];
+          ld_shared_v8(bars + dyn_slot((int)(k % SLOTS)), w);
+          mbar_arrive(bars + bar_sfree((int)(k % SLOTS)));
+          if (w[0] == DYN_END) {
+            const int qs = (int)(k % QBUFS);
+            const u32 quse = (u32)(k / QBUFS);
+            if (quse > 0) mbar_wait(bars + bar_qempty(qs), (quse - 1) & 1);
+            mbar_arrive(bars + bar_qfull(qs));
+            return false;
+          }
+          fb.q0 = w[2], fb.b = w[3], fb.h = w[4], fb.hk = w[5], fb.n_blocks = (int)w[6];
+          return true;
+        } else {
+          return next_tile(k, fb);
+        }
+      };
+      for (i64 k = 0; producer_tile(k); ++k) {
         const int qs = (int)(k % QBUFS);
         const u32 quse = (u32)(k / QBUFS);  // this is Q buffer qs's use number quse
         if (quse > 0) mbar_wait(bars + bar_qempty(qs), (quse - 1) & 1);

@@ -407,30 +407,36 @@ static const char *const PERSIST_NAME = "fwd_d64_br128_bc64_bf16_noncausal_qtmap
 static const char *const CLUSTER_NAME = "fwd_d64_br128_bc64_bf16_noncausal_qtmac_w8_s2_sm90a";
 /* And with a causal mask (the pair loading its later tile's K/V blocks), chosen at 2k keys. */
 static const char *const CLUSTER_CAUSAL_NAME = "fwd_d64_br128_bc64_bf16_causal_qtmac_w8_s2_sm90a";
-static fg_export_step steps3[6][1];
-static char entries[6][64];
+/* PERSIST_NAME taking its tiles from a counter (q_tma_d: the first word of its workspace of 8
+ * bytes per (batch, head), fwd.lua), chosen at 1k keys. */
+static const char *const DYN_NAME = "fwd_d64_br128_bc64_bf16_noncausal_qtmad_w8_s2_sm90a";
+static const fg_export_workspace dyn_ws[1] = {{"tile_counter", "workspace", 8, 2147483647, 0, 0, 0, 0}};
+static fg_export_step steps3[7][1];
+static char entries[7][64];
 static const fg_export_tmap f16_maps[3] = {
     {FG_EXPORT_TENSOR_Q, 64}, {FG_EXPORT_TENSOR_K, 128}, {FG_EXPORT_TENSOR_V, 128}};
 static const fg_export_tmap cluster_maps[3] = {
     {FG_EXPORT_TENSOR_Q, 128}, {FG_EXPORT_TENSOR_K, 32}, {FG_EXPORT_TENSOR_V, 32}};
-static fg_export_kernel kernels[6];
-static const fg_export_choice choices[3] = {
+static fg_export_kernel kernels[7];
+static const fg_export_choice choices[4] = {
     {"fwd_d64_bf16_noncausal_nk512", "fwd_d64_br128_bc64_bf16_noncausal_qtma_w8_s2_sm90a", "test"},
+    {"fwd_d64_bf16_noncausal_nk1024", "fwd_d64_br128_bc64_bf16_noncausal_qtmad_w8_s2_sm90a", "test"},
     {"fwd_d64_bf16_noncausal_nk2048", "fwd_d64_br128_bc64_bf16_noncausal_qtmac_w8_s2_sm90a", "test"},
     {"fwd_d64_bf16_causal_nk2048", "fwd_d64_br128_bc64_bf16_causal_qtmac_w8_s2_sm90a", "test"}};
 static fg_export table;
 
 static void register_kernels(void) {
-  const char *names[6] = {TMA_NAME, REF_NAME, F16_NAME, PERSIST_NAME, CLUSTER_NAME,
-                          CLUSTER_CAUSAL_NAME};
-  const int br[6] = {128, 128, 64, 128, 128, 128}, threads[6] = {384, 256, 256, 384, 384, 384};
-  for (int i = 0; i < 6; i++) {
+  const char *names[7] = {TMA_NAME, REF_NAME, F16_NAME, PERSIST_NAME, CLUSTER_NAME,
+                          CLUSTER_CAUSAL_NAME, DYN_NAME};
+  const int br[7] = {128, 128, 64, 128, 128, 128, 128},
+            threads[7] = {384, 256, 256, 384, 384, 384, 384};
+  for (int i = 0; i < 7; i++) {
     kernels[i] = tma_export_kernel();
     kernels[i].variant = names[i];
     snprintf(entries[i], sizeof entries[i], "fg_%s", names[i]);
-    const int grid = i == 3   ? FG_EXPORT_GRID_PERSISTENT
-                     : i >= 4 ? FG_EXPORT_GRID_Q_TILE_PAIRS
-                              : FG_EXPORT_GRID_Q_TILES;
+    const int grid = i == 3 || i == 6 ? FG_EXPORT_GRID_PERSISTENT
+                     : i >= 4         ? FG_EXPORT_GRID_Q_TILE_PAIRS
+                                      : FG_EXPORT_GRID_Q_TILES;
     kernels[i].grid = grid;
     steps3[i][0] = (fg_export_step){entries[i], grid, br[i], threads[i], 99000 + i, 0, 0};
     kernels[i].steps = steps3[i];
@@ -444,10 +450,12 @@ static void register_kernels(void) {
   kernels[2].tmaps = f16_maps;
   kernels[4].tmaps = cluster_maps;
   kernels[5].tmaps = cluster_maps;
+  kernels[6].workspaces = dyn_ws;
+  kernels[6].n_workspaces = 1;
   table = export_of(kernels, sizeof kernels[0]);
-  table.n_kernels = 6;
+  table.n_kernels = 7;
   table.choices = choices;
-  table.n_choices = 3;
+  table.n_choices = 4;
   char err[1024] = "";
   cr_assert_eq(fg_register_export(&table, err, sizeof err), FG_OK, "%s", err);
 }
@@ -625,6 +633,32 @@ Test(launch, persistent_grid_is_one_block_per_sm_at_most, .init = fake_setup,
     cr_assert(l->params.p.batch == runs[i].B && l->params.p.heads_q == runs[i].Hq);
     free_problem(&pr);
   }
+}
+
+/* The persistent grid taking its tiles from a counter (q_tma_d): its workspace (8 bytes per
+ * (batch, head)) in p.workspace, and each launch its own number in p.tile_epoch, the counter's
+ * epoch: in the signalling-NaN range of a float's bits (0x7F800001 ..), never the same twice in
+ * a row; the grid and the output as q_tma_p's. */
+Test(launch, dynamic_tiles_get_a_counter_and_a_launch_number, .init = fake_setup,
+     .fini = fake_teardown) {
+  problem pr = make_problem(FG_DTYPE_BF16, 2, 40, 8, 300, 50, 64, NULL); /* 240 tiles */
+  unsigned long long epoch[2];
+  for (int i = 0; i < 2; i++) {
+    const fake_tma_launch *l = one_launch_as_pointers(&pr, DYN_NAME);
+    cr_assert(l->grid[0] == 132 && l->grid[1] == 1 && l->grid[2] == 1, "grid %u", l->grid[0]);
+    cr_assert_neq(l->params.p.workspace, 0ull, "the tile counter's workspace");
+    epoch[i] = l->params.p.tile_epoch;
+    cr_assert(epoch[i] >= 0x7F800001ull && epoch[i] <= 0x7FBFFFFEull, "epoch %llx", epoch[i]);
+  }
+  cr_assert_neq(epoch[0], epoch[1]);
+  fg_attention_args a = pr.a;
+  a.seqlen_k = 1000; /* bucket 1024: the table's choice */
+  char buf[8192];
+  cr_assert_eq(fg_explain(ctx, &a, buf, sizeof buf), FG_OK, "%s", buf);
+  cr_assert(strstr(buf, DYN_NAME) && strstr(buf, "640 B workspace (tile_counter)") &&
+                strstr(buf, "taking its next tile from the counter"),
+            "%s", buf);
+  free_problem(&pr);
 }
 
 /* Clusters of two blocks: the query tiles rounded up to even along x (3 -> 4 at 300 rows, 1 -> 2),

@@ -19,8 +19,9 @@
  * dims, strides, box, alignment), records its arguments (fake_tmap_count, fake_tmap_get) and
  * writes them into the map's 128 bytes (fake_tmap_encoded; it fails when FAKE_CUDA_TMAP_FAIL is
  * set, and is left out when built with -DFAKE_CUDA_NO_TENSOR_MAP, as from a driver older than
- * CUDA 12). A forward kernel whose entry says qtma (or qtmap, the same on a persistent grid, or
- * qtmac, on clusters of two blocks along x: refused, as by the driver, when the grid's x is odd)
+ * CUDA 12). A forward kernel whose entry says qtma (or qtmap / qtmad, the same on a persistent
+ * grid, or qtmac, on clusters of two blocks along x: refused, as by the driver, when the grid's x
+ * is odd)
  * takes fg_fwd_tma_params: its launch is
  * recorded with the block (fake_tma_launch_count, fake_tma_launch_get) and computed reading Q, K
  * and V through its maps 0, 1 and 2 (rows past a map's end read as zeros), so a map that
@@ -434,7 +435,8 @@ static int fake_bwd_maps(const fg_bwd_tma_params *tp, const fake_tmap *out[4]) {
   return 0;
 }
 
-/* Forward launches of kernels that take tensor maps (entries with _qtma_ or _qtmap_). */
+/* Forward launches of kernels that take tensor maps (entries with _qtma_, _qtmap_, _qtmac_ or
+ * _qtmad_). */
 #define FAKE_TMA_LAUNCH_MAX 16
 static fake_tma_launch fake_tma_launches[FAKE_TMA_LAUNCH_MAX];
 API int fake_tma_launch_count(void) { return fake_n_tma_launches; }
@@ -488,7 +490,8 @@ API CUresult cuLaunchKernel(void *fnp, unsigned gx, unsigned gy, unsigned gz, un
   const fg_fwd_params *p = params[0];
   /* Q, K, V through maps 0, 1, 2 of an fg_fwd_tma_params block (NULL: through p's pointers). */
   const fake_tmap *mq = NULL, *mk = NULL, *mv = NULL;
-  if (strstr(f->name, "_qtma_") || strstr(f->name, "_qtmap_") || strstr(f->name, "_qtmac_")) {
+  if (strstr(f->name, "_qtma_") || strstr(f->name, "_qtmap_") || strstr(f->name, "_qtmac_") ||
+      strstr(f->name, "_qtmad_")) {
     const fg_fwd_tma_params *tp = params[0];
     if (strstr(f->name, "_qtmac_") && gx % 2 != 0) return 1; /* the cluster shape divides the grid */
     if (fake_n_tma_launches < FAKE_TMA_LAUNCH_MAX) {
