@@ -142,6 +142,23 @@ int fg_problem_served_by(const fg_problem *p, const fg_variant *v) {
          (v->causal != 0) == (p->causal != 0);
 }
 
+/* The persistent grid taking its tiles from a counter as its blocks come free (q_tma_d) where the
+ * static order's blocks ended far apart: its quantisation (blocks one pair of tiles short) and the
+ * spread of blocks with equal work left 5-12% of the SMs' time idle at the short rows (per-block
+ * stamps, d = 96 causal 512 87.5% busy). H100, fg_ab against q_tma_p, bf16 (bench/NOTES.md
+ * session 33): with a mask up to 1k keys on two consumers 1.03-1.07x at d = 32-56, 80, 96, 104,
+ * 120 (512), 1.01-1.02x at 88, 112, 128, 144-192, 1.02-1.11x at 1k for d = 32, 40, 64 (1.06x), 80,
+ * 96 (1.04x), 120, 128, but 0.99x at d = 72, so not there; d = 64 on three consumers at 2k / 4k
+ * 1.03x / 1.04x (d = 40, 56 1.00x / 0.99x at 2k); without one at 512 keys d = 32-72 (three
+ * consumers) 1.00-1.05x and d = 192 1.02x, where d = 80-120 ran 0.97-1.00x. */
+static fg_variant fg_builtin_dynamic(fg_variant v, int causal, int64_t nk) {
+  if (v.loop != FG_LOOP_Q_TMA_P) return v;
+  const int dyn = causal ? (v.warps == 8 && nk <= 1024 && v.d != 72) || (v.d == 64 && nk <= 4096)
+                         : nk <= 512 && (v.d <= 72 || v.d == 192);
+  if (dyn) v.loop = FG_LOOP_Q_TMA_D;
+  return v;
+}
+
 fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk, fg_arch arch) {
   fg_variant v = fg_builtin_variant(d, dtype, causal, arch);
   if (arch != FG_ARCH_SM90A || nk <= 0) return v;
@@ -196,7 +213,7 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
        * session 32). */
       v.stages = 4;
     }
-    return v;
+    return fg_builtin_dynamic(v, causal, nk);
   }
   /* With a causal mask, d = 64: the wgmma kernel in order up to 512 keys, there with K/V blocks of
    * 64 (1.07x 128: half the diagonal block's masked work per query block); the TMA kernel with K/V
@@ -274,7 +291,7 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
       v.loop = FG_LOOP_Q_TMA_C;
     }
   }
-  return v;
+  return fg_builtin_dynamic(v, causal, nk);
 }
 
 int fg_builtin_variants(int d, fg_dtype dtype, int causal, fg_arch arch,

@@ -305,8 +305,9 @@ static void compile_all(const fg_variant *v, int n, const char *what) {
 }
 
 static void default_set(fg_arch arch) {
-  fg_variant v[512];
-  int n = fg_default_variants(arch, 1, v, 512);
+  fg_variant v[FG_DEFAULT_VARIANTS_MAX];
+  int n = fg_default_variants(arch, 1, v, FG_DEFAULT_VARIANTS_MAX);
+  cr_assert_lt(n, FG_DEFAULT_VARIANTS_MAX, "the default set fills its cap: raise FG_DEFAULT_VARIANTS_MAX");
   /* sm_90a: the Hopper kernels and their q_outer twins: TMA at every head dim (padded tiles off
    * 64-column blocks) but d = 64 causal, wgmma there; on the persistent grid (q_tma_p): d <= 64
    * (5 head dims without a mask, 4 with one), and with or without one the head dims padded to 128
@@ -326,25 +327,32 @@ static void default_set(fg_arch arch) {
    * (64, 2k+), and from 4k at d = 72, 88, 104, 136, 152 (three consumers) and 168 (two, Bc 96);
    * with one clusters too (11 kernels): d = 200, 216, 232 (1k+) and 248 (4k+) with K/V blocks of
    * 64, 184 with 80 (4k+), 168 on two consumers (Bc 96, 4k+), and from 8k on three consumers at
-   * d = 72, 88, 104, 136, 152; each in 2 dtypes. */
+   * d = 72, 88, 104, 136, 152; the persistent grid taking its tiles from a counter (q_tma_d, 28
+   * kernels, 21 of them new: the others replace the q_tma_p kernel of the lengths they took):
+   * with a mask up to 1k keys on two consumers (but d = 72), d = 64 on three at 2k-4k, without
+   * one at 512 keys d = 32-72 and 192 (core/problem.c, fg_builtin_dynamic); each in 2 dtypes. */
   const int twins = arch == FG_ARCH_SM90A ? 2 * (29 + 29) : 0;
-  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 4 + 5 + 7 + 1 + 3 + 7 + 10 + 13 + 11) * 2 : 0;
+  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 4 + 5 + 7 + 1 + 3 + 7 + 10 + 13 + 11 + 21) * 2 : 0;
   cr_assert_eq(n, 29 * 2 * 2 * 2 + twins + lengths,
                "29 head dims x 2 dtypes x 2 maskings x (built-in, kv_outer), plus %d and %d", twins,
                lengths);
-  int wg = 0, persistent = 0;
+  int wg = 0, persistent = 0, dynamic = 0;
   for (int i = 0; i < n; i++) {
     wg += v[i].loop == FG_LOOP_Q_WGMMA || v[i].loop == FG_LOOP_Q_WGMMA_OV ||
-          v[i].loop == FG_LOOP_Q_TMA || v[i].loop == FG_LOOP_Q_TMA_P || v[i].loop == FG_LOOP_Q_TMA_C;
+          v[i].loop == FG_LOOP_Q_TMA || v[i].loop == FG_LOOP_Q_TMA_P || v[i].loop == FG_LOOP_Q_TMA_C ||
+          v[i].loop == FG_LOOP_Q_TMA_D;
     persistent += v[i].loop == FG_LOOP_Q_TMA_P;
+    dynamic += v[i].loop == FG_LOOP_Q_TMA_D;
   }
+  cr_assert_eq(dynamic, arch == FG_ARCH_SM90A ? 28 * 2 : 0, "q_tma_d kernels in the %s default set",
+               fg_arch_name(arch));
   cr_assert_eq(wg, twins + lengths, "Hopper kernels in the %s default set", fg_arch_name(arch));
-  cr_assert_eq(persistent, arch == FG_ARCH_SM90A ? (5 + 14 + 16 + 2 + 8 + 4 + 5 + 11 + 1 + 1 + 10) * 2 : 0,
+  cr_assert_eq(persistent, arch == FG_ARCH_SM90A ? (5 + 14 + 16 + 2 + 8 + 4 + 5 + 11 + 1 + 1 + 10 - 7) * 2 : 0,
                "persistent kernels in the %s default set: d <= 64 non-causal, d = 72..192 "
                "non-causal but 136 and 152, causal, d = 64 causal 1k and 2k-4k, d = 32..56 causal "
                "(two and three consumers, and 4 stages), d = 32..64 non-causal 4 stages, d = 72..120 three consumers (and d = 88 causal 1k), "
                "d = 168 causal 2k, d = 136..256 non-causal 512 but 136, 152, 168, 200, 216, 232, "
-               "2 dtypes",
+               "2 dtypes; less the 7 that q_tma_d replaced at every length they took",
                fg_arch_name(arch));
   char what[128];
   snprintf(what, sizeof what, "forward default set %s", fg_arch_name(arch));

@@ -104,6 +104,14 @@ Test(problem, parse_round_trips_and_refuses) {
   }
 }
 
+/* fg_builtin_variant_for with q_tma_d read as the q_tma_p it takes its tiles from a counter in
+ * (which lengths take it: builtin_rule_dynamic below). */
+static fg_variant rule_static(int d, fg_dtype dtype, int causal, int64_t nk, fg_arch arch) {
+  fg_variant v = fg_builtin_variant_for(d, dtype, causal, nk, arch);
+  if (v.loop == FG_LOOP_Q_TMA_D) v.loop = FG_LOOP_Q_TMA_P;
+  return v;
+}
+
 /* The built-in rule by key length (fg_builtin_variant_for): on sm_90a with a causal mask, d = 64
  * runs the wgmma kernel with K/V blocks of 64 at 512, the persistent TMA kernel at 1k (two
  * consumer warpgroups, 4 stages) and 2k-4k (three) and the plain one from 8k; below 64 the
@@ -126,7 +134,7 @@ Test(problem, builtin_rule_by_length) {
     const fg_variant base64 = fg_builtin_variant(64, (fg_dtype)dt, 1, FG_ARCH_SM90A);
     cr_assert_eq(base64.loop, FG_LOOP_Q_WGMMA);
     for (size_t i = 0; i < 6; i++) {
-      const fg_variant v = fg_builtin_variant_for(64, (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
+      const fg_variant v = rule_static(64, (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
       const fg_loop_order want = buckets[i] <= 512    ? FG_LOOP_Q_WGMMA
                                  : buckets[i] <= 4096 ? FG_LOOP_Q_TMA_P
                                                       : FG_LOOP_Q_TMA;
@@ -152,7 +160,7 @@ Test(problem, builtin_rule_by_length) {
       for (size_t k = 0; k < 6; k++)
         for (int c = 0; c <= 1; c++) {
           const fg_variant w =
-              fg_builtin_variant_for(padded[k], (fg_dtype)dt, c, buckets[i], FG_ARCH_SM90A);
+              rule_static(padded[k], (fg_dtype)dt, c, buckets[i], FG_ARCH_SM90A);
           const fg_variant wb = fg_builtin_variant(padded[k], (fg_dtype)dt, c, FG_ARCH_SM90A);
           const int always = !c && padded[k] % 16 == 8 && padded[k] <= 104;
           cr_assert(wb.loop == FG_LOOP_Q_TMA_P && wb.stages == 2 &&
@@ -170,12 +178,12 @@ Test(problem, builtin_rule_by_length) {
       /* Below 64: the persistent grid; causal two consumers (4 stages) up to 1k keys, three from 2k;
        * without a mask three (4 stages up to 1k). */
       for (int d = 32; d < 64; d += 8) {
-        const fg_variant c = fg_builtin_variant_for(d, (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
+        const fg_variant c = rule_static(d, (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
         const int w = buckets[i] >= 2048 ? 12 : 8;
         cr_assert(c.loop == FG_LOOP_Q_TMA_P && c.warps == w && c.br == 16 * w && c.bc == 128 &&
                       c.stages == (buckets[i] <= 1024 ? 4 : 2),
                   "d = %d causal nk %lld", d, (long long)buckets[i]);
-        const fg_variant n = fg_builtin_variant_for(d, (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM90A);
+        const fg_variant n = rule_static(d, (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM90A);
         cr_assert(n.loop == FG_LOOP_Q_TMA_P && n.warps == 12 && n.br == 192 && n.bc == 128 &&
                       n.stages == (buckets[i] <= 1024 ? 4 : 2),
                   "d = %d nk %lld", d, (long long)buckets[i]);
@@ -191,7 +199,7 @@ Test(problem, builtin_rule_by_length) {
       for (size_t k = 0; k < 3; k++)
         for (int c = 0; c <= 1; c++) {
           const int d = sector[k];
-          const fg_variant w = fg_builtin_variant_for(d, (fg_dtype)dt, c, buckets[i], FG_ARCH_SM90A);
+          const fg_variant w = rule_static(d, (fg_dtype)dt, c, buckets[i], FG_ARCH_SM90A);
           if ((!c || d == 168) && buckets[i] >= 4096) {
             cr_assert(w.loop == FG_LOOP_Q_TMA_C && w.stages == 2 &&
                           w.warps == (d == 168 ? 8 : 12) && w.br == 16 * w.warps &&
@@ -215,7 +223,7 @@ Test(problem, builtin_rule_by_length) {
       const int past[] = {184, 216, 232, 248};
       for (size_t k = 0; k < 4; k++) {
         const int d = past[k];
-        const fg_variant a = fg_builtin_variant_for(d, (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM90A);
+        const fg_variant a = rule_static(d, (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM90A);
         const fg_variant b = fg_builtin_variant(d, (fg_dtype)dt, 0, FG_ARCH_SM90A);
         const int from = d == 184 ? 2048 : d == 248 ? 1024 : 512;
         const int bc = d == 216 && buckets[i] > 512 ? 80 : 64;
@@ -228,7 +236,7 @@ Test(problem, builtin_rule_by_length) {
         else
           cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d nk %lld", d, (long long)buckets[i]);
         /* With a causal mask: d = 216, 232 from 1k, 248 and 184 (Bc 80) from 4k. */
-        const fg_variant ac = fg_builtin_variant_for(d, (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
+        const fg_variant ac = rule_static(d, (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
         const int cfrom = d == 184 || d == 248 ? 4096 : 1024;
         cr_assert_eq(ac.loop == FG_LOOP_Q_TMA_C, buckets[i] >= cfrom, "d = %d causal nk %lld", d,
                      (long long)buckets[i]);
@@ -240,7 +248,7 @@ Test(problem, builtin_rule_by_length) {
        * rule. */
       const int ds[] = {64, 96, 128, 144, 192, 200, 256};
       for (size_t k = 0; k < 7; k++) {
-        fg_variant a = fg_builtin_variant_for(ds[k], (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM90A);
+        fg_variant a = rule_static(ds[k], (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM90A);
         fg_variant b = fg_builtin_variant(ds[k], (fg_dtype)dt, 0, FG_ARCH_SM90A);
         if (ds[k] == 200) { /* clusters at every length: Bc 64 at 512, the length-free 80 from 1k */
           cr_assert(a.loop == FG_LOOP_Q_TMA_C && b.loop == FG_LOOP_Q_TMA && b.bc == 80 &&
@@ -263,14 +271,14 @@ Test(problem, builtin_rule_by_length) {
         } else {
           cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d non-causal", ds[k]);
         }
-        a = fg_builtin_variant_for(ds[k], (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM80);
+        a = rule_static(ds[k], (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM80);
         b = fg_builtin_variant(ds[k], (fg_dtype)dt, 1, FG_ARCH_SM80);
         cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d sm_80", ds[k]);
-        a = fg_builtin_variant_for(ds[k], (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM80);
+        a = rule_static(ds[k], (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM80);
         b = fg_builtin_variant(ds[k], (fg_dtype)dt, 0, FG_ARCH_SM80);
         cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = %d sm_80 non-causal", ds[k]);
         if (ds[k] != 64 && ds[k] != 96) {
-          a = fg_builtin_variant_for(ds[k], (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
+          a = rule_static(ds[k], (fg_dtype)dt, 1, buckets[i], FG_ARCH_SM90A);
           b = fg_builtin_variant(ds[k], (fg_dtype)dt, 1, FG_ARCH_SM90A);
           if (ds[k] == 144 && buckets[i] >= 4096) { /* d = 136-184 causal: the plain grid from 4k */
             cr_assert(b.loop == FG_LOOP_Q_TMA_P && a.loop == FG_LOOP_Q_TMA);
@@ -285,7 +293,7 @@ Test(problem, builtin_rule_by_length) {
       }
     }
     /* No length: the length-free rule. */
-    const fg_variant z = fg_builtin_variant_for(64, (fg_dtype)dt, 1, 0, FG_ARCH_SM90A);
+    const fg_variant z = rule_static(64, (fg_dtype)dt, 1, 0, FG_ARCH_SM90A);
     cr_assert(memcmp(&z, &base64, sizeof z) == 0);
     /* A call's problem: seqlen_k 5000 is bucket 8192, so the plain TMA kernel. */
     const fg_problem p = fg_problem_make(FG_PASS_FWD, 64, (fg_dtype)dt, 1, 5000);
@@ -295,18 +303,60 @@ Test(problem, builtin_rule_by_length) {
     cr_assert_eq(fg_builtin_variants(64, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), FG_BUILTIN_MAX);
     cr_assert(memcmp(&out[0], &base64, sizeof base64) == 0);
     cr_assert(out[1].loop == FG_LOOP_Q_WGMMA && out[1].bc == 64);
-    cr_assert(out[2].loop == FG_LOOP_Q_TMA_P && out[2].warps == 8);
-    cr_assert(out[3].loop == FG_LOOP_Q_TMA_P && out[3].warps == 12);
+    cr_assert(out[2].loop == FG_LOOP_Q_TMA_D && out[2].warps == 8);
+    cr_assert(out[3].loop == FG_LOOP_Q_TMA_D && out[3].warps == 12);
     cr_assert(out[4].loop == FG_LOOP_Q_TMA && out[4].warps == 12);
-    cr_assert_eq(fg_builtin_variants(128, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 1);
-    cr_assert_eq(fg_builtin_variants(96, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 2);
-    cr_assert(out[0].loop == FG_LOOP_Q_TMA_P && out[0].warps == 8 && out[1].loop == FG_LOOP_Q_TMA_P &&
-              out[1].warps == 12 && out[1].bc == 96);
-    cr_assert_eq(fg_builtin_variants(72, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 2); /* always 3 */
-    cr_assert(out[1].loop == FG_LOOP_Q_TMA_C && out[1].warps == 12 && out[1].bc == out[0].bc);
+    cr_assert_eq(fg_builtin_variants(128, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 2);
+    cr_assert(out[0].loop == FG_LOOP_Q_TMA_P && out[1].loop == FG_LOOP_Q_TMA_D);
+    cr_assert_eq(fg_builtin_variants(96, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 3);
+    cr_assert(out[0].loop == FG_LOOP_Q_TMA_P && out[0].warps == 8 && out[1].loop == FG_LOOP_Q_TMA_D &&
+              out[1].warps == 8 && out[2].loop == FG_LOOP_Q_TMA_P && out[2].warps == 12 &&
+              out[2].bc == 96);
+    cr_assert_eq(fg_builtin_variants(72, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 3); /* always 3 */
+    cr_assert(out[1].loop == FG_LOOP_Q_TMA_D && out[2].loop == FG_LOOP_Q_TMA_C &&
+              out[2].warps == 12 && out[2].bc == out[0].bc);
     cr_assert_eq(fg_builtin_variants(128, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 1);
     cr_assert_eq(fg_builtin_variants(192, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 2);
-    cr_assert(out[1].loop == FG_LOOP_Q_TMA_P && out[1].bc == 64);
+    cr_assert(out[1].loop == FG_LOOP_Q_TMA_D && out[1].bc == 64);
     cr_assert_eq(fg_builtin_variants(64, (fg_dtype)dt, 1, FG_ARCH_SM80, out), 1);
   }
+}
+
+/* The persistent grid taking its tiles from a counter (q_tma_d) where the static order left SMs
+ * idle (core/problem.c, fg_builtin_dynamic): with a mask up to 1k keys on two consumers but at
+ * d = 72, and d = 64 up to 4k; without one at 512 keys at d <= 72 and d = 192. Everything else
+ * about the variant is the rule's q_tma_p; no other loop order changes. */
+Test(problem, builtin_rule_dynamic) {
+  const int64_t buckets[] = {512, 1024, 2048, 4096, 8192, 16384};
+  int seen = 0;
+  for (int d = 32; d <= 256; d += 8)
+    for (int c = 0; c <= 1; c++)
+      for (size_t i = 0; i < 6; i++) {
+        const int64_t nk = buckets[i];
+        const fg_variant v = fg_builtin_variant_for(d, FG_DTYPE_BF16, c, nk, FG_ARCH_SM90A);
+        const fg_variant s = rule_static(d, FG_DTYPE_BF16, c, nk, FG_ARCH_SM90A);
+        const int dyn = s.loop == FG_LOOP_Q_TMA_P &&
+                        (c ? (s.warps == 8 && nk <= 1024 && d != 72) || (d == 64 && nk <= 4096)
+                           : nk <= 512 && (d <= 72 || d == 192));
+        cr_assert_eq(v.loop, dyn ? FG_LOOP_Q_TMA_D : s.loop, "d = %d causal %d nk %lld", d, c,
+                     (long long)nk);
+        fg_variant w = v;
+        w.loop = s.loop;
+        cr_assert(memcmp(&w, &s, sizeof w) == 0, "d = %d causal %d nk %lld", d, c, (long long)nk);
+        seen += dyn;
+        /* Never on another arch. */
+        cr_assert_neq(fg_builtin_variant_for(d, FG_DTYPE_BF16, c, nk, FG_ARCH_SM80).loop,
+                      FG_LOOP_Q_TMA_D);
+      }
+  cr_assert(seen > 40, "q_tma_d chosen %d times", seen);
+  /* The grid's short rows: d = 96 and 128 causal at 512 / 1k, d = 64 causal 1k-4k, d = 64 and
+   * 192 at 512 without a mask. */
+  cr_assert_eq(fg_builtin_variant_for(96, FG_DTYPE_F16, 1, 512, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_D);
+  cr_assert_eq(fg_builtin_variant_for(128, FG_DTYPE_F16, 1, 1024, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_D);
+  cr_assert_eq(fg_builtin_variant_for(128, FG_DTYPE_F16, 1, 2048, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_P);
+  cr_assert_eq(fg_builtin_variant_for(64, FG_DTYPE_F16, 1, 4096, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_D);
+  cr_assert_eq(fg_builtin_variant_for(64, FG_DTYPE_F16, 0, 512, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_D);
+  cr_assert_eq(fg_builtin_variant_for(64, FG_DTYPE_F16, 0, 1024, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_P);
+  cr_assert_eq(fg_builtin_variant_for(192, FG_DTYPE_BF16, 0, 512, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_D);
+  cr_assert_eq(fg_builtin_variant_for(120, FG_DTYPE_BF16, 0, 512, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_P);
 }
