@@ -303,7 +303,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
   if (tid < 128) {
     // The producer warpgroup: one thread issues every load; the others only give registers up.
     if (DYN && tid / 32 == 1) {  // warp-uniform: the scheduler's warp gives its registers up on its own
-      // (one regs_dec for the warpgroup, then the scheduler in warp 1, spilled 140-190 B in the producer)
+      // (with one regs_dec ahead of both the scheduler's branch and the producer's, ptxas spilled
+      // 140-190 B in the producer's loop)
       if constexpr (CONSUMERS > 1) regs_dec<24>();
       if (tid == 32)
         dyn_scheduler(bars, (unsigned long long *)p.workspace, (u32)p.tile_epoch, (u32)Nq, (u32)p.seqlen_k,
