@@ -151,12 +151,13 @@ int fg_problem_served_by(const fg_problem *p, const fg_variant *v) {
  * 96 (1.04x), 120, 128, but 0.99x at d = 72 and 0.98x at 168 and 184 (176 and 192 1.00-1.01x), so
  * not there nor past 160; d = 64 on three consumers at 2k / 4k
  * 1.03x / 1.04x (d = 40, 56 1.00x / 0.99x at 2k); without one at 512 keys d = 32-72 (three
- * consumers) 1.00-1.05x and d = 192 1.02x, where d = 80-120 ran 0.97-1.00x. */
+ * consumers) 1.00-1.05x and d = 192 1.02x, where d = 80-120 ran 0.97-1.00x, and d = 192 at 1k
+ * too with the 512 keys' blocks of 64 (1.016x / 1.012x bf16 / f16 the Bc 96 rule; 0.97x at 2k). */
 static fg_variant fg_builtin_dynamic(fg_variant v, int causal, int64_t nk) {
   if (v.loop != FG_LOOP_Q_TMA_P) return v;
   const int dyn = causal ? (v.warps == 8 && nk <= 1024 && v.d <= 160 && v.d != 72) ||
                                (v.d == 64 && nk <= 4096)
-                         : nk <= 512 && (v.d <= 72 || v.d == 192);
+                         : (nk <= 512 && v.d <= 72) || (v.d == 192 && nk <= 1024);
   if (dyn) v.loop = FG_LOOP_Q_TMA_D;
   return v;
 }
@@ -172,7 +173,8 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
     /* Up to 512 keys at d = 136-256: K/V blocks of 64, which divide the length (d = 192's 96 and
      * d = 256's 80 leave a partial last block: 512 keys cost 576 or 560 keys' work), on the
      * persistent grid: d = 192 1.11x, d = 256 1.04x the length-free rule at N = 512 (0.97-1.00x
-     * at 1k, 0.97-0.99x at 2k, where it stays). d = 80-120 from 2k keys three consumers (Br 192),
+     * at 1k, 0.97-0.99x at 2k, where it stays; but d = 192 at 1k too with the dynamic order,
+     * fg_builtin_dynamic). d = 80-120 from 2k keys three consumers (Br 192),
      * as d = 72, 88, 104 at every length (fg_builtin_variant): d = 80 1.04x / 1.11x two at 4k /
      * 16k, d = 96 1.06x / 1.06x / 1.09x at 2k / 4k / 16k, d = 112 1.05x / 1.09x, d = 120 1.03x /
      * 1.07x (H200, fg_ab; 0.91-0.97x at 512-1k, where two stay; bench/NOTES.md session 30).
@@ -201,7 +203,7 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
     } else if (fg_builtin_sector_dim(d) && nk >= 4096) {
       v.loop = FG_LOOP_Q_TMA_C;
       if (d == 168) v.warps = 8, v.br = 128, v.bc = 96;
-    } else if (nk <= 512 && (dp == 192 || dp == 256) && !fg_builtin_sector_dim(d)) {
+    } else if (nk <= (d == 192 ? 1024 : 512) && (dp == 192 || dp == 256) && !fg_builtin_sector_dim(d)) {
       v.loop = FG_LOOP_Q_TMA_P;
       v.bc = 64;
     } else if (dp == 128 && d < 128 && nk >= 2048) {

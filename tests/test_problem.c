@@ -243,8 +243,8 @@ Test(problem, builtin_rule_by_length) {
         if (buckets[i] >= cfrom)
           cr_assert(ac.bc == (d == 184 ? 80 : 64) && ac.warps == 8 && ac.br == 128, "d = %d causal", d);
       }
-      /* No mask: K/V blocks of 64 on the persistent grid at 512 from d = 144, else the
-       * length-free rule; other archs, and with a mask d = 128, 192 and 256: the length-free
+      /* No mask: K/V blocks of 64 on the persistent grid at 512 from d = 144 (d = 192 up to 1k),
+       * else the length-free rule; other archs, and with a mask d = 128, 192 and 256: the length-free
        * rule. */
       const int ds[] = {64, 96, 128, 144, 192, 200, 256};
       for (size_t k = 0; k < 7; k++) {
@@ -257,7 +257,7 @@ Test(problem, builtin_rule_by_length) {
           a.loop = b.loop;
           a.bc = b.bc;
           cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = 200 non-causal");
-        } else if (ds[k] > 128 && buckets[i] == 512) {
+        } else if (ds[k] > 128 && (buckets[i] == 512 || (ds[k] == 192 && buckets[i] == 1024))) {
           cr_assert(a.loop == FG_LOOP_Q_TMA_P && a.bc == 64 && a.br == b.br &&
                         a.warps == b.warps && a.stages == b.stages,
                     "d = %d non-causal 512", ds[k]);
@@ -324,7 +324,8 @@ Test(problem, builtin_rule_by_length) {
 
 /* The persistent grid taking its tiles from a counter (q_tma_d) where the static order left SMs
  * idle (core/problem.c, fg_builtin_dynamic): with a mask up to 1k keys on two consumers at
- * d <= 160 but 72, and d = 64 up to 4k; without one at 512 keys at d <= 72 and d = 192. Everything else
+ * d <= 160 but 72, and d = 64 up to 4k; without one at 512 keys at d <= 72, and d = 192 up to 1k
+ * (with the 512 keys' K/V blocks of 64 at 1k too). Everything else
  * about the variant is the rule's q_tma_p; no other loop order changes. */
 Test(problem, builtin_rule_dynamic) {
   const int64_t buckets[] = {512, 1024, 2048, 4096, 8192, 16384};
@@ -337,7 +338,7 @@ Test(problem, builtin_rule_dynamic) {
         const fg_variant s = rule_static(d, FG_DTYPE_BF16, c, nk, FG_ARCH_SM90A);
         const int dyn = s.loop == FG_LOOP_Q_TMA_P &&
                         (c ? (s.warps == 8 && nk <= 1024 && d <= 160 && d != 72) || (d == 64 && nk <= 4096)
-                           : nk <= 512 && (d <= 72 || d == 192));
+                           : (nk <= 512 && d <= 72) || (d == 192 && nk <= 1024));
         cr_assert_eq(v.loop, dyn ? FG_LOOP_Q_TMA_D : s.loop, "d = %d causal %d nk %lld", d, c,
                      (long long)nk);
         fg_variant w = v;
@@ -348,7 +349,7 @@ Test(problem, builtin_rule_dynamic) {
         cr_assert_neq(fg_builtin_variant_for(d, FG_DTYPE_BF16, c, nk, FG_ARCH_SM80).loop,
                       FG_LOOP_Q_TMA_D);
       }
-  cr_assert_eq(seen, 36, "q_tma_d chosen %d times", seen); /* (d, mask, length) triples */
+  cr_assert_eq(seen, 37, "q_tma_d chosen %d times", seen); /* (d, mask, length) triples */
   /* The grid's short rows: d = 96 and 128 causal at 512 / 1k, d = 64 causal 1k-4k, d = 64 and
    * 192 at 512 without a mask. */
   cr_assert_eq(fg_builtin_variant_for(96, FG_DTYPE_F16, 1, 512, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_D);
