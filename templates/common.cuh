@@ -269,7 +269,8 @@ template <int BR, bool CAUSAL> FG_DEV fwd_block fwd_block_of(const fg_fwd_params
 //   within about one unit of each other without an atomic tile counter (a zeroed word per call).
 //   (x + r) % grid is taken in 32 bits: a block takes fewer than 2^32 tiles.
 // tests/test_tile_order.c checks this order (every tile once, the balance, the heads of a round)
-// on a C transcription of it: change both together. The code's shape is ptxas's: the producer
+// on a C transcription of it: change both together (and fwd_tma.cu's fwd_unit_tile, the dynamic
+// order's scheduler, which hands out the same units in 32 bits). The code's shape is ptxas's: the producer
 // runs it in 24 registers, and equivalent forms (a shared C function, a macro) spilled 88-124 B.
 template <int BR, bool CAUSAL>
 FG_DEV bool fwd_persistent_tile(const fg_fwd_params &p, i64 k, i64 &q_tile, u32 &bh) {
