@@ -1,7 +1,8 @@
 /* The persistent forward grid's tile order (templates/common.cuh, fwd_persistent_tile): every tile
  * taken exactly once, by blocks that stay even, the tiles of a round from few heads (so they share
  * K and V in L2). The kernel's code is transcribed below (its shape is ptxas's, see common.cuh):
- * change both together. Then the causal backward's block order (bwd_aux.cuh, causal_kv_pos):
+ * change both together; and q_tma_d's units and tickets (fwd_tma.cu's fwd_unit_tile, dyn_ticket).
+ * Then the causal backward's block order (bwd_aux.cuh, causal_kv_pos):
  * every block once, and a balanced grid where the launch order ends on a tail. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -113,6 +114,112 @@ Test(tile_order, causal_pairs_keep_the_blocks_even) {
               "N %lld Br %lld: block totals %lld..%lld key blocks, more apart than one pair (%lld) "
               "and one tile (%lld)",
               g[i].n, g[i].br, mn, mx, pair_cost, tile_max);
+  }
+}
+
+/* q_tma_d's scheduler (templates/fwd_tma.cu, fwd_unit_tile), in C: tile g of the causal order's
+ * sequence of units in 32 bits; q_tile stays ~0u past the total. */
+static void fg_unit_tile(unsigned tq, unsigned g, unsigned total, unsigned *q_tile, unsigned *bh) {
+  if (g >= total) return;
+  const unsigned half = g & 1u, m = (tq - 1u) / 2u, h2 = g / (2u * tq), v = g - h2 * 2u * tq;
+  if (tq % 2u == 0) {
+    const unsigned second = v >= tq ? 1u : 0u, j = (v - second * tq) >> 1;
+    *bh = 2u * h2 + second;
+    *q_tile = half ? tq - 1u - j : j;
+  } else {
+    const unsigned u = v >> 1, j = u < m ? u : u - m - 1u;
+    *bh = 2u * h2 + (u == m ? half : (u > m ? 1u : 0u));
+    *q_tile = u == m ? m : half ? tq - 1u - j : j;
+  }
+}
+
+/* The dynamic order hands out the static order's units: position g of the sequence is the same
+ * tile in both (the static order's block x takes g = 2 (r grid + (x + r) % grid) + k % 2 in round
+ * r = k / 2), so every tile once, in pairs of equal cost. */
+Test(tile_order, dynamic_units_are_the_static_orders) {
+  static const long long tq[] = {1, 2, 3, 4, 5, 8, 33};
+  static const long long pr[] = {1, 2, 3, 16, 31};
+  for (size_t i = 0; i < sizeof tq / sizeof tq[0]; i++)
+    for (size_t j = 0; j < sizeof pr / sizeof pr[0]; j++) {
+      const long long total = tq[i] * pr[j], grid = grid_of(total, 7);
+      for (long long x = 0; x < grid; x++) {
+        long long q, bh;
+        for (long long k = 0; fg_tile_of(k, x, grid, tq[i], pr[j], 1, &q, &bh); k++) {
+          const long long r = k >> 1;
+          const long long g = 2 * (r * grid + (x + r) % grid) + (k & 1);
+          unsigned dq = ~0u, dbh = 0;
+          fg_unit_tile((unsigned)tq[i], (unsigned)g, (unsigned)total, &dq, &dbh);
+          cr_assert(dq == q && dbh == bh, "tiles_q %lld heads %lld: position %lld is (%lld, %lld) "
+                    "in the static order, (%u, %u) in the dynamic one", tq[i], pr[j], g, q, bh, dq, dbh);
+        }
+      }
+      unsigned dq = ~0u, dbh = 0;
+      fg_unit_tile((unsigned)tq[i], (unsigned)total, (unsigned)total, &dq, &dbh);
+      cr_assert_eq(dq, ~0u, "past the total: the end");
+    }
+}
+
+/* The tile counter's tickets (fwd_tma.cu, dyn_ticket and the scheduler's end), each atomic step
+ * of each block interleaved at random over a word that starts with whatever memory held (zero,
+ * flashgen check's poison, another launch's count, float bits, random): every ticket 0 ..
+ * units + blocks - 1 is taken exactly once, each block's last one its end (>= units), and the word
+ * is 0 afterwards. */
+typedef struct dyn_block {
+  int state; /* 0 add, 1 cas, 2 add again, 3 done */
+  unsigned long long expected;
+  unsigned last;
+} dyn_block;
+static unsigned long long dyn_rand(unsigned long long *s) {
+  *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+  return *s;
+}
+Test(tile_order, dynamic_tickets_once_each_from_any_word) {
+  unsigned long long seed = 0x9E3779B97F4A7C15ull;
+  const unsigned long long starts[] = {0ull, ~0ull, (0x7F800005ull << 32) | 77u, 0x3F8000003F800000ull,
+                                       0x12345678FFFFFFFFull, 0xDEADBEEFCAFEF00Dull};
+  const unsigned epoch = 0x7F800009u;
+  for (int trial = 0; trial < 600; trial++) {
+    const unsigned blocks = 1 + (unsigned)(dyn_rand(&seed) % 9), units = (unsigned)(dyn_rand(&seed) % 40);
+    unsigned long long word = trial < 6 ? starts[trial] : dyn_rand(&seed);
+    if ((unsigned)(word >> 32) == epoch) word ^= 1ull << 40;
+    dyn_block b[9];
+    unsigned char taken[64] = {0};
+    for (unsigned i = 0; i < blocks; i++) b[i] = (dyn_block){0, 0, 0};
+    unsigned done = 0;
+    while (done < blocks) {
+      dyn_block *k = &b[dyn_rand(&seed) % blocks];
+      unsigned t = 0;
+      int got = 0;
+      if (k->state == 0 || k->state == 2) { /* atomicAdd */
+        const unsigned long long v = word++;
+        if (k->state == 2 || (unsigned)(v >> 32) == epoch)
+          t = (unsigned)v, got = 1;
+        else
+          k->expected = v + 1, k->state = 1;
+      } else if (k->state == 1) { /* atomicCAS(expected -> epoch, 1) */
+        const unsigned long long prev = word;
+        if (prev == k->expected)
+          word = ((unsigned long long)epoch << 32) | 1ull, t = 0, got = 1;
+        else if ((unsigned)(prev >> 32) == epoch)
+          k->state = 2;
+        else
+          k->expected = prev;
+      } else {
+        continue;
+      }
+      if (!got) continue;
+      cr_assert(t < units + blocks && !taken[t], "trial %d: ticket %u out of range or taken twice",
+                trial, t);
+      taken[t] = 1;
+      k->last = t;
+      k->state = t >= units ? 3 : 0;
+      if (t >= units) {
+        done++;
+        if (t == units + blocks - 1) word = 0; /* the launch's last ticket */
+      }
+    }
+    for (unsigned t = 0; t < units + blocks; t++) cr_assert(taken[t], "trial %d: ticket %u never taken", trial, t);
+    cr_assert_eq(word, 0ull, "trial %d: the word after the launch", trial);
   }
 }
 
