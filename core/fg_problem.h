@@ -51,11 +51,14 @@ int fg_problem_parse(const char *key, fg_problem *out, char *err, size_t errlen)
 /* Whether v computes p's op for p's head dim, dtype and mask (any block sizes, any arch). */
 int fg_problem_served_by(const fg_problem *p, const fg_variant *v);
 /* The built-in rule's forward variant for a key-length bucket nk (fg_seqlen_bucket; 0: no
- * length, fg_builtin_variant's): fg_builtin_variant, except on sm_90a, where with a causal mask
- * d = 64 takes K/V blocks of 64 up to 512 keys and the TMA kernel from 1k (persistent up to 4k;
- * two consumer warpgroups at 1k, three from 2k) and the head dims padded up to 128 (d = 65-127)
- * the non-persistent one from 8k, and without one d = 136-256 take K/V blocks of 64 on the
- * persistent grid up to 512 keys. */
+ * length, fg_builtin_variant's): fg_builtin_variant, except on sm_90a, where the length picks
+ * the loop order and shape (core/problem.c, each rule with its measurements; README lists them):
+ * e.g. with a causal mask d = 64 takes K/V blocks of 64 up to 512 keys and the TMA kernel from
+ * 1k (persistent up to 4k, two consumer warpgroups at 1k, three from 2k); three consumers where
+ * rows end inside a sector; clusters of two blocks (q_tma_c) at long lengths there; K/V blocks
+ * of 64 on the persistent grid without a mask at d = 136-256 up to 512 keys; and the persistent
+ * grid taking its tiles from a counter (q_tma_d) at the short lengths where the static order
+ * left SMs idle. */
 fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk, fg_arch arch);
 /* The most variants the built-in rule picks for one (d, dtype, mask) over all lengths. */
 #define FG_BUILTIN_MAX 5
