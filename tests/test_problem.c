@@ -322,6 +322,27 @@ Test(problem, builtin_rule_by_length) {
   }
 }
 
+/* fg_builtin_variants stops at FG_BUILTIN_MAX without a word: every (d, dtype, mask, arch) must
+ * list every variant its lengths pick (d = 64 and 88 causal take all 5 on sm_90a), so that the
+ * default set and the tuner hold each of them. */
+Test(problem, builtin_variants_list_every_length) {
+  const int64_t buckets[] = {512, 1024, 2048, 4096, 8192, 16384};
+  for (int arch = 0; arch < FG_ARCH_COUNT; arch++)
+    for (int dt = FG_DTYPE_F16; dt <= FG_DTYPE_BF16; dt++)
+      for (int d = 32; d <= 256; d += 8)
+        for (int c = 0; c <= 1; c++) {
+          fg_variant out[FG_BUILTIN_MAX];
+          const int n = fg_builtin_variants(d, (fg_dtype)dt, c, (fg_arch)arch, out);
+          for (size_t i = 0; i < 6; i++) {
+            const fg_variant v = fg_builtin_variant_for(d, (fg_dtype)dt, c, buckets[i], (fg_arch)arch);
+            int listed = 0;
+            for (int k = 0; k < n && !listed; k++) listed = memcmp(&v, &out[k], sizeof v) == 0;
+            cr_assert(listed, "arch %d d = %d causal %d nk %lld: the rule's variant is past the "
+                      "list's %d (raise FG_BUILTIN_MAX)", arch, d, c, (long long)buckets[i], n);
+          }
+        }
+}
+
 /* The persistent grid taking its tiles from a counter (q_tma_d) where the static order left SMs
  * idle (core/problem.c, fg_builtin_dynamic): with a mask up to 1k keys on two consumers at
  * d <= 160 but 72, and d = 64 up to 4k; without one at 512 keys at d <= 72, and d = 192 up to 1k
