@@ -14,7 +14,8 @@
 // log-sum-exp directly. Persistent (loop q_tma_p, grid "persistent": one block per SM): each block
 // loops over tiles in common.cuh's fwd_persistent_tile order, the producer running on into the
 // next tile's Q (in the other of {{ q_bufs }} Q buffers) and K/V blocks while the consumers finish
-// this one, so a tile's pipeline fill and epilogue overlap its neighbours' work. On clusters of
+// this one, so a tile's pipeline fill and epilogue overlap its neighbours' work (some load the Q
+// tiles from a thread of their own, QLOAD). On clusters of
 // {{ cluster }} (loop q_tma_c, grid "q_tile_pairs"): the two blocks of a cluster take two
 // neighbouring query tiles of one head, and each loads half of every K/V block (BC / 2 rows) into
 // both with a multicast TMA, so each reads half the K/V bytes from L2; a stage is loaded again
@@ -69,6 +70,19 @@ constexpr int HALF = BC / CLUSTER;
 constexpr bool GROUPED = CAUSAL && !PERSIST && CONSUMERS < 3;
 constexpr u32 GROUP_HALF_WAVES = 3;
 constexpr int QBUFS = {{ q_bufs }};
+// The dynamic order (DYN) on two consumers at d > 64 with a causal mask, or a persistent grid with
+// one Q buffer: the Q tiles are loaded by a thread of their own (lane 0 of the producer warpgroup's
+// warp 2) as soon as their buffer is free, and the K/V producer no longer waits for that buffer
+// before the next tile's K/V. In the producer's order a tile's Q went out only once the tile before
+// had all its K/V loads issued (two stages ahead of the consumers), and with one Q buffer the next
+// tile's K/V waited for this tile's O store. Measured (fg_ab, H100, bf16; bench/NOTES.md session
+// 34): causal 512 d = 96-128 +1.4-3.1%, causal 1k d = 128 +2.7%, d = 160 +1.2%, d = 256 without a
+// mask (one buffer) at 512 +2.2%, d = 192 causal 512 (static order) +2.2%; but the static order at
+// d = 128 causal 16k -0-4%, -1.8 to -2.3% at d = 192 without a mask (two buffers), -1% at d = 128
+// without a mask at 4k and at d = 48 / 64 causal (the loader's waits take issue slots from the
+// consumers' warps, and Q competes with the K/V the running tile still needs). Not with three
+// consumers: the static order's loader spilled 12 B in their producer's 24 registers.
+constexpr bool QLOAD = PERSIST && CONSUMERS < 3 && DP >= 128 && ((DYN && CAUSAL) || QBUFS == 1);
 constexpr bool OBUF = {{ o_buf }};
 constexpr bool BF16 = {{ dtype == "bf16" }};
 constexpr int CB = DP / 64;           // 64-column blocks of a tile (one TMA box each)
@@ -106,9 +120,6 @@ FG_DEV u32 dyn_slot(int i) { return 8u * (NQBAR + 4 * STAGES + 2 * SLOTS) + 32u 
 constexpr u32 DYN_END = 0xffffffffu;
 static_assert(8 * (NQBAR + 4 * STAGES) + (DYN ? 16 * SLOTS + 32 * SLOTS : 0) <= 256,
               "mbarriers past their 256 bytes (fwd.lua)");
-FG_DEV void ld_shared_v2(u32 a, u32 (&w)[2]) {
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w[0]), "=r"(w[1]) : "r"(a) : "memory");
-}
 FG_DEV void ld_shared_v8(u32 a, u32 (&w)[8]) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(a) : "memory");
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(w[4]), "=r"(w[5]), "=r"(w[6]), "=r"(w[7]) : "r"(a + 16u) : "memory");
@@ -153,7 +164,7 @@ FG_DEV void fwd_unit_tile(u32 tq, u32 g, u32 total, u32 &q_tile, u32 &bh) {
     q_tile = u == m ? m : half ? tq - 1u - j : j;
   }
 }
-constexpr u32 SLOT_READERS = 128 * CONSUMERS + 1;  // DYN: the consumer threads and the producer
+constexpr u32 SLOT_READERS = 128 * CONSUMERS + 1 + (QLOAD ? 1 : 0);  // DYN: the consumer threads, the producer(s)
 constexpr u32 CONSUMER_WARPS = 4 * CONSUMERS;  // arrivals on an "empty" barrier (lane 0 of each, of every block of the cluster)
 
 // d (64 x BC, f32) = Q K^T over one k-step: A (64 x 16) and B (BC x 16) from shared memory, both
@@ -216,13 +227,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
   const i64 Nq = p.seqlen_q;
   // The block's k-th tile into fb; false past its last (a block per tile: k = 0 only).
   auto next_tile = [&](i64 k, fwd_block &fb) -> bool {
-    if constexpr (DYN) {  // the consumers' (the producer reads its slot's other fields)
+    if constexpr (DYN) {  // the consumers' (the producer and the Q loader read the slot on their own)
       mbar_wait(bars + bar_qfull((int)(k % QBUFS)), (u32)(k / QBUFS) & 1);
-      u32 w[2];
-      ld_shared_v2(bars + dyn_slot((int)(k % SLOTS)), w);
+      u32 w[8];
+      ld_shared_v8(bars + dyn_slot((int)(k % SLOTS)), w);
       mbar_arrive(bars + bar_sfree((int)(k % SLOTS)));  // every reader (as bwd_tma.cu's stages)
       if (w[0] == DYN_END) return false;
-      fb = fwd_block_at<BR, CAUSAL>(p, (i64)w[0], w[1]);
+      // The scheduler's fields (fwd_block_at's and fwd_block_span's, in 32 bits): no division here.
+      fb.bh = w[1], fb.q0 = w[2], fb.b = w[3], fb.h = w[4], fb.hk = w[5], fb.n_blocks = (int)w[6];
+      fb.nk32 = (int)p.seqlen_k, fb.qdiag32 = (int)((i64)w[2] + p.seqlen_k - p.seqlen_q);
+      return true;
     } else if constexpr (PERSIST) {
       i64 q_tile;
       u32 bh;
@@ -311,6 +325,45 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
                       (u32)p.batch, (u32)p.heads_q, (u32)p.hq_per_hkv);
       return;
     }
+    // The block's k-th tile's slot (DYN): its words into w, handed back.
+    auto read_slot = [&](i64 k, u32 (&w)[8]) {
+      mbar_wait(bars + bar_sready((int)(k % SLOTS)), (u32)(k / SLOTS) & 1);
+      ld_shared_v8(bars + dyn_slot((int)(k % SLOTS)), w);
+      mbar_arrive(bars + bar_sfree((int)(k % SLOTS)));
+    };
+    if (QLOAD && tid / 32 == 2) {  // warp-uniform, its own regs_dec (as the scheduler's)
+      if constexpr (CONSUMERS > 1) regs_dec<24>();
+      if (tid != 64) return;
+      // The Q loader: tile k's Q into buffer k % QBUFS once the buffer's last use is released. With
+      // DYN the consumers learn the end from that buffer's "full" barrier (a plain arrival, so the
+      // barrier's phases stay in step).
+      for (i64 k = 0;; ++k) {
+        const int qs = (int)(k % QBUFS);
+        const u32 quse = (u32)(k / QBUFS);  // this is Q buffer qs's use number quse
+        fwd_block fq;
+        bool last;
+        if constexpr (DYN) {
+          u32 w[8];
+          read_slot(k, w);
+          last = w[0] == DYN_END;
+          fq.q0 = w[2], fq.b = w[3], fq.h = w[4];
+        } else {
+          last = !next_tile(k, fq);
+        }
+        if (last && !DYN) break;
+        if (quse > 0) mbar_wait(bars + bar_qempty(qs), (quse - 1) & 1);
+        if (last) {
+          mbar_arrive(bars + bar_qfull(qs));
+          break;
+        }
+        mbar_expect_tx(bars + bar_qfull(qs), Q_BYTES);
+#pragma unroll
+        for (int c = 0; c < CB; ++c)
+          tma_load_4d(sbase + (u32)qs * Q_BYTES + (u32)c * BR * 128, &P.tmap[0], 64 * c, (int)fq.q0, (int)fq.h,
+                      (int)fq.b, bars + bar_qfull(qs));
+      }
+      return;
+    }
     if constexpr (CONSUMERS > 1) regs_dec<24>();
     if (tid == 0) {
       const void *tq = &P.tmap[0], *tk = &P.tmap[1], *tv = &P.tmap[2];
@@ -321,11 +374,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
       // is released, so the barrier's phases stay in step).
       auto producer_tile = [&](i64 k) -> bool {
         if constexpr (DYN) {
-          mbar_wait(bars + bar_sready((int)(k % SLOTS)), (u32)(k / SLOTS) & 1);
           u32 w[8];
-          ld_shared_v8(bars + dyn_slot((int)(k % SLOTS)), w);
-          mbar_arrive(bars + bar_sfree((int)(k % SLOTS)));
+          read_slot(k, w);
           if (w[0] == DYN_END) {
+            if constexpr (QLOAD) return false;
             const int qs = (int)(k % QBUFS);
             const u32 quse = (u32)(k / QBUFS);
             if (quse > 0) mbar_wait(bars + bar_qempty(qs), (quse - 1) & 1);
@@ -339,14 +391,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
         }
       };
       for (i64 k = 0; producer_tile(k); ++k) {
-        const int qs = (int)(k % QBUFS);
-        const u32 quse = (u32)(k / QBUFS);  // this is Q buffer qs's use number quse
-        if (quse > 0) mbar_wait(bars + bar_qempty(qs), (quse - 1) & 1);
-        mbar_expect_tx(bars + bar_qfull(qs), Q_BYTES);
+        if constexpr (!QLOAD) {
+          const int qs = (int)(k % QBUFS);
+          const u32 quse = (u32)(k / QBUFS);  // this is Q buffer qs's use number quse
+          if (quse > 0) mbar_wait(bars + bar_qempty(qs), (quse - 1) & 1);
+          mbar_expect_tx(bars + bar_qfull(qs), Q_BYTES);
 #pragma unroll
-        for (int c = 0; c < CB; ++c)
-          tma_load_4d(sbase + (u32)qs * Q_BYTES + (u32)c * BR * 128, tq, 64 * c, (int)fb.q0, (int)fb.h,
-                      (int)fb.b, bars + bar_qfull(qs));
+          for (int c = 0; c < CB; ++c)
+            tma_load_4d(sbase + (u32)qs * Q_BYTES + (u32)c * BR * 128, tq, 64 * c, (int)fb.q0, (int)fb.h,
+                        (int)fb.b, bars + bar_qfull(qs));
+        }
         const int n_load = pair_blocks(fb);
         for (int j = 0; j < n_load; ++j, ++kv) {
           const int s = (int)(kv % STAGES);
