@@ -358,7 +358,7 @@ Test(problem, builtin_rule_dynamic) {
         const fg_variant v = fg_builtin_variant_for(d, FG_DTYPE_BF16, c, nk, FG_ARCH_SM90A);
         const fg_variant s = rule_static(d, FG_DTYPE_BF16, c, nk, FG_ARCH_SM90A);
         const int dyn = s.loop == FG_LOOP_Q_TMA_P &&
-                        (c ? (s.warps == 8 && nk <= 1024 && d <= 160 && d != 72) || (d == 64 && nk <= 4096)
+                        (c ? (s.warps == 8 && nk <= 1024 && ((d <= 160 && d != 72) || d == 192)) || (d == 64 && nk <= 4096)
                            : (nk <= 512 && d <= 72) || (d == 192 && nk <= 1024));
         cr_assert_eq(v.loop, dyn ? FG_LOOP_Q_TMA_D : s.loop, "d = %d causal %d nk %lld", d, c,
                      (long long)nk);
@@ -370,14 +370,15 @@ Test(problem, builtin_rule_dynamic) {
         cr_assert_neq(fg_builtin_variant_for(d, FG_DTYPE_BF16, c, nk, FG_ARCH_SM80).loop,
                       FG_LOOP_Q_TMA_D);
       }
-  cr_assert_eq(seen, 37, "q_tma_d chosen %d times", seen); /* (d, mask, length) triples */
-  /* The grid's short rows: d = 96 and 128 causal at 512 / 1k, d = 64 causal 1k-4k, d = 64 and
-   * 192 at 512 without a mask. */
+  cr_assert_eq(seen, 39, "q_tma_d chosen %d times", seen); /* (d, mask, length) triples */
+  /* The grid's short rows: d = 96, 128 and 192 causal at 512 / 1k, d = 64 causal 1k-4k, d = 64
+   * and 192 at 512 without a mask. */
   cr_assert_eq(fg_builtin_variant_for(96, FG_DTYPE_F16, 1, 512, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_D);
   cr_assert_eq(fg_builtin_variant_for(128, FG_DTYPE_F16, 1, 1024, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_D);
   cr_assert_eq(fg_builtin_variant_for(128, FG_DTYPE_F16, 1, 2048, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_P);
   cr_assert_eq(fg_builtin_variant_for(64, FG_DTYPE_F16, 1, 4096, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_D);
   cr_assert_eq(fg_builtin_variant_for(64, FG_DTYPE_F16, 0, 512, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_D);
+  cr_assert_eq(fg_builtin_variant_for(192, FG_DTYPE_F16, 1, 1024, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_D);
   cr_assert_eq(fg_builtin_variant_for(64, FG_DTYPE_F16, 0, 1024, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_P);
   cr_assert_eq(fg_builtin_variant_for(192, FG_DTYPE_BF16, 0, 512, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_D);
   cr_assert_eq(fg_builtin_variant_for(120, FG_DTYPE_BF16, 0, 512, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_P);
