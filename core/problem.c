@@ -149,17 +149,20 @@ int fg_problem_served_by(const fg_problem *p, const fg_variant *v) {
  * session 33): with a mask up to 1k keys on two consumers 1.03-1.07x at d = 32-56, 80, 96, 104,
  * 120 (512), 1.01-1.02x at 88, 112, 128, 144, 160, 1.02-1.11x at 1k for d = 32, 40, 64 (1.06x), 80,
  * 96 (1.04x), 120, 128, but 0.99x at d = 72 and 0.98x at 168 and 184 (176 and 192 1.00-1.01x), so
- * not there nor past 160 but at 192, where its Q tiles from a thread of their own (fwd_tma.cu's
- * QLOAD, session 34) made it 1.025-1.030x at 512 and 1.018-1.022x at 1k (bf16 and f16); d = 64 on
+ * not there nor past 160 but at 176 and 192, where its Q tiles from a thread of their own
+ * (fwd_tma.cu's QLOAD, session 34) made it 1.021-1.023x / 1.011-1.013x at d = 176, 512 / 1k, and
+ * 1.025-1.030x / 1.018-1.022x at d = 192 (bf16 and f16; 0.97-0.99x at 168 and 184); d = 64 on
  * three consumers at 2k / 4k
  * 1.03x / 1.04x (d = 40, 56 1.00x / 0.99x at 2k); without one at 512 keys d = 32-72 (three
  * consumers) 1.00-1.05x and d = 192 1.02x, where d = 80-120 ran 0.97-1.00x, and d = 192 at 1k
- * too with the 512 keys' blocks of 64 (1.016x / 1.012x bf16 / f16 the Bc 96 rule; 0.97x at 2k). */
+ * too with the 512 keys' blocks of 64 (1.016x / 1.012x bf16 / f16 the Bc 96 rule; 0.97x at 2k);
+ * d = 128 up to 1k once the consumers took the tile's fields from the scheduler (session 34):
+ * 1.006-1.013x at 512, 1.008-1.012x at 1k (d = 96 1.01x, 112 0.99x). */
 static fg_variant fg_builtin_dynamic(fg_variant v, int causal, int64_t nk) {
   if (v.loop != FG_LOOP_Q_TMA_P) return v;
-  const int dyn = causal ? (v.warps == 8 && nk <= 1024 && ((v.d <= 160 && v.d != 72) || v.d == 192)) ||
+  const int dyn = causal ? (v.warps == 8 && nk <= 1024 && ((v.d <= 160 && v.d != 72) || v.d == 176 || v.d == 192)) ||
                                (v.d == 64 && nk <= 4096)
-                         : (nk <= 512 && v.d <= 72) || (v.d == 192 && nk <= 1024);
+                         : (nk <= 512 && v.d <= 72) || ((v.d == 128 || v.d == 192) && nk <= 1024);
   if (dyn) v.loop = FG_LOOP_Q_TMA_D;
   return v;
 }

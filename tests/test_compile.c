@@ -327,12 +327,13 @@ static void default_set(fg_arch arch) {
    * (64, 2k+), and from 4k at d = 72, 88, 104, 136, 152 (three consumers) and 168 (two, Bc 96);
    * with one clusters too (11 kernels): d = 200, 216, 232 (1k+) and 248 (4k+) with K/V blocks of
    * 64, 184 with 80 (4k+), 168 on two consumers (Bc 96, 4k+), and from 8k on three consumers at
-   * d = 72, 88, 104, 136, 152; the persistent grid taking its tiles from a counter (q_tma_d, 25
-   * kernels, 18 of them new: the others replace the q_tma_p kernel of the lengths they took):
-   * with a mask up to 1k keys on two consumers (d <= 160 but 72, and 192), d = 64 on three at 2k-4k, without
-   * one at 512 keys d = 32-72 and 192 (core/problem.c, fg_builtin_dynamic); each in 2 dtypes. */
+   * d = 72, 88, 104, 136, 152; the persistent grid taking its tiles from a counter (q_tma_d, 27
+   * kernels, 20 of them new: the others replace the q_tma_p kernel of the lengths they took):
+   * with a mask up to 1k keys on two consumers (d <= 160 but 72, 176 and 192), d = 64 on three at
+   * 2k-4k, without one at 512 keys d = 32-72, up to 1k d = 128 and 192 (core/problem.c,
+   * fg_builtin_dynamic); each in 2 dtypes. */
   const int twins = arch == FG_ARCH_SM90A ? 2 * (29 + 29) : 0;
-  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 4 + 5 + 7 + 1 + 3 + 7 + 10 + 13 + 11 + 18) * 2 : 0;
+  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 4 + 5 + 7 + 1 + 3 + 7 + 10 + 13 + 11 + 20) * 2 : 0;
   cr_assert_eq(n, 29 * 2 * 2 * 2 + twins + lengths,
                "29 head dims x 2 dtypes x 2 maskings x (built-in, kv_outer), plus %d and %d", twins,
                lengths);
@@ -344,7 +345,7 @@ static void default_set(fg_arch arch) {
     persistent += v[i].loop == FG_LOOP_Q_TMA_P;
     dynamic += v[i].loop == FG_LOOP_Q_TMA_D;
   }
-  cr_assert_eq(dynamic, arch == FG_ARCH_SM90A ? 25 * 2 : 0, "q_tma_d kernels in the %s default set",
+  cr_assert_eq(dynamic, arch == FG_ARCH_SM90A ? 27 * 2 : 0, "q_tma_d kernels in the %s default set",
                fg_arch_name(arch));
   cr_assert_eq(wg, twins + lengths, "Hopper kernels in the %s default set", fg_arch_name(arch));
   cr_assert_eq(persistent, arch == FG_ARCH_SM90A ? (5 + 14 + 16 + 2 + 8 + 4 + 5 + 11 + 1 + 1 + 10 - 7) * 2 : 0,

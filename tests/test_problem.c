@@ -315,7 +315,8 @@ Test(problem, builtin_rule_by_length) {
     cr_assert_eq(fg_builtin_variants(72, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 3); /* always 3 */
     cr_assert(out[1].loop == FG_LOOP_Q_TMA_D && out[2].loop == FG_LOOP_Q_TMA_C &&
               out[2].warps == 12 && out[2].bc == out[0].bc);
-    cr_assert_eq(fg_builtin_variants(128, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 1);
+    cr_assert_eq(fg_builtin_variants(128, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 2);
+    cr_assert(out[0].loop == FG_LOOP_Q_TMA_P && out[1].loop == FG_LOOP_Q_TMA_D && out[1].bc == out[0].bc);
     cr_assert_eq(fg_builtin_variants(192, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 2);
     cr_assert(out[1].loop == FG_LOOP_Q_TMA_D && out[1].bc == 64);
     cr_assert_eq(fg_builtin_variants(64, (fg_dtype)dt, 1, FG_ARCH_SM80, out), 1);
@@ -345,8 +346,8 @@ Test(problem, builtin_variants_list_every_length) {
 
 /* The persistent grid taking its tiles from a counter (q_tma_d) where the static order left SMs
  * idle (core/problem.c, fg_builtin_dynamic): with a mask up to 1k keys on two consumers at
- * d <= 160 but 72, and d = 64 up to 4k; without one at 512 keys at d <= 72, and d = 192 up to 1k
- * (with the 512 keys' K/V blocks of 64 at 1k too). Everything else
+ * d <= 160 but 72, 176 and 192, and d = 64 up to 4k; without one at 512 keys at d <= 72, and d =
+ * 128 and 192 up to 1k (d = 192 with the 512 keys' K/V blocks of 64 at 1k too). Everything else
  * about the variant is the rule's q_tma_p; no other loop order changes. */
 Test(problem, builtin_rule_dynamic) {
   const int64_t buckets[] = {512, 1024, 2048, 4096, 8192, 16384};
@@ -358,8 +359,9 @@ Test(problem, builtin_rule_dynamic) {
         const fg_variant v = fg_builtin_variant_for(d, FG_DTYPE_BF16, c, nk, FG_ARCH_SM90A);
         const fg_variant s = rule_static(d, FG_DTYPE_BF16, c, nk, FG_ARCH_SM90A);
         const int dyn = s.loop == FG_LOOP_Q_TMA_P &&
-                        (c ? (s.warps == 8 && nk <= 1024 && ((d <= 160 && d != 72) || d == 192)) || (d == 64 && nk <= 4096)
-                           : (nk <= 512 && d <= 72) || (d == 192 && nk <= 1024));
+                        (c ? (s.warps == 8 && nk <= 1024 && ((d <= 160 && d != 72) || d == 176 || d == 192)) ||
+                                   (d == 64 && nk <= 4096)
+                           : (nk <= 512 && d <= 72) || ((d == 128 || d == 192) && nk <= 1024));
         cr_assert_eq(v.loop, dyn ? FG_LOOP_Q_TMA_D : s.loop, "d = %d causal %d nk %lld", d, c,
                      (long long)nk);
         fg_variant w = v;
@@ -370,7 +372,7 @@ Test(problem, builtin_rule_dynamic) {
         cr_assert_neq(fg_builtin_variant_for(d, FG_DTYPE_BF16, c, nk, FG_ARCH_SM80).loop,
                       FG_LOOP_Q_TMA_D);
       }
-  cr_assert_eq(seen, 39, "q_tma_d chosen %d times", seen); /* (d, mask, length) triples */
+  cr_assert_eq(seen, 43, "q_tma_d chosen %d times", seen); /* (d, mask, length) triples */
   /* The grid's short rows: d = 96, 128 and 192 causal at 512 / 1k, d = 64 causal 1k-4k, d = 64
    * and 192 at 512 without a mask. */
   cr_assert_eq(fg_builtin_variant_for(96, FG_DTYPE_F16, 1, 512, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_D);
