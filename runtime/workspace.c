@@ -85,7 +85,12 @@ void fg_workspace_free(fg_context *ctx, fg_workspace *w, CUstream s) {
   if (w->async) {
     fg_cu.cuMemFreeAsync(w->ptr, s);
   } else {
-    fg_cu.cuStreamSynchronize(s); /* no memory pools: free once the kernels are done */
+    /* No memory pools: free once the kernels are done. A wait for the GPU, so marked for the hang
+     * watchdog (watchdog.c): unmarked, a kernel that never ends hung the tool here for good
+     * (flashgen check of a q_tma_d kernel's workspace on a driver without pools). */
+    fg_watchdog_wait_begin();
+    fg_cu.cuStreamSynchronize(s);
+    fg_watchdog_wait_end();
     fg_cu.cuMemFree(w->ptr);
   }
   w->ptr = 0;
