@@ -6,7 +6,7 @@
 extern char fg_test_out[1 << 16], fg_test_err[1 << 16];
 /* Runs `env $FLASHGEN_CLI args` (args is a shell fragment) in dir (NULL: the current directory)
  * and returns its exit status. Skips the test when FLASHGEN_CLI is unset (it is set by ctest);
- * fails it when the command did not exit (a crash). */
+ * fails it when the command did not exit (a crash) or ran past 15 minutes (timeout's 124). */
 int fg_test_run_cli(const char *dir, const char *env, const char *args);
 /* Asserts that `flashgen args` (fg_test_run_cli) exits with status rc and says needle on standard
  * error. A macro, so that a failure points at the test's line. */
