@@ -21,7 +21,7 @@ void fg_test_slurp(const char *path, char *buf, size_t len) {
 
 /* A command that never ends fails its test after this many seconds (coreutils timeout, exit 124)
  * instead of holding the run up for good: criterion's per-test timeout ends the test's worker but
- * not the command it started (a check that hung in a stream synchronisation ran for hours). */
+ * not the command it started (a check hung in a stream synchronisation held ctest up until killed). */
 #define FG_TEST_CLI_TIMEOUT_S 900
 
 int fg_test_run_cli(const char *dir, const char *env, const char *args) {
