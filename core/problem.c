@@ -160,7 +160,8 @@ int fg_problem_served_by(const fg_problem *p, const fg_variant *v) {
  * 1.006-1.013x at 512, 1.008-1.012x at 1k (d = 96 1.01x, 112 0.99x). */
 static fg_variant fg_builtin_dynamic(fg_variant v, int causal, int64_t nk) {
   if (v.loop != FG_LOOP_Q_TMA_P) return v;
-  const int dyn = causal ? (v.warps == 8 && nk <= 1024 && ((v.d <= 160 && v.d != 72) || v.d == 176 || v.d == 192)) ||
+  const int dyn = causal ? (v.warps == 8 && nk <= 1024 &&
+                                ((v.d <= 160 && v.d != 72) || v.d == 176 || v.d == 192)) ||
                                (v.d == 64 && nk <= 4096)
                          : (nk <= 512 && v.d <= 72) || ((v.d == 128 || v.d == 192) && nk <= 1024);
   if (dyn) v.loop = FG_LOOP_Q_TMA_D;

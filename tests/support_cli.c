@@ -21,7 +21,8 @@ void fg_test_slurp(const char *path, char *buf, size_t len) {
 
 /* A command that never ends fails its test after this many seconds (coreutils timeout, exit 124)
  * instead of holding the run up for good: criterion's per-test timeout ends the test's worker but
- * not the command it started (a check hung in a stream synchronisation held ctest up until killed). */
+ * not the command it started (a check hung in a stream synchronisation held ctest up until
+ * killed). */
 #define FG_TEST_CLI_TIMEOUT_S 900
 
 int fg_test_run_cli(const char *dir, const char *env, const char *args) {
@@ -32,8 +33,8 @@ int fg_test_run_cli(const char *dir, const char *env, const char *args) {
   cr_assert(fo >= 0 && fe >= 0, "cannot create temporary files");
   close(fo);
   close(fe);
-  snprintf(cmd, sizeof cmd, "%s%s%s%s timeout -k 10 %d '%s' %s >%s 2>%s", dir ? "cd '" : "", dir ? dir : "",
-           dir ? "' && " : "", env ? env : "", FG_TEST_CLI_TIMEOUT_S, cli, args, o, e);
+  snprintf(cmd, sizeof cmd, "%s%s%s%s timeout -k 10 %d '%s' %s >%s 2>%s", dir ? "cd '" : "",
+           dir ? dir : "", dir ? "' && " : "", env ? env : "", FG_TEST_CLI_TIMEOUT_S, cli, args, o, e);
   int st = system(cmd);
   fg_test_slurp(o, fg_test_out, sizeof fg_test_out);
   fg_test_slurp(e, fg_test_err, sizeof fg_test_err);
