@@ -91,7 +91,8 @@ static unsigned long long fg_launch_epoch(void) {
 }
 
 /* The parameter block of the launch of batches b0 .. b0 + chunk - 1 (fewer at the end): the
- * base addresses of its batches, its batch count, its part of the workspace ws, its number. */
+ * base addresses of its batches, its batch count, its part of the workspace ws, and with a
+ * workspace its number. */
 static void fg_launch_chunk(const fg_fwd_params *p, int64_t b0, int64_t chunk, fg_launch_elems el,
                             CUdeviceptr ws, uint64_t ws_per_batch, fg_fwd_params *c) {
   *c = *p;
@@ -105,7 +106,9 @@ static void fg_launch_chunk(const fg_fwd_params *p, int64_t b0, int64_t chunk, f
   }
   if (ws) c->workspace = ws;
   if (c->workspace && b0 > 0) c->workspace += (unsigned long long)((uint64_t)b0 * ws_per_batch);
-  c->tile_epoch = fg_launch_epoch();
+  /* Only a kernel with a workspace can read its number (q_tma_d's counter): the others' launches
+   * take no atomic on a counter every thread of the process shares. */
+  c->tile_epoch = c->workspace ? fg_launch_epoch() : 0;
 }
 
 /* Launches with the context already current. */

@@ -16,8 +16,9 @@ typedef struct fg_fwd_params {
   double scale;         /* softmax scale */
   double scale_log2;    /* scale * log2(e): exp(scale*s) = exp2(scale_log2*s) */
   long long causal;     /* read by the reference kernel only; generated kernels fix it */
-  /* A launch's own number, never 0 (runtime/forward.c): the epoch of the tile counter that a
-   * q_tma_d kernel keeps in its workspace (templates/fwd_tma.cu, dyn_ticket). */
+  /* A launch's own number, never 0, where the launch has a workspace (runtime/forward.c; 0 else):
+   * the epoch of the tile counter that a q_tma_d kernel keeps in it (templates/fwd_tma.cu,
+   * dyn_ticket). */
   unsigned long long tile_epoch;
 } fg_fwd_params;
 
