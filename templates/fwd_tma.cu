@@ -53,9 +53,9 @@ constexpr bool PERSIST = {{ persist }};
 // NOTES.md session 33). Tickets come from a word of the call's workspace (dyn_ticket) in the
 // static order's units (causal: a pair of tiles of about equal cost; else one tile); a scheduler
 // thread (lane 0 of the producer warpgroup's warp 1, idle otherwise) takes them up to SLOTS tiles
-// ahead into a ring of slots beside the mbarriers, with the fields the producer's loads need
-// (so that the producer keeps its 24 registers), for the producer ("ready") and the consumers
-// (after their Q's "full"), who all hand each slot back ("free": every reader arrives after its
+// ahead into a ring of slots beside the mbarriers, with the tile's fields (so that the producer
+// keeps its 24 registers and the consumers divide nothing), for the producer and the Q loader
+// ("ready") and the consumers (after their Q's "full"), who all hand each slot back ("free": every reader arrives after its
 // own read, which one lane per warp could not vouch for to racecheck, as in bwd_tma.cu).
 constexpr bool DYN = {{ dyn }};
 constexpr int SLOTS = 2;
@@ -113,7 +113,7 @@ FG_DEV u32 bar_vfull(int s) { return 8u * (NQBAR + STAGES + s); }
 FG_DEV u32 bar_kempty(int s) { return 8u * (NQBAR + 2 * STAGES + s); }
 FG_DEV u32 bar_vempty(int s) { return 8u * (NQBAR + 3 * STAGES + s); }
 // DYN: per slot "ready" and "free", then the slots (8 words each: the tile's query tile or
-// DYN_END, its (batch, head), then for the producer q0, b, h, hk and its K/V blocks).
+// DYN_END, its (batch, head), then q0, b, h, hk and its K/V blocks).
 FG_DEV u32 bar_sready(int i) { return 8u * (NQBAR + 4 * STAGES + i); }
 FG_DEV u32 bar_sfree(int i) { return 8u * (NQBAR + 4 * STAGES + SLOTS + i); }
 FG_DEV u32 dyn_slot(int i) { return 8u * (NQBAR + 4 * STAGES + 2 * SLOTS) + 32u * i; }
@@ -194,7 +194,7 @@ __noinline__ __device__ void dyn_scheduler(u32 bars, unsigned long long *ctr, u3
         fwd_unit_tile(tq, 2u * t + (k & 1u), total, q_tile, bh);
       else
         q_tile = t % tq, bh = t / tq;
-      if (q_tile != DYN_END) {  // fwd_block_at and fwd_block_span's fields, as the producer needs them
+      if (q_tile != DYN_END) {  // fwd_block_at's and fwd_block_span's fields, for every reader
         const u32 h = bh % heads_q, q0 = q_tile * BR;
         u32 nb = nbk;
         if (CAUSAL) {
