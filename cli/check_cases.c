@@ -235,7 +235,8 @@ static void add_tma_in_place_cases(fg_check_list *l, fg_arch arch) {
 
 /* The persistent TMA kernel (loop q_tma_p, sm_90a only: one block per SM looping over tiles, the
  * next tile's Q in a second buffer where it fits; and q_tma_d, the same taking its tiles from a
- * counter in its workspace, as its blocks come free): head dims on and off the 64-column blocks,
+ * counter in its workspace, as its blocks come free; and q_tma_dp, q_tma_d's two consumers in
+ * ping-pong): head dims on and off the 64-column blocks,
  * both dtypes, causal or not, at one tile per block (fewer tiles than SMs), a few per block (GQA,
  * causal bottom-right) and up to five per block (each Q buffer reused, and causal at d = 96 and
  * 128 the O buffer, fwd.lua's o_buf; the K/V stages' phases carried across tiles); rows that see no key (tiles without key blocks inside a
@@ -251,7 +252,7 @@ static void add_tma_persistent_cases(fg_check_list *l, fg_arch arch) {
               {"few_per_block_gqa", 4, 16, 4, 500, 500, 545},
               {"many_per_block", 8, 16, 16, 520, 520, 520},
               {"rows_without_keys", 6, 16, 8, 400, 150, 150}};
-  static const fg_loop_order loops[] = {FG_LOOP_Q_TMA_P, FG_LOOP_Q_TMA_D};
+  static const fg_loop_order loops[] = {FG_LOOP_Q_TMA_P, FG_LOOP_Q_TMA_D, FG_LOOP_Q_TMA_DP};
   for (size_t li = 0; li < sizeof loops / sizeof loops[0]; li++)
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
       for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++)
@@ -261,6 +262,8 @@ static void add_tma_persistent_cases(fg_check_list *l, fg_arch arch) {
           /* q_tma_d at d = 256: its consumers' 240 registers spill beside the scheduler (Bc 64:
            * 12 B), and no rule takes it there. */
           if (loops[li] == FG_LOOP_Q_TMA_D && d == 256) continue;
+          /* q_tma_dp: two consumer warpgroups in ping-pong only. */
+          if (loops[li] == FG_LOOP_Q_TMA_DP && shapes[i].warps != 8) continue;
           const fg_dtype dt = alt((int64_t)(i + r + li) + causal);
           const fg_variant v = {FG_PASS_FWD, d, 16 * shapes[i].warps,
                                 causal ? shapes[i].bc_causal : shapes[i].bc, dt, causal,

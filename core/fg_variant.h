@@ -30,7 +30,10 @@ const char *fg_pass_name(fg_pass p);
  * share every K/V block: each block loads half of it and the TMA multicasts it to both (grid kind
  * "q_tile_pairs"; with a causal mask the pair loads the blocks its later tile sees). q_tma_d is
  * q_tma_p taking its tiles as its blocks come free, from a counter in the call's workspace (8 bytes
- * per (batch, head), one word used), in the persistent order's units. */
+ * per (batch, head), one word used), in the persistent order's units. q_tma_dp is q_tma_d on two
+ * consumer warpgroups that run each block's S, softmax and O += P V in order and take turns at the
+ * softmax's exponentials (ping-pong: one's under the other's products), where q_tma_d's consumers
+ * each overlap a block's softmax with their own next products. */
 typedef enum fg_loop_order {
   FG_LOOP_Q_OUTER = 0,
   FG_LOOP_KV_OUTER = 1,
@@ -42,6 +45,7 @@ typedef enum fg_loop_order {
   FG_LOOP_Q_TMA_P = 7,
   FG_LOOP_Q_TMA_C = 8,
   FG_LOOP_Q_TMA_D = 9,
+  FG_LOOP_Q_TMA_DP = 10,
   FG_LOOP_COUNT
 } fg_loop_order;
 typedef enum fg_arch {

@@ -157,14 +157,19 @@ int fg_problem_served_by(const fg_problem *p, const fg_variant *v) {
  * consumers) 1.00-1.05x and d = 192 1.02x, where d = 80-120 ran 0.97-1.00x, and d = 192 at 1k
  * too with the 512 keys' blocks of 64 (1.016x / 1.012x bf16 / f16 the Bc 96 rule; 0.97x at 2k);
  * d = 128 up to 1k once the consumers took the tile's fields from the scheduler (session 34):
- * 1.006-1.013x at 512, 1.008-1.012x at 1k (d = 96 1.01x, 112 0.99x). */
+ * 1.006-1.013x at 512, 1.008-1.012x at 1k (d = 96 1.01x, 112 0.99x).
+ * With a mask up to 512 keys at d = 128 its two consumers in ping-pong (q_tma_dp), tiles of two or
+ * three blocks there: 1.032-1.036x bf16, 1.032-1.038x f16 (fg_ab against q_tma_d, H100,
+ * bench/NOTES.md session 35); not at 1k (0.93x), nor without a mask (0.92x at 512), nor at d = 192
+ * (0.99x at 512) or 256 (0.97x); at d = 96 1.011-1.015x bf16, but bench.py read f16 0.85x cuDNN
+ * in two of four runs (not understood): not taken. */
 static fg_variant fg_builtin_dynamic(fg_variant v, int causal, int64_t nk) {
   if (v.loop != FG_LOOP_Q_TMA_P) return v;
   const int dyn = causal ? (v.warps == 8 && nk <= 1024 &&
                                 ((v.d <= 160 && v.d != 72) || v.d == 176 || v.d == 192)) ||
                                (v.d == 64 && nk <= 4096)
                          : (nk <= 512 && v.d <= 72) || ((v.d == 128 || v.d == 192) && nk <= 1024);
-  if (dyn) v.loop = FG_LOOP_Q_TMA_D;
+  if (dyn) v.loop = causal && nk <= 512 && v.d == 128 ? FG_LOOP_Q_TMA_DP : FG_LOOP_Q_TMA_D;
   return v;
 }
 

@@ -34,10 +34,10 @@ fg_arch fg_arch_for_cc(int major, int minor) {
 
 static const char *const loop_tokens[FG_LOOP_COUNT] = {"qouter", "kvouter", "qwgmma", "qwgmmaov",
                                                        "kvwgmma", "qtma", "kvtma", "qtmap", "qtmac",
-                                                       "qtmad"};
+                                                       "qtmad", "qtmadp"};
 static const char *const loop_names[FG_LOOP_COUNT] = {"q_outer", "kv_outer", "q_wgmma",
                                                       "q_wgmma_ov", "kv_wgmma", "q_tma", "kv_tma",
-                                                      "q_tma_p", "q_tma_c", "q_tma_d"};
+                                                      "q_tma_p", "q_tma_c", "q_tma_d", "q_tma_dp"};
 
 const char *fg_loop_token(fg_loop_order l) {
   return ((int)l >= 0 && l < FG_LOOP_COUNT) ? loop_tokens[l] : "?";

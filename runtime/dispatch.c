@@ -336,8 +336,10 @@ FG_API fg_status fg_explain(fg_context *ctx, const fg_attention_args *args, char
                   ws < 1024 * 1024 ? (double)ws : (double)ws / (1024.0 * 1024.0),
                   meta.n_workspaces > 0 ? meta.workspaces[0].name : "?");
     if (meta.regs >= 0) fg_text_add(&t, ", %d registers per thread", meta.regs);
-    if (d->variant.loop == FG_LOOP_Q_TMA_D)
+    if (d->variant.loop == FG_LOOP_Q_TMA_D || d->variant.loop == FG_LOOP_Q_TMA_DP)
       fg_text_add(&t, ", each block taking its next tile from the counter as it comes free");
+    if (d->variant.loop == FG_LOOP_Q_TMA_DP)
+      fg_text_add(&t, ", its two consumer warpgroups taking turns at the softmax (ping-pong)");
     if (sp->grid == FG_GRID_Q_TILE_PAIRS)
       fg_text_add(&t, a.causal ? ", clusters of two blocks along x (two neighbouring query tiles "
                                  "sharing each K/V block: the later tile's, the earlier one "

@@ -124,8 +124,10 @@ local function tma_mask_in_place(v)
   local cap = TMA_CONSUMER_REGS[v.warps // 4] or 0
   return v.causal and tma_regs_without_copy(v, tma_dp(v)) + v.bc // 2 > cap
 end
+-- q_tma_dp (ping-pong, fwd_tma.cu's PP) runs a block's products in order: its masked blocks wait
+-- for nothing, so it always masks in place.
 local function tma_consumer_regs(v)
-  local copy = (v.causal and not tma_mask_in_place(v)) and v.bc // 2 or 0
+  local copy = (v.causal and not tma_mask_in_place(v) and v.loop ~= "q_tma_dp") and v.bc // 2 or 0
   return tma_regs_without_copy(v) + copy
 end
 -- q_tma_p is q_tma on a persistent grid (one block per SM looping over the tiles, fwd_tma.cu):
@@ -141,7 +143,7 @@ local SM90_SMEM = 232448  -- shared memory one block may opt into on sm_90 (227 
 local function tma_smem(v, q_bufs, o_buf)
   return ((q_bufs + (o_buf and 1 or 0)) * v.br + 2 * v.stages * v.bc) * tma_dp(v) * 2 + 1024 + 256
 end
-local function tma_persist(v) return v.loop == "q_tma_p" or v.loop == "q_tma_d" end
+local function tma_persist(v) return v.loop == "q_tma_p" or v.loop == "q_tma_d" or v.loop == "q_tma_dp" end
 local function tma_q_bufs(v)
   if not tma_persist(v) then return 1 end
   return tma_smem(v, 2) <= SM90_SMEM and 2 or 1
@@ -168,6 +170,9 @@ local function tma_check(v)
   end
   if v.bc > 256 or v.stages < 2 then
     return v.loop .. " takes Bc <= 256 (a TMA box has at most 256 rows) and 2 to 4 K/V stages"
+  end
+  if v.loop == "q_tma_dp" and v.warps ~= 8 then
+    return "q_tma_dp's two consumer warpgroups take turns (ping-pong): warps 8, Br = 128"
   end
   local cap = TMA_CONSUMER_REGS[v.warps // 4]
   if tma_consumer_regs(v) > cap then
@@ -258,13 +263,16 @@ function M.launch(v)
     -- q_tma_d is q_tma_p taking its tiles from a counter as its blocks come free (fwd_tma.cu's DYN):
     -- the counter is the first word of its workspace (8 bytes per (batch, head), the unit one query
     -- head's rows), which it leaves at 0 (the runtime numbers each launch: fg_fwd_params.tile_epoch).
-    local persist, dyn, cluster = tma_persist(v), v.loop == "q_tma_d", v.loop == "q_tma_c" and 2 or 1
+    -- q_tma_dp is q_tma_d with its two consumers in ping-pong (fwd_tma.cu's PP): each block's S,
+    -- softmax and O += P V in order, the exponentials in turns (named barriers 4 and 5).
+    local dyn, pp = v.loop == "q_tma_d" or v.loop == "q_tma_dp", v.loop == "q_tma_dp"
+    local persist, cluster = tma_persist(v), v.loop == "q_tma_c" and 2 or 1
     local t = one_step("fwd_tma.cu", M.entry(v),
                        persist and "persistent" or cluster > 1 and "q_tile_pairs" or "q_tiles", v.br,
                        r.threads, r.smem,
                        dyn and { { name = "tile_counter", param = "workspace", bytes = 8, rows = 2147483647 } } or nil)
-    t.constants = { persist = persist, dyn = dyn, cluster = cluster, q_bufs = tma_q_bufs(v), o_buf = tma_o_buf(v),
-                    mask_in_place = tma_mask_in_place(v) }
+    t.constants = { persist = persist, dyn = dyn, pp = pp, cluster = cluster, q_bufs = tma_q_bufs(v),
+                    o_buf = tma_o_buf(v), mask_in_place = tma_mask_in_place(v) }
     t.params = "fwd_tma"
     t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "k", rows = v.bc // cluster },
                 { tensor = "v", rows = v.bc // cluster }, { tensor = "o", rows = 64 } }

@@ -11,9 +11,11 @@
 //   {% fwd_issue_qk("kst") %}  S = Q K^T issued to the tensor cores, K's stage at kst
 //   {% fwd_issue_pv("vst", "DC") %}  O += P V issued, V's stage at vst
 //   {% fwd_wait_pv("DC") %}  the lambda wait_pv: O += P V done (a second call waits for nothing)
-//   {% fwd_softmax(in_place) %}  the lambdas softmax_of(x, wait_pv) and softmax(jb, wait_pv);
+//   {% fwd_softmax(in_place[, turns]) %}  the lambdas softmax_of(x, wait_pv) and softmax(jb, wait_pv);
 //                         in_place: a block that needs a mask waits for O += P V first and
-//                         masks S where it is (else a masked copy in pf, under that product)
+//                         masks S where it is (else a masked copy in pf, under that product);
+//                         turns: the exponentials run in this warpgroup's turn (the kernel's
+//                         lambdas turn_wait() before them and turn_pass() once P is packed)
 //   {% fwd_epilogue() %}  O normalised and stored from the accumulators, and the log-sum-exp
 //                         (fwd_wgmma.cu; fwd_tma.cu stores O through shared memory and the TMA)
 {% function fwd_state(dc, qbuf) %}
@@ -51,7 +53,7 @@
     fence_regs<{{ dc }} / 2>(o);
   };
 {% end %}
-{% function fwd_softmax(in_place) %}
+{% function fwd_softmax(in_place, turns) %}
   // Softmax of x (S_jb, or its masked copy in pf) into pf: the lazy running max and the row sums;
   // then P packed into pa once wait_pv says O += P V of the previous block is done. O is
   // rescaled when a row's max grows (wait_pv first: O may be in the tensor cores' hands).
@@ -81,6 +83,9 @@
         }
       }
     }
+{% if turns then %}
+    turn_wait();
+{% end %}
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const float mb = (m[hh] == FG_NEG_INF ? 0.f : m[hh]) * sl2;
@@ -98,6 +103,9 @@
     for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) pa[nt / 2][(nt % 2) * 2 + hh] = pack2<BF16>(pf[4 * nt + 2 * hh], pf[4 * nt + 2 * hh + 1]);
+{% if turns then %}
+    turn_pass();
+{% end %}
   };
   // Softmax of S_jb: keys past the end and, when causal, above the diagonal masked (only in blocks
   // that need it). s[4 nt + 2 hh + e] is row wrow + g + 8 hh, key 8 nt + 2 t + e.

@@ -6,8 +6,9 @@
 // warpgroup(s) after it own 64 query rows each and wait for a buffer's "full" barrier, run
 // S = Q K^T and O += P V on the tensor cores (wgmma) and arrive on its "empty" barrier when the
 // tensor cores are done reading it. Each consumer overlaps the softmax of block j+1 with
-// O += P_j V_j (as q_wgmma_ov). Tiles are 64-column blocks of 128-byte rows, 128-byte swizzled: the
-// TMA's SWIZZLE_128B writes what wgmma's descriptors read. With two or three consumers the producer
+// O += P_j V_j (as q_wgmma_ov; loop q_tma_dp: the two consumers in ping-pong instead, PP below).
+// Tiles are 64-column blocks of 128-byte rows, 128-byte swizzled: the TMA's SWIZZLE_128B writes
+// what wgmma's descriptors read. With two or three consumers the producer
 // gives its registers to them (setmaxnreg). Rows past the end of Q, K or V arrive as zeros. Online
 // softmax in exp2 with the scale folded in and a lazy running max; causal blocks above the
 // diagonal skipped. O goes out through shared memory with a TMA store (tensor map 3), the
@@ -84,6 +85,16 @@ constexpr int QBUFS = {{ q_bufs }};
 // consumers: the static order's loader spilled 12 B in their producer's 24 registers.
 constexpr bool QLOAD = PERSIST && CONSUMERS < 3 && DP >= 128 && ((DYN && CAUSAL) || QBUFS == 1);
 constexpr bool OBUF = {{ o_buf }};
+// Ping-pong (PP: q_tma_dp, q_tma_d on two consumers): each warpgroup runs a block's S, softmax and
+// O += P V in order, each waited for, and the two take turns at the softmax's exponentials (named
+// barriers BAR_PP + wg: warpgroup 1 first, then 0, block after block), so that one's exponentials
+// run under the other's products and one's first block and epilogue under the other's work. Where
+// a tile is two or three blocks long (causal 512 at d = 128) this beat each warpgroup overlapping
+// its own softmax with its next products (cuDNN's forward kernel at 512 keys takes turns so; H100:
+// d = 128 causal 512 1.032-1.038x), which wins from four blocks (1k causal 0.93x, d = 128 512
+// without a mask 0.92x; bench/NOTES.md session 35).
+constexpr bool PP = {{ pp }};
+constexpr int BAR_PP = 4;
 constexpr bool BF16 = {{ dtype == "bf16" }};
 constexpr int CB = DP / 64;           // 64-column blocks of a tile (one TMA box each)
 // k-steps of S = Q K^T: those of the columns below D only (the columns past D are the TMA's
@@ -95,7 +106,8 @@ constexpr int NT_S = BC / 8, NT_O = D / 8;
 static_assert(D % 8 == 0 && D <= DP && DP % 64 == 0 && BR == 64 * CONSUMERS && CONSUMERS >= 1 && CONSUMERS <= 3 &&
               BC % 16 == 0 && BC <= 256 && STAGES >= 2 && STAGES <= 4 &&
               (QBUFS == 1 || (PERSIST && QBUFS == 2)) && (!OBUF || QBUFS == 2) &&
-              (CLUSTER == 1 || (CLUSTER == 2 && !PERSIST && HALF % 8 == 0)), "tile shape (fwd.lua)");
+              (CLUSTER == 1 || (CLUSTER == 2 && !PERSIST && HALF % 8 == 0)) && (!PP || (DYN && CONSUMERS == 2)),
+              "tile shape (fwd.lua)");
 // Shared memory, from a 1024-byte aligned base: QBUFS Q tiles (BR rows), STAGES K blocks, STAGES
 // V blocks (BC rows each), the O tile (OBUF), then the mbarriers. A tile of R rows is CB column
 // blocks of R rows x 128 bytes.
@@ -441,6 +453,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
   const int wg = warp / 4;
   u32 kv0 = 0;  // K/V blocks of the block's earlier tiles: this tile's block jb is kv0 + jb
   fwd_block fb;
+  // PP: warpgroup 1 takes the first turn; its arrival after the last tile closes warpgroup 0's last.
+  if (PP && wg == 0) asm volatile("bar.arrive %0, 256;\n" ::"r"(BAR_PP + 1) : "memory");
   for (i64 k = 0; next_tile(k, fb); ++k) {
     const int qs = (int)(k % QBUFS);
     const u32 bh = fb.bh, b = fb.b, h = fb.h;
@@ -477,7 +491,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
         if constexpr (CLUSTER > 1) mbar_arrive_remote(cluster_map(bar, rank ^ 1u));
       }
     };
+{% if pp then %}
+    // PP: this warpgroup's turn at the exponentials (warpgroup 1 first in each block).
+    auto turn_wait = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(BAR_PP + wg) : "memory"); };
+    auto turn_pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(BAR_PP + 1 - wg) : "memory"); };
+{% fwd_softmax(true, true) %}
+{% else %}
 {% fwd_softmax(mask_in_place) %}
+{% end %}
     // O += P_j V_j once V_j has landed: V is D-major for this product, 8-key groups 1024 bytes apart
     // (SBO), 64-column blocks BC x 128 bytes apart (LBO); k-step kk starts 2 groups further.
     auto issue_pv = [&](int jb) {
@@ -489,38 +510,56 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
     };
 {% fwd_wait_pv("D") %}
 
-    // S_0 and its softmax before the loop; then each block j issues S_{j+1} and O += P_j V_j to the
-    // tensor cores and does the softmax of S_{j+1} while O += P_j V_j runs. P_j's registers are
-    // overwritten only after that product is done.
+    // The previous tile's O has been stored from the other Q buffer by now (its store was issued a
+    // block ago): once the store has read it, the producer may load the tile after this one there.
+    auto release_prev_q = [&] {
+      if constexpr (QBUFS > 1 && !OBUF) {
+        if (k > 0 && ctid % 128 == 0) {
+          bulk_wait_read0();
+          mbar_arrive(bars + bar_qempty(1 - qs));
+        }
+      }
+    };
     mbar_wait(bars + bar_qfull(qs), (u32)(k / QBUFS) & 1);
-    if (n_blocks > 0) {
-      issue_s(0);
-      wg_wait<0>();
-      fence_regs<BC / 2>(s);
-      release_k(0);
-      softmax(0, [] {});
-    }
-    if constexpr (QBUFS > 1 && !OBUF) {
-      // The previous tile's O has been stored from the other Q buffer by now (its store was issued
-      // a block ago): once the store has read it, the producer may load the tile after this one there.
-      if (k > 0 && ctid % 128 == 0) {
-        bulk_wait_read0();
-        mbar_arrive(bars + bar_qempty(1 - qs));
-      }
-    }
-    for (int j = 0; j < n_blocks; ++j) {
-      const bool next = j + 1 < n_blocks;
-      if (next) issue_s(j + 1);
-      issue_pv(j);
-      if (next) {
-        wg_wait<1>();  // S_{j+1}; O += P_j V_j may still run
+    if constexpr (PP) {
+      // Each block's S, softmax (its exponentials in this warpgroup's turn) and O += P V in order.
+      release_prev_q();
+      for (int j = 0; j < n_blocks; ++j) {
+        issue_s(j);
+        wg_wait<0>();
         fence_regs<BC / 2>(s);
-        release_k(j + 1);
-        softmax(j + 1, wait_pv);  // returns with O += P_j V_j done
-      } else {
+        release_k(j);
+        softmax(j, [] {});
+        issue_pv(j);
         wait_pv();
+        release_v(j);
       }
-      release_v(j);
+    } else {
+      // S_0 and its softmax before the loop; then each block j issues S_{j+1} and O += P_j V_j to
+      // the tensor cores and does the softmax of S_{j+1} while O += P_j V_j runs. P_j's registers
+      // are overwritten only after that product is done.
+      if (n_blocks > 0) {
+        issue_s(0);
+        wg_wait<0>();
+        fence_regs<BC / 2>(s);
+        release_k(0);
+        softmax(0, [] {});
+      }
+      release_prev_q();
+      for (int j = 0; j < n_blocks; ++j) {
+        const bool next = j + 1 < n_blocks;
+        if (next) issue_s(j + 1);
+        issue_pv(j);
+        if (next) {
+          wg_wait<1>();  // S_{j+1}; O += P_j V_j may still run
+          fence_regs<BC / 2>(s);
+          release_k(j + 1);
+          softmax(j + 1, wait_pv);  // returns with O += P_j V_j done
+        } else {
+          wait_pv();
+        }
+        release_v(j);
+      }
     }
     // A causal pair's earlier tile: the blocks past its own are the later tile's; each is released
     // here once it has landed (so that every release counts towards the use it belongs to).
@@ -580,6 +619,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
     }
     kv0 += (u32)n_pair;
   }
+  if (PP && wg == 1) asm volatile("bar.arrive %0, 256;\n" ::"r"(BAR_PP + 1) : "memory");
   if constexpr (QBUFS > 1) {
     if (ctid % 128 == 0) bulk_wait_read0();  // the last tile's store has read shared memory
   }

@@ -331,21 +331,25 @@ static void default_set(fg_arch arch) {
    * kernels, 20 of them new: the others replace the q_tma_p kernel of the lengths they took):
    * with a mask up to 1k keys on two consumers (d <= 160 but 72, 176 and 192), d = 64 on three at
    * 2k-4k, without one at 512 keys d = 32-72, up to 1k d = 128 and 192 (core/problem.c,
-   * fg_builtin_dynamic); each in 2 dtypes. */
+   * fg_builtin_dynamic); with a mask at 512 keys d = 128 its consumers in ping-pong (q_tma_dp,
+   * one more kernel); each in 2 dtypes. */
   const int twins = arch == FG_ARCH_SM90A ? 2 * (29 + 29) : 0;
-  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 4 + 5 + 7 + 1 + 3 + 7 + 10 + 13 + 11 + 20) * 2 : 0;
+  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 4 + 5 + 7 + 1 + 3 + 7 + 10 + 13 + 11 + 20 + 1) * 2 : 0;
   cr_assert_eq(n, 29 * 2 * 2 * 2 + twins + lengths,
                "29 head dims x 2 dtypes x 2 maskings x (built-in, kv_outer), plus %d and %d", twins,
                lengths);
-  int wg = 0, persistent = 0, dynamic = 0;
+  int wg = 0, persistent = 0, dynamic = 0, pingpong = 0;
   for (int i = 0; i < n; i++) {
     wg += v[i].loop == FG_LOOP_Q_WGMMA || v[i].loop == FG_LOOP_Q_WGMMA_OV ||
           v[i].loop == FG_LOOP_Q_TMA || v[i].loop == FG_LOOP_Q_TMA_P || v[i].loop == FG_LOOP_Q_TMA_C ||
-          v[i].loop == FG_LOOP_Q_TMA_D;
+          v[i].loop == FG_LOOP_Q_TMA_D || v[i].loop == FG_LOOP_Q_TMA_DP;
     persistent += v[i].loop == FG_LOOP_Q_TMA_P;
     dynamic += v[i].loop == FG_LOOP_Q_TMA_D;
+    pingpong += v[i].loop == FG_LOOP_Q_TMA_DP;
   }
   cr_assert_eq(dynamic, arch == FG_ARCH_SM90A ? 27 * 2 : 0, "q_tma_d kernels in the %s default set",
+               fg_arch_name(arch));
+  cr_assert_eq(pingpong, arch == FG_ARCH_SM90A ? 1 * 2 : 0, "q_tma_dp kernels in the %s default set",
                fg_arch_name(arch));
   cr_assert_eq(wg, twins + lengths, "Hopper kernels in the %s default set", fg_arch_name(arch));
   cr_assert_eq(persistent, arch == FG_ARCH_SM90A ? (5 + 14 + 16 + 2 + 8 + 4 + 5 + 11 + 1 + 1 + 10 - 7) * 2 : 0,
@@ -407,7 +411,7 @@ Test(compile, hopper_candidates_d64_d192_d256_h100, .timeout = 1800) {
 }
 Test(compile, candidates_d128_bf16_a100_sm80, .timeout = 1800) { candidate_set(FG_ARCH_SM80, &fg_limits_a100); }
 
-/* The persistent TMA kernels (q_tma_p, and q_tma_d taking its tiles from a counter) that
+/* The persistent TMA kernels (q_tma_p, q_tma_d taking its tiles from a counter, q_tma_dp) that
  * `flashgen check` forces (cases tma_persistent/..., read from `flashgen check --list`): each
  * compiles for sm_90a without spilling, so a check on the GPU runs the kernel it names. */
 Test(compile, tma_persistent_check_variants, .timeout = 1800) {
@@ -427,17 +431,20 @@ Test(compile, tma_persistent_check_variants, .timeout = 1800) {
       buf[len] = 0;
       fg_variant x;
       cr_assert_eq(fg_variant_parse(buf, &x, err, sizeof err), 0, "%s: %s", buf, err);
-      cr_assert(x.loop == FG_LOOP_Q_TMA_P || x.loop == FG_LOOP_Q_TMA_D, "%s", buf);
+      cr_assert(x.loop == FG_LOOP_Q_TMA_P || x.loop == FG_LOOP_Q_TMA_D || x.loop == FG_LOOP_Q_TMA_DP, "%s",
+                buf);
       int seen = 0;
       for (int i = 0; i < n && !seen; i++) seen = memcmp(&v[i], &x, sizeof x) == 0;
       if (!seen && n < 64) v[n++] = x;
     }
     line = end ? end + 1 : NULL;
   }
-  int dyn = 0;
-  for (int i = 0; i < n; i++) dyn += v[i].loop == FG_LOOP_Q_TMA_D;
-  cr_assert_geq(n - dyn, 10, "q_tma_p variants among the check's cases: %d\n%s", n - dyn, fg_test_out);
+  int dyn = 0, pp = 0;
+  for (int i = 0; i < n; i++) dyn += v[i].loop == FG_LOOP_Q_TMA_D, pp += v[i].loop == FG_LOOP_Q_TMA_DP;
+  cr_assert_geq(n - dyn - pp, 10, "q_tma_p variants among the check's cases: %d\n%s", n - dyn - pp,
+                fg_test_out);
   cr_assert_geq(dyn, 8, "q_tma_d variants among the check's cases: %d\n%s", dyn, fg_test_out);
+  cr_assert_geq(pp, 8, "q_tma_dp variants among the check's cases: %d\n%s", pp, fg_test_out);
   compile_all_on(v, n, "persistent TMA kernels of flashgen check, sm_90a", &fg_limits_h100);
 }
 

@@ -104,11 +104,12 @@ Test(problem, parse_round_trips_and_refuses) {
   }
 }
 
-/* fg_builtin_variant_for with q_tma_d read as the q_tma_p it takes its tiles from a counter in
- * (which lengths take it: builtin_rule_dynamic below). */
+/* fg_builtin_variant_for with q_tma_d (and q_tma_dp, its consumers in ping-pong) read as the
+ * q_tma_p it takes its tiles from a counter in (which lengths take them: builtin_rule_dynamic
+ * below). */
 static fg_variant rule_static(int d, fg_dtype dtype, int causal, int64_t nk, fg_arch arch) {
   fg_variant v = fg_builtin_variant_for(d, dtype, causal, nk, arch);
-  if (v.loop == FG_LOOP_Q_TMA_D) v.loop = FG_LOOP_Q_TMA_P;
+  if (v.loop == FG_LOOP_Q_TMA_D || v.loop == FG_LOOP_Q_TMA_DP) v.loop = FG_LOOP_Q_TMA_P;
   return v;
 }
 
@@ -306,8 +307,9 @@ Test(problem, builtin_rule_by_length) {
     cr_assert(out[2].loop == FG_LOOP_Q_TMA_D && out[2].warps == 8);
     cr_assert(out[3].loop == FG_LOOP_Q_TMA_D && out[3].warps == 12);
     cr_assert(out[4].loop == FG_LOOP_Q_TMA && out[4].warps == 12);
-    cr_assert_eq(fg_builtin_variants(128, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 2);
-    cr_assert(out[0].loop == FG_LOOP_Q_TMA_P && out[1].loop == FG_LOOP_Q_TMA_D);
+    cr_assert_eq(fg_builtin_variants(128, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 3);
+    cr_assert(out[0].loop == FG_LOOP_Q_TMA_P && out[1].loop == FG_LOOP_Q_TMA_DP &&
+              out[2].loop == FG_LOOP_Q_TMA_D);
     cr_assert_eq(fg_builtin_variants(96, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 3);
     cr_assert(out[0].loop == FG_LOOP_Q_TMA_P && out[0].warps == 8 && out[1].loop == FG_LOOP_Q_TMA_D &&
               out[1].warps == 8 && out[2].loop == FG_LOOP_Q_TMA_P && out[2].warps == 12 &&
@@ -347,11 +349,12 @@ Test(problem, builtin_variants_list_every_length) {
 /* The persistent grid taking its tiles from a counter (q_tma_d) where the static order left SMs
  * idle (core/problem.c, fg_builtin_dynamic): with a mask up to 1k keys on two consumers at
  * d <= 160 but 72, 176 and 192, and d = 64 up to 4k; without one at 512 keys at d <= 72, and d =
- * 128 and 192 up to 1k (d = 192 with the 512 keys' K/V blocks of 64 at 1k too). Everything else
- * about the variant is the rule's q_tma_p; no other loop order changes. */
+ * 128 and 192 up to 1k (d = 192 with the 512 keys' K/V blocks of 64 at 1k too); with a mask at
+ * 512 keys at d = 128 its consumers in ping-pong (q_tma_dp). Everything else about the
+ * variant is the rule's q_tma_p; no other loop order changes. */
 Test(problem, builtin_rule_dynamic) {
   const int64_t buckets[] = {512, 1024, 2048, 4096, 8192, 16384};
-  int seen = 0;
+  int seen = 0, pingpong = 0;
   for (int d = 32; d <= 256; d += 8)
     for (int c = 0; c <= 1; c++)
       for (size_t i = 0; i < 6; i++) {
@@ -362,20 +365,24 @@ Test(problem, builtin_rule_dynamic) {
                         (c ? (s.warps == 8 && nk <= 1024 && ((d <= 160 && d != 72) || d == 176 || d == 192)) ||
                                    (d == 64 && nk <= 4096)
                            : (nk <= 512 && d <= 72) || ((d == 128 || d == 192) && nk <= 1024));
-        cr_assert_eq(v.loop, dyn ? FG_LOOP_Q_TMA_D : s.loop, "d = %d causal %d nk %lld", d, c,
-                     (long long)nk);
+        const int pp = dyn && c && nk <= 512 && d == 128;
+        cr_assert_eq(v.loop, pp ? FG_LOOP_Q_TMA_DP : dyn ? FG_LOOP_Q_TMA_D : s.loop,
+                     "d = %d causal %d nk %lld", d, c, (long long)nk);
+        pingpong += pp;
         fg_variant w = v;
         w.loop = s.loop;
         cr_assert(memcmp(&w, &s, sizeof w) == 0, "d = %d causal %d nk %lld", d, c, (long long)nk);
         seen += dyn;
         /* Never on another arch. */
-        cr_assert_neq(fg_builtin_variant_for(d, FG_DTYPE_BF16, c, nk, FG_ARCH_SM80).loop,
-                      FG_LOOP_Q_TMA_D);
+        const fg_loop_order l80 = fg_builtin_variant_for(d, FG_DTYPE_BF16, c, nk, FG_ARCH_SM80).loop;
+        cr_assert(l80 != FG_LOOP_Q_TMA_D && l80 != FG_LOOP_Q_TMA_DP);
       }
   cr_assert_eq(seen, 43, "q_tma_d chosen %d times", seen); /* (d, mask, length) triples */
+  cr_assert_eq(pingpong, 1, "q_tma_dp chosen %d times", pingpong);
   /* The grid's short rows: d = 96, 128 and 192 causal at 512 / 1k, d = 64 causal 1k-4k, d = 64
    * and 192 at 512 without a mask. */
   cr_assert_eq(fg_builtin_variant_for(96, FG_DTYPE_F16, 1, 512, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_D);
+  cr_assert_eq(fg_builtin_variant_for(128, FG_DTYPE_F16, 1, 512, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_DP);
   cr_assert_eq(fg_builtin_variant_for(128, FG_DTYPE_F16, 1, 1024, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_D);
   cr_assert_eq(fg_builtin_variant_for(128, FG_DTYPE_F16, 1, 2048, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_P);
   cr_assert_eq(fg_builtin_variant_for(64, FG_DTYPE_F16, 1, 4096, FG_ARCH_SM90A).loop, FG_LOOP_Q_TMA_D);
