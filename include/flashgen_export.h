@@ -53,12 +53,12 @@ extern "C" {
  * kernel (a bwd_ variant), br holding the variant's Bc. */
 #define FG_EXPORT_GRID_KV_TILES 4
 /* (min(ceil(seqlen_q / br) * batch * heads_q, SMs)): one block per SM, each looping over tiles of
- * br query rows (the forward's persistent loop orders qtmap and qtmad). A runtime from before it
- * refuses a table holding such a kernel, naming the grid kind. A qtmad kernel takes its tiles
- * from a counter in its workspace ("tile_counter") with the launch's number that the runtime
- * writes into the parameter block's tile_epoch (templates/fg_params.h); a runtime from before
- * that field passes a block 8 bytes shorter: export qtmad kernels for this runtime or a later
- * one. */
+ * br query rows (the forward's persistent loop orders qtmap, qtmad and qtmadp). A runtime from
+ * before it refuses a table holding such a kernel, naming the grid kind. A qtmad (or qtmadp)
+ * kernel takes its tiles from a counter in its workspace ("tile_counter") with the launch's
+ * number that the runtime writes into the parameter block's tile_epoch (templates/fg_params.h); a
+ * runtime from before that field passes a block 8 bytes shorter: export qtmad and qtmadp kernels
+ * for this runtime or a later one. */
 #define FG_EXPORT_GRID_PERSISTENT 5
 /* Q_TILES with x rounded up to even: clusters of two blocks along x, two query tiles of a head
  * sharing each K/V block (the loop order qtmac; the cluster shape is compiled into the kernel).
