@@ -11,6 +11,9 @@
 //   {% fwd_issue_qk("kst") %}  S = Q K^T issued to the tensor cores, K's stage at kst
 //   {% fwd_issue_pv("vst", "DC") %}  O += P V issued, V's stage at vst
 //   {% fwd_wait_pv("DC") %}  the lambda wait_pv: O += P V done (a second call waits for nothing)
+//   {% fwd_overlap_step([release]) %}  block j of the overlapped loop: S_{j+1} and O += P_j V_j
+//                         issued, S_{j+1}'s softmax under that product (uses j, n_blocks; the
+//                         statement release, if given, once S_{j+1} is done)
 //   {% fwd_softmax(in_place[, turns]) %}  the lambdas softmax_of(x, wait_pv) and softmax(jb, wait_pv);
 //                         in_place: a block that needs a mask waits for O += P V first and
 //                         masks S where it is (else a masked copy in pf, under that product);
@@ -52,6 +55,21 @@
     wg_wait<0>();
     fence_regs<{{ dc }} / 2>(o);
   };
+{% end %}
+{% function fwd_overlap_step(release) %}
+      const bool next = j + 1 < n_blocks;
+      if (next) issue_s(j + 1);
+      issue_pv(j);
+      if (next) {
+        wg_wait<1>();  // S_{j+1}; O += P_j V_j may still run
+        fence_regs<BC / 2>(s);
+{% if release then %}
+        {{ release }}
+{% end %}
+        softmax(j + 1, wait_pv);  // returns with O += P_j V_j done
+      } else {
+        wait_pv();
+      }
 {% end %}
 {% function fwd_softmax(in_place, turns) %}
   // Softmax of x (S_jb, or its masked copy in pf) into pf: the lazy running max and the row sums;

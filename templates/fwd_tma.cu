@@ -547,17 +547,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
       }
       release_prev_q();
       for (int j = 0; j < n_blocks; ++j) {
-        const bool next = j + 1 < n_blocks;
-        if (next) issue_s(j + 1);
-        issue_pv(j);
-        if (next) {
-          wg_wait<1>();  // S_{j+1}; O += P_j V_j may still run
-          fence_regs<BC / 2>(s);
-          release_k(j + 1);
-          softmax(j + 1, wait_pv);  // returns with O += P_j V_j done
-        } else {
-          wait_pv();
-        }
+{% fwd_overlap_step("release_k(j + 1);") %}
         release_v(j);
       }
     }

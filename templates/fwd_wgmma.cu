@@ -120,16 +120,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ entry }}(const __gri
       if (j + 2 < n_blocks) load_k(j + 2);
       if (j + 1 < n_blocks) load_v(j + 1);
       cp_async_commit();
-      const bool next = j + 1 < n_blocks;
-      if (next) issue_s(j + 1);
-      issue_pv(j);
-      if (next) {
-        wg_wait<1>();  // S_{j+1}; O += P_j V_j may still run
-        fence_regs<BC / 2>(s);
-        softmax(j + 1, wait_pv);
-      } else {
-        wait_pv();
-      }
+{% fwd_overlap_step() %}
     }
   }
 
