@@ -354,6 +354,18 @@ Test(problem, builtin_variants_list_every_length) {
  * variant is the rule's q_tma_p; no other loop order changes. */
 Test(problem, builtin_rule_dynamic) {
   const int64_t buckets[] = {512, 1024, 2048, 4096, 8192, 16384};
+  /* The rows that take it, by mask and head dim: from / to key-length buckets (d = 88, 104, 136
+   * and 152 with a mask run three consumers from 1k, so q_tma_d at 512 only). */
+  static const struct {
+    int causal, d;
+    int64_t from, to;
+  } rows[] = {{1, 32, 512, 1024},  {1, 40, 512, 1024},  {1, 48, 512, 1024},  {1, 56, 512, 1024},
+              {1, 64, 1024, 4096}, {1, 80, 512, 1024},  {1, 88, 512, 512},   {1, 96, 512, 1024},
+              {1, 104, 512, 512},  {1, 112, 512, 1024}, {1, 120, 512, 1024}, {1, 128, 512, 1024},
+              {1, 136, 512, 512},  {1, 144, 512, 1024}, {1, 152, 512, 512},  {1, 160, 512, 1024},
+              {1, 176, 512, 1024}, {1, 192, 512, 1024}, {0, 32, 512, 512},   {0, 40, 512, 512},
+              {0, 48, 512, 512},   {0, 56, 512, 512},   {0, 64, 512, 512},   {0, 72, 512, 512},
+              {0, 128, 512, 1024}, {0, 192, 512, 1024}};
   int seen = 0, pingpong = 0;
   for (int d = 32; d <= 256; d += 8)
     for (int c = 0; c <= 1; c++)
@@ -361,10 +373,10 @@ Test(problem, builtin_rule_dynamic) {
         const int64_t nk = buckets[i];
         const fg_variant v = fg_builtin_variant_for(d, FG_DTYPE_BF16, c, nk, FG_ARCH_SM90A);
         const fg_variant s = rule_static(d, FG_DTYPE_BF16, c, nk, FG_ARCH_SM90A);
-        const int dyn = s.loop == FG_LOOP_Q_TMA_P &&
-                        (c ? (s.warps == 8 && nk <= 1024 && ((d <= 160 && d != 72) || d == 176 || d == 192)) ||
-                                   (d == 64 && nk <= 4096)
-                           : (nk <= 512 && d <= 72) || ((d == 128 || d == 192) && nk <= 1024));
+        int dyn = 0;
+        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
+          dyn |= rows[r].causal == c && rows[r].d == d && nk >= rows[r].from && nk <= rows[r].to;
+        if (dyn) cr_assert_eq(s.loop, FG_LOOP_Q_TMA_P, "d = %d causal %d nk %lld", d, c, (long long)nk);
         const int pp = dyn && c && nk <= 512 && d == 128;
         cr_assert_eq(v.loop, pp ? FG_LOOP_Q_TMA_DP : dyn ? FG_LOOP_Q_TMA_D : s.loop,
                      "d = %d causal %d nk %lld", d, c, (long long)nk);
