@@ -225,21 +225,24 @@ static void expect_plan_grid(fg_generator *g, const char *name, const char *word
  * Bc 80: 225 KB with one), and with two, causal, 128 columns and two consumers, an O buffer where
  * it fits (o_buf: d = 128 Bc 128 takes 225 KB with it; not without a mask, at d = 64, nor on three
  * consumers); q_tma renders PERSIST off with one Q buffer. q_tma_d is q_tma_p with DYN on (its
- * tiles from a counter) and a workspace of one word per (batch, head) for the counter. */
+ * tiles from a counter) and a workspace of one word per (batch, head) for the counter; q_tma_dp is
+ * q_tma_d with PP on (its two consumers in ping-pong: the softmax with turns), two consumers only. */
 Test(render, tma_persistent_is_the_tma_template_on_a_persistent_grid) {
   fg_generator *g = fgt_generator();
   static const struct {
     const char *name;
-    int persist, qbufs, obuf, d, br, bc, dyn;
-  } c[] = {{"fwd_d128_br128_bc128_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 2, 0, 128, 128, 128, 0},
-           {"fwd_d64_br192_bc64_f16_causal_qtmap_w12_s2_sm90a", 1, 2, 0, 64, 192, 64, 0},
-           {"fwd_d256_br128_bc80_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 1, 0, 256, 128, 80, 0},
-           {"fwd_d128_br128_bc128_bf16_causal_qtmap_w8_s2_sm90a", 1, 2, 1, 128, 128, 128, 0},
-           {"fwd_d128_br128_bc112_f16_causal_qtmap_w8_s2_sm90a", 1, 2, 1, 128, 128, 112, 0},
-           {"fwd_d64_br128_bc128_bf16_causal_qtmap_w8_s2_sm90a", 1, 2, 0, 64, 128, 128, 0},
-           {"fwd_d128_br128_bc128_bf16_noncausal_qtma_w8_s2_sm90a", 0, 1, 0, 128, 128, 128, 0},
-           {"fwd_d128_br128_bc128_bf16_causal_qtmad_w8_s2_sm90a", 1, 2, 1, 128, 128, 128, 1},
-           {"fwd_d64_br192_bc128_f16_noncausal_qtmad_w12_s2_sm90a", 1, 2, 0, 64, 192, 128, 1}};
+    int persist, qbufs, obuf, d, br, bc, dyn, pp;
+  } c[] = {{"fwd_d128_br128_bc128_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 2, 0, 128, 128, 128, 0, 0},
+           {"fwd_d64_br192_bc64_f16_causal_qtmap_w12_s2_sm90a", 1, 2, 0, 64, 192, 64, 0, 0},
+           {"fwd_d256_br128_bc80_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 1, 0, 256, 128, 80, 0, 0},
+           {"fwd_d128_br128_bc128_bf16_causal_qtmap_w8_s2_sm90a", 1, 2, 1, 128, 128, 128, 0, 0},
+           {"fwd_d128_br128_bc112_f16_causal_qtmap_w8_s2_sm90a", 1, 2, 1, 128, 128, 112, 0, 0},
+           {"fwd_d64_br128_bc128_bf16_causal_qtmap_w8_s2_sm90a", 1, 2, 0, 64, 128, 128, 0, 0},
+           {"fwd_d128_br128_bc128_bf16_noncausal_qtma_w8_s2_sm90a", 0, 1, 0, 128, 128, 128, 0, 0},
+           {"fwd_d128_br128_bc128_bf16_causal_qtmad_w8_s2_sm90a", 1, 2, 1, 128, 128, 128, 1, 0},
+           {"fwd_d64_br192_bc128_f16_noncausal_qtmad_w12_s2_sm90a", 1, 2, 0, 64, 192, 128, 1, 0},
+           {"fwd_d128_br128_bc128_bf16_causal_qtmadp_w8_s2_sm90a", 1, 2, 1, 128, 128, 128, 1, 1},
+           {"fwd_d128_br128_bc128_f16_noncausal_qtmadp_w8_s2_sm90a", 1, 2, 0, 128, 128, 128, 1, 1}};
   for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
     fg_variant v = fgt_variant(c[i].name);
     char *src = NULL, err[4096];
@@ -261,6 +264,10 @@ Test(render, tma_persistent_is_the_tma_template_on_a_persistent_grid) {
     cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
     snprintf(want, sizeof want, "DYN = %s;", c[i].dyn ? "true" : "false");
     cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
+    snprintf(want, sizeof want, "PP = %s;", c[i].pp ? "true" : "false");
+    cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
+    /* the turns are rendered into the softmax only where PP is on */
+    cr_assert_eq(strstr(src, "turn_wait();") != NULL, c[i].pp, "%s", c[i].name);
     cr_assert_eq(meta.n_workspaces, c[i].dyn, "%s", c[i].name);
     if (c[i].dyn)
       cr_assert(strcmp(meta.workspaces[0].name, "tile_counter") == 0 &&
@@ -270,6 +277,14 @@ Test(render, tma_persistent_is_the_tma_template_on_a_persistent_grid) {
                 "%s", c[i].name);
     free(src);
   }
+  /* q_tma_dp takes two consumer warpgroups only, and says so. */
+  fg_variant w12 = fgt_variant("fwd_d128_br128_bc128_bf16_causal_qtmadp_w8_s2_sm90a");
+  w12.warps = 4, w12.br = 64;
+  char *src = NULL, err[4096] = "";
+  fg_kernel_meta meta;
+  cr_assert_neq(fg_generator_render(g, &w12, &src, &meta, err, sizeof err), 0);
+  cr_assert(strstr(err, "two consumer warpgroups take turns"), "%s", err);
+  free(src);
   /* The plan names the grid kind and reads back (tests/test_tma.c launches it on the fake). */
   expect_plan_grid(g, c[0].name, " persistent 128 ", FG_GRID_PERSISTENT);
   fg_generator_destroy(g);
