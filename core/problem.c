@@ -159,7 +159,7 @@ int fg_problem_served_by(const fg_problem *p, const fg_variant *v) {
  * d = 128 up to 1k once the consumers took the tile's fields from the scheduler (session 34):
  * 1.006-1.013x at 512, 1.008-1.012x at 1k (d = 96 1.01x, 112 0.99x).
  * With a mask up to 512 keys at d = 128 its two consumers in ping-pong (q_tma_dp), tiles of two or
- * three blocks there: 1.032-1.036x bf16, 1.032-1.038x f16 (fg_ab against q_tma_d, H100,
+ * three blocks there: 1.033-1.036x bf16, 1.032-1.038x f16 (fg_ab against q_tma_d, H100,
  * bench/NOTES.md session 35); not at 1k (0.93x), nor without a mask (0.92x at 512), nor at d = 192
  * (0.99x at 512) or 256 (0.97x); at d = 96 1.011-1.015x bf16, but bench.py read f16 0.85x cuDNN
  * in two of four runs (not understood): not taken. */
