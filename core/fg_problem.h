@@ -58,7 +58,7 @@ int fg_problem_served_by(const fg_problem *p, const fg_variant *v);
  * rows end inside a sector; clusters of two blocks (q_tma_c) at long lengths there; K/V blocks
  * of 64 on the persistent grid without a mask at d = 136-256 up to 512 keys; and the persistent
  * grid taking its tiles from a counter (q_tma_d) at the short lengths where the static order
- * left SMs idle. */
+ * left SMs idle, its two consumers in ping-pong (q_tma_dp) at d = 128 causal up to 512 keys. */
 fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk, fg_arch arch);
 /* The most variants the built-in rule picks for one (d, dtype, mask) over all lengths. */
 #define FG_BUILTIN_MAX 5

@@ -107,10 +107,10 @@ FG_DEV void warpgroup_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 
 // -1.5% to -3.5% (bench/NOTES.md, session 19).
 constexpr bool PINGPONG = BR == 64;
 FG_DEV void turn_wait(int wg) {
-  if (PINGPONG) asm volatile("bar.sync %0, %1;\n" ::"r"(4 + wg), "n"(CONSUMER_THREADS) : "memory");
+  if (PINGPONG) pingpong_wait(wg);
 }
 FG_DEV void turn_pass(int wg) {
-  if (PINGPONG) asm volatile("bar.arrive %0, %1;\n" ::"r"(5 - wg), "n"(CONSUMER_THREADS) : "memory");
+  if (PINGPONG) pingpong_pass(wg);
 }
 }  // namespace
 // bwd_aux.cuh's block-wide helpers (the split's dK/dV additions) run on the consumers alone.

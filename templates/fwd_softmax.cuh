@@ -17,8 +17,8 @@
 //   {% fwd_softmax(in_place[, turns]) %}  the lambdas softmax_of(x, wait_pv) and softmax(jb, wait_pv);
 //                         in_place: a block that needs a mask waits for O += P V first and
 //                         masks S where it is (else a masked copy in pf, under that product);
-//                         turns: the exponentials run in this warpgroup's turn (the kernel's
-//                         lambdas turn_wait() before them and turn_pass() once P is packed)
+//                         turns: the exponentials run in this warpgroup's turn (tma.cuh's
+//                         pingpong_wait before them, pingpong_pass once P is packed)
 //   {% fwd_epilogue() %}  O normalised and stored from the accumulators, and the log-sum-exp
 //                         (fwd_wgmma.cu; fwd_tma.cu stores O through shared memory and the TMA)
 {% function fwd_state(dc, qbuf) %}
@@ -102,7 +102,7 @@
       }
     }
 {% if turns then %}
-    turn_wait();
+    pingpong_wait(wg);
 {% end %}
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -122,7 +122,7 @@
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) pa[nt / 2][(nt % 2) * 2 + hh] = pack2<BF16>(pf[4 * nt + 2 * hh], pf[4 * nt + 2 * hh + 1]);
 {% if turns then %}
-    turn_pass();
+    pingpong_pass(wg);
 {% end %}
   };
   // Softmax of S_jb: keys past the end and, when causal, above the diagonal masked (only in blocks

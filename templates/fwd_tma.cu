@@ -85,16 +85,15 @@ constexpr int QBUFS = {{ q_bufs }};
 // consumers: the static order's loader spilled 12 B in their producer's 24 registers.
 constexpr bool QLOAD = PERSIST && CONSUMERS < 3 && DP >= 128 && ((DYN && CAUSAL) || QBUFS == 1);
 constexpr bool OBUF = {{ o_buf }};
-// Ping-pong (PP: q_tma_dp, q_tma_d on two consumers): each warpgroup runs a block's S, softmax and
-// O += P V in order, each waited for, and the two take turns at the softmax's exponentials (named
-// barriers BAR_PP + wg: warpgroup 1 first, then 0, block after block), so that one's exponentials
-// run under the other's products and one's first block and epilogue under the other's work. Where
-// a tile is two or three blocks long (causal 512 at d = 128) this beat each warpgroup overlapping
-// its own softmax with its next products (cuDNN's forward kernel at 512 keys takes turns so; H100:
-// d = 128 causal 512 1.032-1.038x), which wins from four blocks (1k causal 0.93x, d = 128 512
-// without a mask 0.92x; bench/NOTES.md session 35).
+// Ping-pong (PP: q_tma_dp, q_tma_d on two consumers): each warpgroup runs a block's S, softmax
+// and O += P V in order, each waited for, and the two take turns at the softmax's exponentials
+// (tma.cuh's pingpong_wait / pingpong_pass: warpgroup 1 first, then 0, block after block), so
+// that one's exponentials run under the other's products and one's first block and epilogue
+// under the other's work. Where a tile is two or three blocks long (causal 512 at d = 128) this
+// beat each warpgroup overlapping its own softmax with its next products (cuDNN's forward kernel
+// at 512 keys takes turns so; H100: d = 128 causal 512 1.032-1.038x), which wins from four blocks
+// (1k causal 0.93x, d = 128 512 without a mask 0.92x; bench/NOTES.md session 35).
 constexpr bool PP = {{ pp }};
-constexpr int BAR_PP = 4;
 constexpr bool BF16 = {{ dtype == "bf16" }};
 constexpr int CB = DP / 64;           // 64-column blocks of a tile (one TMA box each)
 // k-steps of S = Q K^T: those of the columns below D only (the columns past D are the TMA's
@@ -453,8 +452,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
   const int wg = warp / 4;
   u32 kv0 = 0;  // K/V blocks of the block's earlier tiles: this tile's block jb is kv0 + jb
   fwd_block fb;
-  // PP: warpgroup 1 takes the first turn; its arrival after the last tile closes warpgroup 0's last.
-  if (PP && wg == 0) asm volatile("bar.arrive %0, 256;\n" ::"r"(BAR_PP + 1) : "memory");
+  // PP: warpgroup 1 takes the first turn; after the last tile it closes the turn warpgroup 0
+  // handed it last.
+  if (PP && wg == 0) pingpong_pass(0);
   for (i64 k = 0; next_tile(k, fb); ++k) {
     const int qs = (int)(k % QBUFS);
     const u32 bh = fb.bh, b = fb.b, h = fb.h;
@@ -492,9 +492,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
       }
     };
 {% if pp then %}
-    // PP: this warpgroup's turn at the exponentials (warpgroup 1 first in each block).
-    auto turn_wait = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(BAR_PP + wg) : "memory"); };
-    auto turn_pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(BAR_PP + 1 - wg) : "memory"); };
 {% fwd_softmax(true, true) %}
 {% else %}
 {% fwd_softmax(mask_in_place) %}
@@ -609,7 +606,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
     }
     kv0 += (u32)n_pair;
   }
-  if (PP && wg == 1) asm volatile("bar.arrive %0, 256;\n" ::"r"(BAR_PP + 1) : "memory");
+  if (PP && wg == 1) pingpong_close(1);
   if constexpr (QBUFS > 1) {
     if (ctid % 128 == 0) bulk_wait_read0();  // the last tile's store has read shared memory
   }

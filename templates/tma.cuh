@@ -1,6 +1,6 @@
 // tma.cuh: Hopper (sm_90a) helpers of the warp-specialised templates (fwd_tma.cu): mbarriers,
 // TMA tile loads from a tensor map (cp.async.bulk.tensor) and the warpgroup register moves
-// (setmaxnreg). Included after common.cuh and wgmma.cuh with {% include("tma.cuh") %}. The tensor
+// (setmaxnreg), and two consumer warpgroups' turns (ping-pong). Included after common.cuh and wgmma.cuh with {% include("tma.cuh") %}. The tensor
 // maps are encoded on the host (runtime/forward.c) and reach the kernel inside its
 // __grid_constant__ parameter (fg_fwd_tma_params.tmap), whose generic address the TMA takes.
 
@@ -104,3 +104,13 @@ FG_DEV void tma_prefetch_map(const void *tmap) {
 // registers back, the consumers take them (a multiple of 8 from 24 to 256).
 template <int N> FG_DEV void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> FG_DEV void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+// Ping-pong of two consumer warpgroups (256 threads; bwd_tma.cu's turns, fwd_tma.cu's PP):
+// warpgroup wg waits for its turn on named barrier 4 + wg (pingpong_wait) and hands the next to
+// the other with an arrival on 5 - wg (pingpong_pass). Every turn a warpgroup waits for must be
+// handed to it once: whichever goes first is handed its first turn by the other before any wait,
+// and an arrival on a warpgroup's own barrier (pingpong_close) takes up a turn handed to it that
+// it will not wait for.
+FG_DEV void pingpong_wait(int wg) { asm volatile("bar.sync %0, 256;\n" ::"r"(4 + wg) : "memory"); }
+FG_DEV void pingpong_pass(int wg) { asm volatile("bar.arrive %0, 256;\n" ::"r"(5 - wg) : "memory"); }
+FG_DEV void pingpong_close(int wg) { asm volatile("bar.arrive %0, 256;\n" ::"r"(4 + wg) : "memory"); }

@@ -267,7 +267,7 @@ Test(render, tma_persistent_is_the_tma_template_on_a_persistent_grid) {
     snprintf(want, sizeof want, "PP = %s;", c[i].pp ? "true" : "false");
     cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
     /* the turns are rendered into the softmax only where PP is on */
-    cr_assert_eq(strstr(src, "turn_wait();") != NULL, c[i].pp, "%s", c[i].name);
+    cr_assert_eq(strstr(src, "pingpong_wait(wg);") != NULL, c[i].pp, "%s", c[i].name);
     cr_assert_eq(meta.n_workspaces, c[i].dyn, "%s", c[i].name);
     if (c[i].dyn)
       cr_assert(strcmp(meta.workspaces[0].name, "tile_counter") == 0 &&
