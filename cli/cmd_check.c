@@ -129,7 +129,7 @@ static void check_usage(FILE *f) {
           "overlapped, and the TMA kernels, tma/...: one to three consumer warpgroups, the\n"
           "tensor maps encoded per call; tma_mask_in_place/...: causal blocks masked in place;\n"
           "tma_persistent/...: the persistent grid, its tiles in a fixed order or from a\n"
-          "counter; tma_cluster/...: clusters of two blocks\n"
+          "counter, its consumers in ping-pong or not; tma_cluster/...: clusters of two blocks\n"
           "sharing each K/V block, causal or not), rows that see no key, 64-bit indexing, and\n"
           "bad input. Then the backward pass (cases bwd/...): dQ, dK, dV of the built-in backward\n"
           "variant of every head dimension (the warp-specialised kernel on sm_90a at every\n"
