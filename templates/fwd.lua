@@ -152,11 +152,22 @@ local function tma_o_buf(v)
   return tma_q_bufs(v) == 2 and v.causal and tma_dp(v) == 128 and v.warps == 8 and
          tma_smem(v, 2, true) <= SM90_SMEM
 end
+-- One Q buffer on the persistent grid: where each consumer warpgroup's O fits beside it (64 rows
+-- of tma_o_part 64-column blocks: half the tile's width, or one block where the width is odd),
+-- the Q buffer is released after a tile's last S and O is stored from those areas in parts
+-- (fwd_tma.cu's QEARLY), so the next tile's Q loads under this tile's end (bench/NOTES.md
+-- session 36: d = 256 N = 512 without a mask 1.038x).
+local function tma_o_part(v) local cb = tma_dp(v) // 64 return cb % 2 == 0 and cb // 2 or 1 end
+local function tma_o_area(v) return (v.warps // 4) * 64 * tma_o_part(v) * 128 end
+local function tma_q_early(v)
+  return tma_persist(v) and tma_q_bufs(v) == 1 and tma_smem(v, 1, false) + tma_o_area(v) <= SM90_SMEM
+end
 local function tma_resources(v)
   local consumers = v.warps // 4
   local regs = tma_consumer_regs(v)
   if consumers > 1 then regs = 65536 // (128 * (consumers + 1)) // 8 * 8 end
-  return { threads = 32 * v.warps + 128, smem = tma_smem(v, tma_q_bufs(v), tma_o_buf(v)), regs = regs }
+  local smem = tma_smem(v, tma_q_bufs(v), tma_o_buf(v)) + (tma_q_early(v) and tma_o_area(v) or 0)
+  return { threads = 32 * v.warps + 128, smem = smem, regs = regs }
 end
 local function tma_loop(v) return v.loop == "q_tma" or tma_persist(v) or v.loop == "q_tma_c" end
 local function tma_check(v)
@@ -272,7 +283,8 @@ function M.launch(v)
                        r.threads, r.smem,
                        dyn and { { name = "tile_counter", param = "workspace", bytes = 8, rows = 2147483647 } } or nil)
     t.constants = { persist = persist, dyn = dyn, pp = pp, cluster = cluster, q_bufs = tma_q_bufs(v),
-                    o_buf = tma_o_buf(v), mask_in_place = tma_mask_in_place(v) }
+                    o_buf = tma_o_buf(v), mask_in_place = tma_mask_in_place(v), q_early = tma_q_early(v),
+                    o_part = tma_o_part(v) }
     t.params = "fwd_tma"
     t.tmaps = { { tensor = "q", rows = v.br }, { tensor = "k", rows = v.bc // cluster },
                 { tensor = "v", rows = v.bc // cluster }, { tensor = "o", rows = 64 } }

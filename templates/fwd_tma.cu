@@ -16,7 +16,7 @@
 // loops over tiles in common.cuh's fwd_persistent_tile order, the producer running on into the
 // next tile's Q (in the other of {{ q_bufs }} Q buffers) and K/V blocks while the consumers finish
 // this one, so a tile's pipeline fill and epilogue overlap its neighbours' work (some load the Q
-// tiles from a thread of their own, QLOAD). On clusters of
+// tiles from a thread of their own, QLOAD; with one Q buffer O is staged beside it, QEARLY). On clusters of
 // {{ cluster }} (loop q_tma_c, grid "q_tile_pairs"): the two blocks of a cluster take two
 // neighbouring query tiles of one head, and each loads half of every K/V block (BC / 2 rows) into
 // both with a multicast TMA, so each reads half the K/V bytes from L2; a stage is loaded again
@@ -85,6 +85,16 @@ constexpr int QBUFS = {{ q_bufs }};
 // consumers: the static order's loader spilled 12 B in their producer's 24 registers.
 constexpr bool QLOAD = PERSIST && CONSUMERS < 3 && DP >= 128 && ((DYN && CAUSAL) || QBUFS == 1);
 constexpr bool OBUF = {{ o_buf }};
+// One Q buffer on the persistent grid (fwd.lua's q_early: d > 128, where two do not fit): the Q
+// buffer is released as soon as the tile's last S is done (an arrival per consumer warp), and
+// each consumer warpgroup stores its O through an area of its own (64 rows x OPART 64-column
+// blocks) in parts, each written once the TMA store of the last has read the area. Staged in
+// the Q buffer instead, the next tile's Q waited for O's store and then for its own load: 18.6%
+// of the stall samples at d = 256 N = 512 without a mask (Nsight Compute); so +3.8% there
+// (H100, fg_ab, bf16; stored from the registers instead, O's 64 4-byte stores per thread lost
+// 13%; bench/NOTES.md session 36).
+constexpr bool QEARLY = {{ q_early }};
+constexpr int OPART = {{ o_part }};
 // Ping-pong (PP: q_tma_dp, q_tma_d on two consumers): each warpgroup runs a block's S, softmax
 // and O += P V in order, each waited for, and the two take turns at the softmax's exponentials
 // (tma.cuh's pingpong_wait / pingpong_pass: warpgroup 1 first, then 0, block after block), so
@@ -104,17 +114,18 @@ constexpr int KSTEPS = (D + 15) / 16;
 constexpr int NT_S = BC / 8, NT_O = D / 8;
 static_assert(D % 8 == 0 && D <= DP && DP % 64 == 0 && BR == 64 * CONSUMERS && CONSUMERS >= 1 && CONSUMERS <= 3 &&
               BC % 16 == 0 && BC <= 256 && STAGES >= 2 && STAGES <= 4 &&
-              (QBUFS == 1 || (PERSIST && QBUFS == 2)) && (!OBUF || QBUFS == 2) &&
+              (QBUFS == 1 || (PERSIST && QBUFS == 2)) && (!OBUF || QBUFS == 2) && (!QEARLY || (PERSIST && QBUFS == 1 && !OBUF)) &&
               (CLUSTER == 1 || (CLUSTER == 2 && !PERSIST && HALF % 8 == 0)) && (!PP || (DYN && CONSUMERS == 2)),
               "tile shape (fwd.lua)");
 // Shared memory, from a 1024-byte aligned base: QBUFS Q tiles (BR rows), STAGES K blocks, STAGES
-// V blocks (BC rows each), the O tile (OBUF), then the mbarriers. A tile of R rows is CB column
-// blocks of R rows x 128 bytes.
+// V blocks (BC rows each), the O tile (OBUF) or the consumers' O areas (QEARLY), then the
+// mbarriers. A tile of R rows is CB column blocks of R rows x 128 bytes.
 constexpr u32 Q_BYTES = BR * DP * 2, STAGE_BYTES = BC * DP * 2;  // whole boxes, zeros included
 constexpr u32 K_OFF = QBUFS * Q_BYTES, V_OFF = K_OFF + STAGES * STAGE_BYTES;
-constexpr u32 O_OFF = V_OFF + STAGES * STAGE_BYTES, BAR_OFF = O_OFF + (OBUF ? Q_BYTES : 0u);
+constexpr u32 O_OFF = V_OFF + STAGES * STAGE_BYTES;
+constexpr u32 BAR_OFF = O_OFF + (OBUF ? Q_BYTES : QEARLY ? (u32)CONSUMERS * 64u * OPART * 128u : 0u);
 // mbarriers, 8 bytes each: per Q buffer full, and (persistent only) empty once its tile's S
-// products are done (OBUF) or its O is stored;
+// products are done (OBUF, QEARLY) or its O is stored;
 // then per stage K full, V full, K empty, V empty.
 constexpr int NQBAR = PERSIST ? 2 * QBUFS : 1;
 FG_DEV u32 bar_qfull(int i) { return 8u * i; }
@@ -294,7 +305,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
 #pragma unroll
     for (int i = 0; i < QBUFS; ++i) {
       mbar_init(bars + bar_qfull(i), 1);
-      if constexpr (PERSIST) mbar_init(bars + bar_qempty(i), CONSUMERS);  // thread 0 of each consumer warpgroup
+      if constexpr (PERSIST)  // thread 0 of each consumer warpgroup; QEARLY: lane 0 of each consumer warp
+        mbar_init(bars + bar_qempty(i), QEARLY ? CONSUMER_WARPS : CONSUMERS);
     }
     if constexpr (DYN)
       for (int i = 0; i < SLOTS; ++i) {
@@ -475,11 +487,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
     };
     // K_jb's buffer is free once S_jb is done (a wait covering it has returned in this warp).
     // With clusters on the other block's barrier too: its producer loads into this block's stage.
+    // QEARLY: after the tile's last S, Q's buffer too.
     auto release_k = [&](int jb) {
       __syncwarp();
       if (lane == 0) {
         const u32 bar = bars + bar_kempty((int)((kv0 + (u32)jb) % STAGES));
         mbar_arrive(bar);
+        if (QEARLY && jb == n_blocks - 1) mbar_arrive(bars + bar_qempty(0));
         if constexpr (CLUSTER > 1) mbar_arrive_remote(cluster_map(bar, rank ^ 1u));
       }
     };
@@ -518,6 +532,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
       }
     };
     mbar_wait(bars + bar_qfull(qs), (u32)(k / QBUFS) & 1);
+    if (QEARLY && n_blocks == 0) {  // a tile with no key block: its Q is not read
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bars + bar_qempty(0));
+    }
     if constexpr (PP) {
       // Each block's S, softmax (its exponentials in this warpgroup's turn) and O += P V in order.
       release_prev_q();
@@ -568,6 +586,51 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
     // nothing wrote here); the log-sum-exp directly.
     // o[4 nt + 2 hh + e] is row wrow + g + 8 hh, column 8 nt + 2 t + e.
     auto warpgroup_sync = [&] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); };
+    if constexpr (QEARLY) {
+      // This warpgroup's O area, OPART column blocks at a time: each part written once the area's
+      // last store (the previous part's, or the last tile's) has read it.
+      const u32 o_wg = sbase + O_OFF + (u32)(wg * 64 * OPART * 128);
+      const int e_rows = (int)(Nq - q0 < BR ? Nq - q0 : BR);  // rows of this block that exist
+      float *lse = (float *)p.lse;
+      float inv[2];
+  #pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float lsum = quad_sum(l[hh]);
+        inv[hh] = lsum > 0.f ? 1.f / lsum : 0.f;
+        const int r = wrow + g + hh * 8;
+        if (lse != nullptr && t == 0 && r < e_rows)
+          lse[bh * p.seqlen_q + q0 + r] = lsum > 0.f ? m[hh] * (float)p.scale + logf(lsum) : FG_NEG_INF;
+      }
+  #pragma unroll
+      for (int part = 0; part < CB / OPART; ++part) {
+        if (part > 0 || k > 0) {
+          if (ctid % 128 == 0) bulk_wait_read0();
+          warpgroup_sync();
+        }
+  #pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          // in the warpgroup's rows; formed here (fresh), or ptxas computes the 16 swizzled row
+          // offsets before the tile loop and keeps them (d = 256: 24 B of spills)
+          const int rw = (int)fresh((u64)(wrow + g + hh * 8 - wg * 64));
+  #pragma unroll
+          for (int nt = part * OPART * 8; nt < (part + 1) * OPART * 8; ++nt)
+            if (nt < NT_O)
+              st_shared_b32(o_wg + (u32)((nt / 8 - part * OPART) * 64 * 128 + rw * 128 + (((nt % 8) ^ (rw % 8)) * 16) + 4 * t),
+                            pack2<BF16>(o[4 * nt + 2 * hh] * inv[hh], o[4 * nt + 2 * hh + 1] * inv[hh]));
+        }
+        fence_async_smem();  // the generic stores, visible to the TMA
+        warpgroup_sync();    // this warpgroup's part written
+        if (ctid % 128 == 0) {
+  #pragma unroll
+          for (int c = part * OPART; c < (part + 1) * OPART; ++c)
+            tma_store_4d(&P.tmap[3], o_wg + (u32)(c - part * OPART) * 64 * 128, 64 * c, (int)q0 + wg * 64, (int)h,
+                         (int)b);
+          bulk_commit();
+        }
+      }
+      kv0 += (u32)n_pair;
+      continue;
+    }
     const u32 o_base = OBUF ? sbase + O_OFF + (u32)(wg * 64 * 128) : q_base;
     if constexpr (OBUF) {
       if (k > 0) {
@@ -607,7 +670,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
     kv0 += (u32)n_pair;
   }
   if (PP && wg == 1) pingpong_close(1);
-  if constexpr (QBUFS > 1) {
+  if constexpr (QBUFS > 1 || QEARLY) {
     if (ctid % 128 == 0) bulk_wait_read0();  // the last tile's store has read shared memory
   }
 }

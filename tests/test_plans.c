@@ -226,23 +226,31 @@ static void expect_plan_grid(fg_generator *g, const char *name, const char *word
  * it fits (o_buf: d = 128 Bc 128 takes 225 KB with it; not without a mask, at d = 64, nor on three
  * consumers); q_tma renders PERSIST off with one Q buffer. q_tma_d is q_tma_p with DYN on (its
  * tiles from a counter) and a workspace of one word per (batch, head) for the counter; q_tma_dp is
- * q_tma_d with PP on (its two consumers in ping-pong: the softmax with turns), two consumers only. */
+ * q_tma_d with PP on (its two consumers in ping-pong: the softmax with turns), two consumers only.
+ * With one Q buffer on the persistent grid, where each consumer's O area fits beside it (64 rows
+ * of half the tile's 64-column blocks, one block where their number is odd), QEARLY is on and the
+ * areas are in the block's shared memory (d = 256 Bc 64: 32 KB more; d = 192 Bc 96: 16 KB; d =
+ * 256 Bc 80 has no room: off). */
 Test(render, tma_persistent_is_the_tma_template_on_a_persistent_grid) {
   fg_generator *g = fgt_generator();
   static const struct {
     const char *name;
-    int persist, qbufs, obuf, d, br, bc, dyn, pp;
-  } c[] = {{"fwd_d128_br128_bc128_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 2, 0, 128, 128, 128, 0, 0},
-           {"fwd_d64_br192_bc64_f16_causal_qtmap_w12_s2_sm90a", 1, 2, 0, 64, 192, 64, 0, 0},
-           {"fwd_d256_br128_bc80_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 1, 0, 256, 128, 80, 0, 0},
-           {"fwd_d128_br128_bc128_bf16_causal_qtmap_w8_s2_sm90a", 1, 2, 1, 128, 128, 128, 0, 0},
-           {"fwd_d128_br128_bc112_f16_causal_qtmap_w8_s2_sm90a", 1, 2, 1, 128, 128, 112, 0, 0},
-           {"fwd_d64_br128_bc128_bf16_causal_qtmap_w8_s2_sm90a", 1, 2, 0, 64, 128, 128, 0, 0},
-           {"fwd_d128_br128_bc128_bf16_noncausal_qtma_w8_s2_sm90a", 0, 1, 0, 128, 128, 128, 0, 0},
-           {"fwd_d128_br128_bc128_bf16_causal_qtmad_w8_s2_sm90a", 1, 2, 1, 128, 128, 128, 1, 0},
-           {"fwd_d64_br192_bc128_f16_noncausal_qtmad_w12_s2_sm90a", 1, 2, 0, 64, 192, 128, 1, 0},
-           {"fwd_d128_br128_bc128_bf16_causal_qtmadp_w8_s2_sm90a", 1, 2, 1, 128, 128, 128, 1, 1},
-           {"fwd_d128_br128_bc128_f16_noncausal_qtmadp_w8_s2_sm90a", 1, 2, 0, 128, 128, 128, 1, 1}};
+    int persist, qbufs, obuf, d, br, bc, dyn, pp, opart; /* opart: QEARLY's O part, 0 = off */
+  } c[] = {{"fwd_d128_br128_bc128_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 2, 0, 128, 128, 128, 0, 0, 0},
+           {"fwd_d64_br192_bc64_f16_causal_qtmap_w12_s2_sm90a", 1, 2, 0, 64, 192, 64, 0, 0, 0},
+           {"fwd_d256_br128_bc80_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 1, 0, 256, 128, 80, 0, 0, 0},
+           {"fwd_d256_br128_bc64_bf16_noncausal_qtmap_w8_s2_sm90a", 1, 1, 0, 256, 128, 64, 0, 0, 2},
+           {"fwd_d192_br128_bc96_f16_noncausal_qtmap_w8_s2_sm90a", 1, 1, 0, 192, 128, 96, 0, 0, 1},
+           {"fwd_d256_br128_bc64_bf16_causal_qtmadp_w8_s2_sm90a", 1, 1, 0, 256, 128, 64, 1, 1, 2},
+           {"fwd_d128_br128_bc128_bf16_causal_qtmap_w8_s2_sm90a", 1, 2, 1, 128, 128, 128, 0, 0, 0},
+           {"fwd_d128_br128_bc112_f16_causal_qtmap_w8_s2_sm90a", 1, 2, 1, 128, 128, 112, 0, 0, 0},
+           {"fwd_d64_br128_bc128_bf16_causal_qtmap_w8_s2_sm90a", 1, 2, 0, 64, 128, 128, 0, 0, 0},
+           {"fwd_d128_br128_bc128_bf16_noncausal_qtma_w8_s2_sm90a", 0, 1, 0, 128, 128, 128, 0, 0, 0},
+           {"fwd_d256_br128_bc64_bf16_causal_qtma_w8_s2_sm90a", 0, 1, 0, 256, 128, 64, 0, 0, 0},
+           {"fwd_d128_br128_bc128_bf16_causal_qtmad_w8_s2_sm90a", 1, 2, 1, 128, 128, 128, 1, 0, 0},
+           {"fwd_d64_br192_bc128_f16_noncausal_qtmad_w12_s2_sm90a", 1, 2, 0, 64, 192, 128, 1, 0, 0},
+           {"fwd_d128_br128_bc128_bf16_causal_qtmadp_w8_s2_sm90a", 1, 2, 1, 128, 128, 128, 1, 1, 0},
+           {"fwd_d128_br128_bc128_f16_noncausal_qtmadp_w8_s2_sm90a", 1, 2, 0, 128, 128, 128, 1, 1, 0}};
   for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
     fg_variant v = fgt_variant(c[i].name);
     char *src = NULL, err[4096];
@@ -253,8 +261,9 @@ Test(render, tma_persistent_is_the_tma_template_on_a_persistent_grid) {
     cr_assert_eq(fg_kernel_main(&meta)->br, c[i].br, "%s", c[i].name);
     cr_assert_eq(meta.params, FG_PARAMS_FWD_TMA, "%s", c[i].name);
     cr_assert_eq(fg_kernel_main(&meta)->smem_bytes,
-                 ((c[i].qbufs + c[i].obuf) * c[i].br + 4 * c[i].bc) * c[i].d * 2 + 1024 + 256, "%s",
-                 c[i].name);
+                 ((c[i].qbufs + c[i].obuf) * c[i].br + 4 * c[i].bc) * c[i].d * 2 + 1024 + 256 +
+                     (c[i].br / 64) * 64 * c[i].opart * 128,
+                 "%s", c[i].name);
     char want[64];
     snprintf(want, sizeof want, "PERSIST = %s;", c[i].persist ? "true" : "false");
     cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
@@ -266,6 +275,12 @@ Test(render, tma_persistent_is_the_tma_template_on_a_persistent_grid) {
     cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
     snprintf(want, sizeof want, "PP = %s;", c[i].pp ? "true" : "false");
     cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
+    snprintf(want, sizeof want, "QEARLY = %s;", c[i].opart ? "true" : "false");
+    cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
+    if (c[i].opart) {
+      snprintf(want, sizeof want, "OPART = %d;", c[i].opart);
+      cr_assert_not_null(strstr(src, want), "%s: %s", c[i].name, want);
+    }
     /* the turns are rendered into the softmax only where PP is on */
     cr_assert_eq(strstr(src, "pingpong_wait(wg);") != NULL, c[i].pp, "%s", c[i].name);
     cr_assert_eq(meta.n_workspaces, c[i].dyn, "%s", c[i].name);
