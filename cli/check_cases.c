@@ -239,7 +239,9 @@ static void add_tma_in_place_cases(fg_check_list *l, fg_arch arch) {
  * ping-pong): head dims on and off the 64-column blocks,
  * both dtypes, causal or not, at one tile per block (fewer tiles than SMs), a few per block (GQA,
  * causal bottom-right) and up to five per block (each Q buffer reused, and causal at d = 96 and
- * 128 the O buffer, fwd.lua's o_buf; the K/V stages' phases carried across tiles); rows that see no key (tiles without key blocks inside a
+ * 128 the O buffer, fwd.lua's o_buf; without a mask at d = 192 and 256 the one Q buffer released
+ * after a tile's last S and the consumers' O areas, q_early; the K/V stages' phases carried
+ * across tiles); rows that see no key (tiles without key blocks inside a
  * block's run), a key block cut short, no LSE, (B, N, H, d) strides. */
 static void add_tma_persistent_cases(fg_check_list *l, fg_arch arch) {
   if (arch != FG_ARCH_SM90A) return;
