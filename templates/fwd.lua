@@ -156,7 +156,7 @@ end
 -- of tma_o_part 64-column blocks: half the tile's width, or one block where the width is odd),
 -- the Q buffer is released after a tile's last S and O is stored from those areas in parts
 -- (fwd_tma.cu's QEARLY), so the next tile's Q loads under this tile's end (bench/NOTES.md
--- session 36: d = 256 N = 512 without a mask 1.038x).
+-- session 36: d = 256 N = 512 without a mask 1.047-1.051x).
 local function tma_o_part(v) local cb = tma_dp(v) // 64 return cb % 2 == 0 and cb // 2 or 1 end
 local function tma_o_area(v) return (v.warps // 4) * 64 * tma_o_part(v) * 128 end
 local function tma_q_early(v)

@@ -90,9 +90,9 @@ constexpr bool OBUF = {{ o_buf }};
 // each consumer warpgroup stores its O through an area of its own (64 rows x OPART 64-column
 // blocks) in parts, each written once the TMA store of the last has read the area. Staged in
 // the Q buffer instead, the next tile's Q waited for O's store and then for its own load: 18.6%
-// of the stall samples at d = 256 N = 512 without a mask (Nsight Compute); so +3.8% there
-// (H100, fg_ab, bf16; stored from the registers instead, O's 64 4-byte stores per thread lost
-// 13%; bench/NOTES.md session 36).
+// of the stall samples at d = 256 N = 512 without a mask (Nsight Compute); so +4.7-5.1% there
+// (H100, fg_ab, bf16 and f16; stored from the registers instead, O's 64 4-byte stores per
+// thread lost 13%; bench/NOTES.md session 36).
 constexpr bool QEARLY = {{ q_early }};
 constexpr int OPART = {{ o_part }};
 // Ping-pong (PP: q_tma_dp, q_tma_d on two consumers): each warpgroup runs a block's S, softmax
