@@ -162,12 +162,14 @@ int fg_problem_served_by(const fg_problem *p, const fg_variant *v) {
  * three blocks there: 1.033-1.036x bf16, 1.032-1.038x f16 (fg_ab against q_tma_d, H100,
  * bench/NOTES.md session 35); not at 1k (0.93x), nor without a mask (0.92x at 512), nor at d = 192
  * (0.99x at 512) or 256 (0.97x); at d = 96 1.011-1.015x bf16, but bench.py read f16 0.85x cuDNN
- * in two of four runs (not understood): not taken. */
+ * in two of four runs (not understood): not taken. d = 240 and 256 with a mask wherever they take
+ * the persistent grid (1k-8k keys): 1.000x / 1.007x / 1.008x / 1.009x q_tma_p at d = 256 1k / 2k /
+ * 4k / 8k (bench/NOTES.md session 37). */
 static fg_variant fg_builtin_dynamic(fg_variant v, int causal, int64_t nk) {
   if (v.loop != FG_LOOP_Q_TMA_P) return v;
   const int dyn = causal ? (v.warps == 8 && nk <= 1024 &&
                                 ((v.d <= 160 && v.d != 72) || v.d == 176 || v.d == 192)) ||
-                               (v.d == 64 && nk <= 4096)
+                               (v.d == 64 && nk <= 4096) || v.d == 240 || v.d == 256
                          : (nk <= 512 && v.d <= 72) || ((v.d == 128 || v.d == 192) && nk <= 1024);
   if (dyn) v.loop = causal && nk <= 512 && v.d == 128 ? FG_LOOP_Q_TMA_DP : FG_LOOP_Q_TMA_D;
   return v;
@@ -185,7 +187,8 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
      * d = 256's 80 leave a partial last block: 512 keys cost 576 or 560 keys' work), on the
      * persistent grid: d = 192 1.11x, d = 256 1.04x the length-free rule at N = 512 (0.97-1.00x
      * at 1k, 0.97-0.99x at 2k, where it stays; but d = 192 at 1k too with the dynamic order,
-     * fg_builtin_dynamic). d = 80-120 from 2k keys three consumers (Br 192),
+     * fg_builtin_dynamic); d = 256 up to 4k since its Q buffer is released early (fwd_tma.cu's
+     * QEARLY): 1.047x / 1.034x / 1.024x q_tma's Bc 80 at 1k / 2k / 4k (bench/NOTES.md session 37). d = 80-120 from 2k keys three consumers (Br 192),
      * as d = 72, 88, 104 at every length (fg_builtin_variant): d = 80 1.04x / 1.11x two at 4k /
      * 16k, d = 96 1.06x / 1.06x / 1.09x at 2k / 4k / 16k, d = 112 1.05x / 1.09x, d = 120 1.03x /
      * 1.07x (H200, fg_ab; 0.91-0.97x at 512-1k, where two stay; bench/NOTES.md session 30).
@@ -214,7 +217,8 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
     } else if (fg_builtin_sector_dim(d) && nk >= 4096) {
       v.loop = FG_LOOP_Q_TMA_C;
       if (d == 168) v.warps = 8, v.br = 128, v.bc = 96;
-    } else if (nk <= (d == 192 ? 1024 : 512) && (dp == 192 || dp == 256) && !fg_builtin_sector_dim(d)) {
+    } else if (nk <= (d == 192 ? 1024 : d == 256 ? 4096 : 512) && (dp == 192 || dp == 256) &&
+               !fg_builtin_sector_dim(d)) {
       v.loop = FG_LOOP_Q_TMA_P;
       v.bc = 64;
     } else if (dp == 128 && d < 128 && nk >= 2048) {
@@ -267,6 +271,14 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
      * 1.07x, 8k 1.06x, d = 168 1.01x / 1.02x, d = 176 1.06x / 1.11x, d = 184 1.05x / 1.07x; d = 192
      * itself 0.96x / 1.01x, so it stays; bench/NOTES.md session 30). */
     v.loop = FG_LOOP_Q_TMA;
+  } else if ((d == 240 || d == 256) && nk >= 1024 && nk <= 8192) {
+    /* d = 240 and 256 from 1k to 8k keys: the persistent grid (its Q buffer released early,
+     * fwd_tma.cu's QEARLY, and spill-free since Q's descriptor is formed per block), tiles from
+     * the counter (fg_builtin_dynamic). H100, fg_ab against the plain grid, bf16 (bench/NOTES.md
+     * session 37): d = 256 1.046x / 1.090x / 1.040x / 1.021x at 1k / 2k / 4k / 8k (f16 1.075x at
+     * 2k), d = 240 1.03x at 1k; not at 512 (1.00x) nor 16k (0.98-0.99x), nor d = 208 / 224
+     * (0.87-0.97x at 1k-16k). */
+    v.loop = FG_LOOP_Q_TMA_P;
   } else if ((d == 88 || d == 104) && nk > 512 && nk <= 1024) {
     /* At 1k keys d = 88 and 104 (rows ending inside a sector) take three consumers with K/V
      * blocks of 96: 1.10x / 1.11x two (bf16; f16 1.11x at 104), where Bc 112 at d = 88 ran 1.01x

@@ -8,7 +8,9 @@
 //                         of O it holds: D, or DP padded to 64-column blocks), m, l, sl2, wrow,
 //                         q_base (this warpgroup's rows of the Q tile at QBUF, default sbase), s,
 //                         pf, pa (uses warp, wg, sbase, p)
-//   {% fwd_issue_qk("kst") %}  S = Q K^T issued to the tensor cores, K's stage at kst
+//   {% fwd_issue_qk("kst"[, "FRESH_Q"]) %}  S = Q K^T issued to the tensor cores, K's stage at
+//                         kst; where the C++ condition FRESH_Q holds, Q's descriptor formed
+//                         anew for each block (not kept in registers over the loop)
 //   {% fwd_issue_pv("vst", "DC") %}  O += P V issued, V's stage at vst
 //   {% fwd_wait_pv("DC") %}  the lambda wait_pv: O += P V done (a second call waits for nothing)
 //   {% fwd_overlap_step([release]) %}  block j of the overlapped loop: S_{j+1} and O += P_j V_j
@@ -35,12 +37,26 @@
   float s[BC / 2], pf[BC / 2];
   u32 pa[BC / 16][4];          // P as wgmma A fragments, k-step kk = keys 16 kk ... 16 kk + 15
 {% end %}
-{% function fwd_issue_qk(kst) %}
+{% function fwd_issue_qk(kst, fresh_q) %}
     wg_fence();
+{% if fresh_q then %}
+    if constexpr ({{ fresh_q }}) {
+      // Q's descriptor formed for each block (fresh): ptxas kept a tile's 16 k-step descriptors
+      // in registers over the block loop, which spilled at d = 240 / 256 (bench/NOTES.md
+      // session 37).
+      const u64 qd = fresh(sw128_desc(q_base, 16, 1024));
 #pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks)
-      wgmma_qk(s, sw128_desc(q_base + (u32)(ks / 4) * BR * 128 + (u32)(ks % 4) * 32, 16, 1024),
-               sw128_desc({{ kst }} + (u32)(ks / 4) * BC * 128 + (u32)(ks % 4) * 32, 16, 1024), ks > 0);
+      for (int ks = 0; ks < KSTEPS; ++ks)
+        wgmma_qk(s, qd + (((u32)(ks / 4) * BR * 128 + (u32)(ks % 4) * 32) >> 4),
+                 sw128_desc({{ kst }} + (u32)(ks / 4) * BC * 128 + (u32)(ks % 4) * 32, 16, 1024), ks > 0);
+    } else
+{% end %}
+    {
+#pragma unroll
+      for (int ks = 0; ks < KSTEPS; ++ks)
+        wgmma_qk(s, sw128_desc(q_base + (u32)(ks / 4) * BR * 128 + (u32)(ks % 4) * 32, 16, 1024),
+                 sw128_desc({{ kst }} + (u32)(ks / 4) * BC * 128 + (u32)(ks % 4) * 32, 16, 1024), ks > 0);
+    }
     wg_commit();
 {% end %}
 {% function fwd_issue_pv(vst, dc) %}

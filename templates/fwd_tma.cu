@@ -483,7 +483,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
       const int st = (int)(kb % STAGES);
       mbar_wait(bars + bar_kfull(st), (kb / STAGES) & 1);
       const u32 kst = sbase + K_OFF + (u32)st * STAGE_BYTES;
-{% fwd_issue_qk("kst") %}
+{% fwd_issue_qk("kst", "KSTEPS > 12 && CAUSAL") %}
     };
     // K_jb's buffer is free once S_jb is done (a wait covering it has returned in this warp).
     // With clusters on the other block's barrier too: its producer loads into this block's stage.

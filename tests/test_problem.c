@@ -122,7 +122,8 @@ static fg_variant rule_static(int d, fg_dtype dtype, int causal, int64_t nk, fg_
  * from 1k, Bc 96 there); d = 136, 152, 168
  * (rows ending inside a sector) three consumers at every length without a mask and from 1k
  * (168: 2k) with one; the other d = 136-184 causal the plain grid from 4k; without a mask the
- * other d = 136-256 take K/V blocks of 64 on the persistent grid at 512; clusters of two blocks
+ * other d = 136-256 take K/V blocks of 64 on the persistent grid at 512 (d = 256 up to 4k), and
+ * with one d = 240 and 256 the persistent grid from 1k to 8k; clusters of two blocks
  * (q_tma_c) where rows end inside a sector without a mask: d = 200-232 at every length, 248 from
  * 1k, 184 from 2k, and from 4k on top of three consumers at d = 72-104 and 136-152, on two
  * (Bc 96) at d = 168; with one d = 200-232 from 1k, 184, 248 and 168 (on two) from 4k, and on
@@ -244,9 +245,9 @@ Test(problem, builtin_rule_by_length) {
         if (buckets[i] >= cfrom)
           cr_assert(ac.bc == (d == 184 ? 80 : 64) && ac.warps == 8 && ac.br == 128, "d = %d causal", d);
       }
-      /* No mask: K/V blocks of 64 on the persistent grid at 512 from d = 144 (d = 192 up to 1k),
-       * else the length-free rule; other archs, and with a mask d = 128, 192 and 256: the length-free
-       * rule. */
+      /* No mask: K/V blocks of 64 on the persistent grid at 512 from d = 144 (d = 192 up to 1k,
+       * d = 256 up to 4k), else the length-free rule; other archs, and with a mask d = 128 and 192:
+       * the length-free rule; d = 256 with a mask the persistent grid from 1k to 8k. */
       const int ds[] = {64, 96, 128, 144, 192, 200, 256};
       for (size_t k = 0; k < 7; k++) {
         fg_variant a = rule_static(ds[k], (fg_dtype)dt, 0, buckets[i], FG_ARCH_SM90A);
@@ -258,7 +259,8 @@ Test(problem, builtin_rule_by_length) {
           a.loop = b.loop;
           a.bc = b.bc;
           cr_assert(memcmp(&a, &b, sizeof a) == 0, "d = 200 non-causal");
-        } else if (ds[k] > 128 && (buckets[i] == 512 || (ds[k] == 192 && buckets[i] == 1024))) {
+        } else if (ds[k] > 128 && (buckets[i] == 512 || (ds[k] == 192 && buckets[i] == 1024) ||
+                                   (ds[k] == 256 && buckets[i] <= 4096))) {
           cr_assert(a.loop == FG_LOOP_Q_TMA_P && a.bc == 64 && a.br == b.br &&
                         a.warps == b.warps && a.stages == b.stages,
                     "d = %d non-causal 512", ds[k]);
@@ -283,6 +285,11 @@ Test(problem, builtin_rule_by_length) {
           b = fg_builtin_variant(ds[k], (fg_dtype)dt, 1, FG_ARCH_SM90A);
           if (ds[k] == 144 && buckets[i] >= 4096) { /* d = 136-184 causal: the plain grid from 4k */
             cr_assert(b.loop == FG_LOOP_Q_TMA_P && a.loop == FG_LOOP_Q_TMA);
+            a.loop = b.loop;
+          }
+          if (ds[k] == 256 && buckets[i] >= 1024 && buckets[i] <= 8192) {
+            /* d = 240, 256 causal: the persistent grid from 1k to 8k */
+            cr_assert(b.loop == FG_LOOP_Q_TMA && a.loop == FG_LOOP_Q_TMA_P && a.bc == 64 && b.bc == 64);
             a.loop = b.loop;
           }
           if (ds[k] == 200 && buckets[i] >= 1024) { /* d = 200-232 causal: clusters from 1k */
@@ -319,6 +326,8 @@ Test(problem, builtin_rule_by_length) {
               out[2].warps == 12 && out[2].bc == out[0].bc);
     cr_assert_eq(fg_builtin_variants(128, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 2);
     cr_assert(out[0].loop == FG_LOOP_Q_TMA_P && out[1].loop == FG_LOOP_Q_TMA_D && out[1].bc == out[0].bc);
+    cr_assert_eq(fg_builtin_variants(256, (fg_dtype)dt, 1, FG_ARCH_SM90A, out), 2);
+    cr_assert(out[0].loop == FG_LOOP_Q_TMA && out[1].loop == FG_LOOP_Q_TMA_D && out[1].bc == 64);
     cr_assert_eq(fg_builtin_variants(192, (fg_dtype)dt, 0, FG_ARCH_SM90A, out), 2);
     cr_assert(out[1].loop == FG_LOOP_Q_TMA_D && out[1].bc == 64);
     cr_assert_eq(fg_builtin_variants(64, (fg_dtype)dt, 1, FG_ARCH_SM80, out), 1);
@@ -349,7 +358,8 @@ Test(problem, builtin_variants_list_every_length) {
 /* The persistent grid taking its tiles from a counter (q_tma_d) where the static order left SMs
  * idle (core/problem.c, fg_builtin_dynamic): with a mask up to 1k keys on two consumers at
  * d <= 160 but 72, 176 and 192, and d = 64 up to 4k; without one at 512 keys at d <= 72, and d =
- * 128 and 192 up to 1k (d = 192 with the 512 keys' K/V blocks of 64 at 1k too); with a mask at
+ * 128 and 192 up to 1k (d = 192 with the 512 keys' K/V blocks of 64 at 1k too); with a mask
+ * d = 240 and 256 wherever the persistent grid is theirs (1k-8k); with a mask at
  * 512 keys at d = 128 its consumers in ping-pong (q_tma_dp). Everything else about the
  * variant is the rule's q_tma_p; no other loop order changes. */
 Test(problem, builtin_rule_dynamic) {
@@ -363,7 +373,8 @@ Test(problem, builtin_rule_dynamic) {
               {1, 64, 1024, 4096}, {1, 80, 512, 1024},  {1, 88, 512, 512},   {1, 96, 512, 1024},
               {1, 104, 512, 512},  {1, 112, 512, 1024}, {1, 120, 512, 1024}, {1, 128, 512, 1024},
               {1, 136, 512, 512},  {1, 144, 512, 1024}, {1, 152, 512, 512},  {1, 160, 512, 1024},
-              {1, 176, 512, 1024}, {1, 192, 512, 1024}, {0, 32, 512, 512},   {0, 40, 512, 512},
+              {1, 176, 512, 1024}, {1, 192, 512, 1024}, {1, 240, 1024, 8192}, {1, 256, 1024, 8192},
+              {0, 32, 512, 512},   {0, 40, 512, 512},
               {0, 48, 512, 512},   {0, 56, 512, 512},   {0, 64, 512, 512},   {0, 72, 512, 512},
               {0, 128, 512, 1024}, {0, 192, 512, 1024}};
   int seen = 0, pingpong = 0;
@@ -389,7 +400,7 @@ Test(problem, builtin_rule_dynamic) {
         const fg_loop_order l80 = fg_builtin_variant_for(d, FG_DTYPE_BF16, c, nk, FG_ARCH_SM80).loop;
         cr_assert(l80 != FG_LOOP_Q_TMA_D && l80 != FG_LOOP_Q_TMA_DP);
       }
-  cr_assert_eq(seen, 43, "q_tma_d chosen %d times", seen); /* (d, mask, length) triples */
+  cr_assert_eq(seen, 51, "q_tma_d chosen %d times", seen); /* (d, mask, length) triples */
   cr_assert_eq(pingpong, 1, "q_tma_dp chosen %d times", pingpong);
   /* The grid's short rows: d = 96, 128 and 192 causal at 512 / 1k, d = 64 causal 1k-4k, d = 64
    * and 192 at 512 without a mask. */
