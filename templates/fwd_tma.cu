@@ -354,15 +354,27 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
       ld_shared_v8(bars + dyn_slot((int)(k % SLOTS)), w);
       mbar_arrive(bars + bar_sfree((int)(k % SLOTS)));
     };
+    // Tile k's Q buffer (k % QBUFS): q_ready waits until its last use is released, q_fill loads
+    // the tile's Q into it (tq: Q's tensor map), q_close arrives on its "full" barrier instead
+    // (DYN: how the consumers learn the end; a plain arrival, so the barrier's phases stay in
+    // step). Issued by the Q loader (QLOAD) or the producer.
+    auto q_ready = [&](i64 k) {
+      const u32 quse = (u32)(k / QBUFS);  // this is Q buffer k % QBUFS's use number quse
+      if (quse > 0) mbar_wait(bars + bar_qempty((int)(k % QBUFS)), (quse - 1) & 1);
+    };
+    auto q_fill = [&](i64 k, const void *tq, int q0, int hq, int bq) {
+      const int qs = (int)(k % QBUFS);
+      mbar_expect_tx(bars + bar_qfull(qs), Q_BYTES);
+#pragma unroll
+      for (int c = 0; c < CB; ++c)
+        tma_load_4d(sbase + (u32)qs * Q_BYTES + (u32)c * BR * 128, tq, 64 * c, q0, hq, bq, bars + bar_qfull(qs));
+    };
+    auto q_close = [&](i64 k) { mbar_arrive(bars + bar_qfull((int)(k % QBUFS))); };
     if (QLOAD && tid / 32 == 2) {  // warp-uniform, its own regs_dec (as the scheduler's)
       if constexpr (CONSUMERS > 1) regs_dec<24>();
       if (tid != 64) return;
-      // The Q loader: tile k's Q into buffer k % QBUFS once the buffer's last use is released. With
-      // DYN the consumers learn the end from that buffer's "full" barrier (a plain arrival, so the
-      // barrier's phases stay in step).
+      // The Q loader: every tile's Q; with DYN the end through q_close.
       for (i64 k = 0;; ++k) {
-        const int qs = (int)(k % QBUFS);
-        const u32 quse = (u32)(k / QBUFS);  // this is Q buffer qs's use number quse
         fwd_block fq;
         bool last;
         if constexpr (DYN) {
@@ -374,16 +386,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
           last = !next_tile(k, fq);
         }
         if (last && !DYN) break;
-        if (quse > 0) mbar_wait(bars + bar_qempty(qs), (quse - 1) & 1);
+        q_ready(k);
         if (last) {
-          mbar_arrive(bars + bar_qfull(qs));
+          q_close(k);
           break;
         }
-        mbar_expect_tx(bars + bar_qfull(qs), Q_BYTES);
-#pragma unroll
-        for (int c = 0; c < CB; ++c)
-          tma_load_4d(sbase + (u32)qs * Q_BYTES + (u32)c * BR * 128, &P.tmap[0], 64 * c, (int)fq.q0, (int)fq.h,
-                      (int)fq.b, bars + bar_qfull(qs));
+        q_fill(k, &P.tmap[0], (int)fq.q0, (int)fq.h, (int)fq.b);
       }
       return;
     }
@@ -400,11 +408,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
           u32 w[8];
           read_slot(k, w);
           if (w[0] == DYN_END) {
-            if constexpr (QLOAD) return false;
-            const int qs = (int)(k % QBUFS);
-            const u32 quse = (u32)(k / QBUFS);
-            if (quse > 0) mbar_wait(bars + bar_qempty(qs), (quse - 1) & 1);
-            mbar_arrive(bars + bar_qfull(qs));
+            if constexpr (!QLOAD) {
+              q_ready(k);
+              q_close(k);
+            }
             return false;
           }
           fb.q0 = w[2], fb.b = w[3], fb.h = w[4], fb.hk = w[5], fb.n_blocks = (int)w[6];
@@ -415,14 +422,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
       };
       for (i64 k = 0; producer_tile(k); ++k) {
         if constexpr (!QLOAD) {
-          const int qs = (int)(k % QBUFS);
-          const u32 quse = (u32)(k / QBUFS);  // this is Q buffer qs's use number quse
-          if (quse > 0) mbar_wait(bars + bar_qempty(qs), (quse - 1) & 1);
-          mbar_expect_tx(bars + bar_qfull(qs), Q_BYTES);
-#pragma unroll
-          for (int c = 0; c < CB; ++c)
-            tma_load_4d(sbase + (u32)qs * Q_BYTES + (u32)c * BR * 128, tq, 64 * c, (int)fb.q0, (int)fb.h,
-                        (int)fb.b, bars + bar_qfull(qs));
+          q_ready(k);
+          q_fill(k, tq, (int)fb.q0, (int)fb.h, (int)fb.b);
         }
         const int n_load = pair_blocks(fb);
         for (int j = 0; j < n_load; ++j, ++kv) {

@@ -322,19 +322,19 @@ static void default_set(fg_arch arch) {
    * (4k+), three consumers at d = 136 and 152 (1k+, plain) and 168 (2k persistent);
    * without one at d = 136..256 but 136, 152, 168 (which have three consumers at every length,
    * d = 136 and 152 on the plain grid) and 200, 216, 232 (10 head dims) K/V blocks of 64 on the
-   * persistent grid (512); without one clusters of two blocks (q_tma_c, 13 kernels): d = 200 and
+   * persistent grid (512; d = 256 up to 4k, the same kernel); without one clusters of two blocks (q_tma_c, 13 kernels): d = 200 and
    * 216 with K/V blocks of 64 (512) and 80 (1k+), d = 232 (64, every length), 248 (64, 1k+), 184
    * (64, 2k+), and from 4k at d = 72, 88, 104, 136, 152 (three consumers) and 168 (two, Bc 96);
    * with one clusters too (11 kernels): d = 200, 216, 232 (1k+) and 248 (4k+) with K/V blocks of
    * 64, 184 with 80 (4k+), 168 on two consumers (Bc 96, 4k+), and from 8k on three consumers at
-   * d = 72, 88, 104, 136, 152; the persistent grid taking its tiles from a counter (q_tma_d, 27
-   * kernels, 20 of them new: the others replace the q_tma_p kernel of the lengths they took):
+   * d = 72, 88, 104, 136, 152; the persistent grid taking its tiles from a counter (q_tma_d, 29
+   * kernels, 22 of them new: the others replace the q_tma_p kernel of the lengths they took):
    * with a mask up to 1k keys on two consumers (d <= 160 but 72, 176 and 192), d = 64 on three at
-   * 2k-4k, without one at 512 keys d = 32-72, up to 1k d = 128 and 192 (core/problem.c,
-   * fg_builtin_dynamic); with a mask at 512 keys d = 128 its consumers in ping-pong (q_tma_dp,
+   * 2k-4k, d = 240 and 256 at 1k-8k, without one at 512 keys d = 32-72, up to 1k d = 128 and 192
+   * (core/problem.c, fg_builtin_dynamic); with a mask at 512 keys d = 128 its consumers in ping-pong (q_tma_dp,
    * one more kernel); each in 2 dtypes. */
   const int twins = arch == FG_ARCH_SM90A ? 2 * (29 + 29) : 0;
-  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 4 + 5 + 7 + 1 + 3 + 7 + 10 + 13 + 11 + 20 + 1) * 2 : 0;
+  const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 4 + 5 + 7 + 1 + 3 + 7 + 10 + 13 + 11 + 22 + 1) * 2 : 0;
   cr_assert_eq(n, 29 * 2 * 2 * 2 + twins + lengths,
                "29 head dims x 2 dtypes x 2 maskings x (built-in, kv_outer), plus %d and %d", twins,
                lengths);
@@ -347,7 +347,7 @@ static void default_set(fg_arch arch) {
     dynamic += v[i].loop == FG_LOOP_Q_TMA_D;
     pingpong += v[i].loop == FG_LOOP_Q_TMA_DP;
   }
-  cr_assert_eq(dynamic, arch == FG_ARCH_SM90A ? 27 * 2 : 0, "q_tma_d kernels in the %s default set",
+  cr_assert_eq(dynamic, arch == FG_ARCH_SM90A ? 29 * 2 : 0, "q_tma_d kernels in the %s default set",
                fg_arch_name(arch));
   cr_assert_eq(pingpong, arch == FG_ARCH_SM90A ? 1 * 2 : 0, "q_tma_dp kernels in the %s default set",
                fg_arch_name(arch));
