@@ -188,7 +188,8 @@ fg_variant fg_builtin_variant_for(int d, fg_dtype dtype, int causal, int64_t nk,
      * persistent grid: d = 192 1.11x, d = 256 1.04x the length-free rule at N = 512 (0.97-1.00x
      * at 1k, 0.97-0.99x at 2k, where it stays; but d = 192 at 1k too with the dynamic order,
      * fg_builtin_dynamic); d = 256 up to 4k since its Q buffer is released early (fwd_tma.cu's
-     * QEARLY): 1.047x / 1.034x / 1.024x q_tma's Bc 80 at 1k / 2k / 4k (bench/NOTES.md session 37). d = 80-120 from 2k keys three consumers (Br 192),
+     * QEARLY): 1.047x / 1.034x / 1.024x q_tma's Bc 80 at 1k / 2k / 4k (bench/NOTES.md session
+     * 37). d = 80-120 from 2k keys three consumers (Br 192),
      * as d = 72, 88, 104 at every length (fg_builtin_variant): d = 80 1.04x / 1.11x two at 4k /
      * 16k, d = 96 1.06x / 1.06x / 1.09x at 2k / 4k / 16k, d = 112 1.05x / 1.09x, d = 120 1.03x /
      * 1.07x (H200, fg_ab; 0.91-0.97x at 512-1k, where two stay; bench/NOTES.md session 30).

@@ -259,8 +259,8 @@ fg_variant fg_builtin_variant(int d, fg_dtype dtype, int causal, fg_arch arch) {
    * d = 96 1.26x / 1.12x / 1.03x / 1.01x / 1.00x, d = 192 1.01-1.04x (1.03x / 0.99x at 2k / 4k);
    * with a causal mask its tiles paired short with long within a head (d = 128 1.19x / 1.19x /
    * 1.14x / 1.09x / 0.98x q_tma at those lengths, d = 96 1.21x / 1.03x at 512 / 4k, d = 192 1.16x
-   * / 1.11x / 1.07x at 1k / 4k / 16k). d = 256 keeps q_tma where no length is known (0.95-1.08x causal,
-   * 0.98-1.04x without a mask on K/V blocks of 64, its 80 spilling persistent; bench/NOTES.md,
+   * / 1.11x / 1.07x at 1k / 4k / 16k). d = 256 keeps q_tma where no length is known (0.95-1.08x
+   * causal, 0.98-1.04x without a mask on K/V blocks of 64, its 80 spilling persistent; bench/NOTES.md,
    * sessions 12 and 14); by length (fg_builtin_variant_for) the persistent grid at 1k-8k keys
    * with a mask and up to 4k without since its Q buffer is released early (session 37).
    * A head dimension off the 64-column blocks runs the TMA kernel on tiles rounded up to the next

@@ -322,7 +322,8 @@ static void default_set(fg_arch arch) {
    * (4k+), three consumers at d = 136 and 152 (1k+, plain) and 168 (2k persistent);
    * without one at d = 136..256 but 136, 152, 168 (which have three consumers at every length,
    * d = 136 and 152 on the plain grid) and 200, 216, 232 (10 head dims) K/V blocks of 64 on the
-   * persistent grid (512; d = 256 up to 4k, the same kernel); without one clusters of two blocks (q_tma_c, 13 kernels): d = 200 and
+   * persistent grid (512; d = 256 up to 4k, the same kernel); without one clusters of two
+   * blocks (q_tma_c, 13 kernels): d = 200 and
    * 216 with K/V blocks of 64 (512) and 80 (1k+), d = 232 (64, every length), 248 (64, 1k+), 184
    * (64, 2k+), and from 4k at d = 72, 88, 104, 136, 152 (three consumers) and 168 (two, Bc 96);
    * with one clusters too (11 kernels): d = 200, 216, 232 (1k+) and 248 (4k+) with K/V blocks of
@@ -331,8 +332,8 @@ static void default_set(fg_arch arch) {
    * kernels, 22 of them new: the others replace the q_tma_p kernel of the lengths they took):
    * with a mask up to 1k keys on two consumers (d <= 160 but 72, 176 and 192), d = 64 on three at
    * 2k-4k, d = 240 and 256 at 1k-8k, without one at 512 keys d = 32-72, up to 1k d = 128 and 192
-   * (core/problem.c, fg_builtin_dynamic); with a mask at 512 keys d = 128 its consumers in ping-pong (q_tma_dp,
-   * one more kernel); each in 2 dtypes. */
+   * (core/problem.c, fg_builtin_dynamic); with a mask at 512 keys d = 128 its consumers in
+   * ping-pong (q_tma_dp, one more kernel); each in 2 dtypes. */
   const int twins = arch == FG_ARCH_SM90A ? 2 * (29 + 29) : 0;
   const int lengths = arch == FG_ARCH_SM90A ? (4 + 4 + 4 + 5 + 7 + 1 + 3 + 7 + 10 + 13 + 11 + 22 + 1) * 2 : 0;
   cr_assert_eq(n, 29 * 2 * 2 * 2 + twins + lengths,
