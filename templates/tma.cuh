@@ -1,8 +1,9 @@
 // tma.cuh: Hopper (sm_90a) helpers of the warp-specialised templates (fwd_tma.cu): mbarriers,
 // TMA tile loads from a tensor map (cp.async.bulk.tensor) and the warpgroup register moves
-// (setmaxnreg), and two consumer warpgroups' turns (ping-pong). Included after common.cuh and wgmma.cuh with {% include("tma.cuh") %}. The tensor
-// maps are encoded on the host (runtime/forward.c) and reach the kernel inside its
-// __grid_constant__ parameter (fg_fwd_tma_params.tmap), whose generic address the TMA takes.
+// (setmaxnreg), and two consumer warpgroups' turns (ping-pong). Included after common.cuh and
+// wgmma.cuh with {% include("tma.cuh") %}. The tensor maps are encoded on the host
+// (runtime/forward.c) and reach the kernel inside its __grid_constant__ parameter
+// (fg_fwd_tma_params.tmap), whose generic address the TMA takes.
 
 // An mbarrier (8 bytes of shared memory) expecting `count` arrivals per phase.
 FG_DEV void mbar_init(u32 bar, u32 count) {
