@@ -39,23 +39,18 @@
 {% end %}
 {% function fwd_issue_qk(kst, fresh_q) %}
     wg_fence();
-{% if fresh_q then %}
-    if constexpr ({{ fresh_q }}) {
-      // Q's descriptor formed for each block (fresh): ptxas kept a tile's 16 k-step descriptors
-      // in registers over the block loop, which spilled at d = 240 / 256 (bench/NOTES.md
-      // session 37).
-      const u64 qd = fresh(sw128_desc(q_base, 16, 1024));
-#pragma unroll
-      for (int ks = 0; ks < KSTEPS; ++ks)
-        wgmma_qk(s, qd + (((u32)(ks / 4) * BR * 128 + (u32)(ks % 4) * 32) >> 4),
-                 sw128_desc({{ kst }} + (u32)(ks / 4) * BC * 128 + (u32)(ks % 4) * 32, 16, 1024), ks > 0);
-    } else
-{% end %}
     {
+      // Where FRESH_Q holds, Q's descriptor is formed for each block (fresh) and the k-steps' offset
+      // added to it: ptxas kept a tile's 16 k-step descriptors in registers over the block loop,
+      // which spilled at d = 240 / 256 (bench/NOTES.md session 37).
+      constexpr bool FRESH_Q = {{ fresh_q or "false" }};
+      const u64 qd = FRESH_Q ? fresh(sw128_desc(q_base, 16, 1024)) : 0;
 #pragma unroll
-      for (int ks = 0; ks < KSTEPS; ++ks)
-        wgmma_qk(s, sw128_desc(q_base + (u32)(ks / 4) * BR * 128 + (u32)(ks % 4) * 32, 16, 1024),
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+        const u32 q_off = (u32)(ks / 4) * BR * 128 + (u32)(ks % 4) * 32;
+        wgmma_qk(s, FRESH_Q ? qd + (q_off >> 4) : sw128_desc(q_base + q_off, 16, 1024),
                  sw128_desc({{ kst }} + (u32)(ks / 4) * BC * 128 + (u32)(ks % 4) * 32, 16, 1024), ks > 0);
+      }
     }
     wg_commit();
 {% end %}

@@ -587,31 +587,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
     // nothing wrote here); the log-sum-exp directly.
     // o[4 nt + 2 hh + e] is row wrow + g + 8 hh, column 8 nt + 2 t + e.
     auto warpgroup_sync = [&] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); };
-    // Row wrow + g + 8 hh's log-sum-exp (lsum: its quad's sum), where the row exists (e_rows: rows
-    // of this block that exist).
-    auto store_lse = [&](float *lse, int e_rows, int hh, float lsum) {
-      const int r = wrow + g + hh * 8;
-      if (lse != nullptr && t == 0 && r < e_rows)
-        lse[bh * p.seqlen_q + q0 + r] = lsum > 0.f ? m[hh] * (float)p.scale + logf(lsum) : FG_NEG_INF;
-    };
     // Columns 8 nt + 2 t, + 1 of row rw of an O tile at base whose 64-column blocks are cb_bytes
     // apart, in the loads' 128-byte-swizzled layout.
     auto o_at = [&](u32 base, u32 cb_bytes, int nt, int rw) {
       return base + (u32)((nt / 8) * cb_bytes + rw * 128 + (((nt % 8) ^ (rw % 8)) * 16) + 4 * t);
     };
-    if constexpr (QEARLY) {
-      // This warpgroup's O area, OPART column blocks at a time: each part written once the area's
-      // last store (the previous part's, or the last tile's) has read it.
-      const u32 o_wg = sbase + O_OFF + (u32)(wg * 64 * OPART * 128);
+    // The rows' 1 / sum into inv (0 where a row saw no key), and their log-sum-exp where the row
+    // exists (e_rows: rows of this block that exist).
+    float inv[2];
+    auto row_sums = [&] {
       const int e_rows = (int)(Nq - q0 < BR ? Nq - q0 : BR);
       float *lse = (float *)p.lse;
-      float inv[2];
   #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const float lsum = quad_sum(l[hh]);
         inv[hh] = lsum > 0.f ? 1.f / lsum : 0.f;
-        store_lse(lse, e_rows, hh, lsum);
+        const int r = wrow + g + hh * 8;
+        if (lse != nullptr && t == 0 && r < e_rows)
+          lse[bh * p.seqlen_q + q0 + r] = lsum > 0.f ? m[hh] * (float)p.scale + logf(lsum) : FG_NEG_INF;
       }
+    };
+    if constexpr (QEARLY) {
+      // This warpgroup's O area, OPART column blocks at a time: each part written once the area's
+      // last store (the previous part's, or the last tile's) has read it.
+      const u32 o_wg = sbase + O_OFF + (u32)(wg * 64 * OPART * 128);
+      row_sums();
   #pragma unroll
       for (int part = 0; part < CB / OPART; ++part) {
         if (part > 0 || k > 0) {
@@ -649,17 +649,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) {{ cluster > 1 and "__c
         warpgroup_sync();
       }
     }
-    const int e_rows = (int)(Nq - q0 < BR ? Nq - q0 : BR);
-    float *lse = (float *)p.lse;
+    row_sums();
   #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const float lsum = quad_sum(l[hh]);
-      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
       const int rw = wrow + g + hh * 8 - wg * 64;  // in the warpgroup's rows
   #pragma unroll
       for (int nt = 0; nt < NT_O; ++nt)
-        st_shared_b32(o_at(o_base, BR * 128, nt, rw), pack2<BF16>(o[4 * nt + 2 * hh] * inv, o[4 * nt + 2 * hh + 1] * inv));
-      store_lse(lse, e_rows, hh, lsum);
+        st_shared_b32(o_at(o_base, BR * 128, nt, rw),
+                      pack2<BF16>(o[4 * nt + 2 * hh] * inv[hh], o[4 * nt + 2 * hh + 1] * inv[hh]));
     }
     fence_async_smem();  // the generic stores, visible to the TMA
     warpgroup_sync();  // this warpgroup's rows written
