@@ -375,6 +375,22 @@ fg_status fg_validate_pointers(fg_context *ctx, const fg_attention_args *a, char
   return FG_OK;
 }
 
+/* The fields fg_fwd_params and fg_bwd_params share (by name) from either call's arguments: the
+ * shape, the softmax scale (and scale * log2(e), the kernels' exponent base), the mask. */
+#define FG_PARAMS_SHAPE(p, a)                                                \
+  do {                                                                       \
+    (p)->batch = (a)->batch;                                                 \
+    (p)->heads_q = (a)->heads_q;                                             \
+    (p)->heads_kv = (a)->heads_kv;                                           \
+    (p)->seqlen_q = (a)->seqlen_q;                                           \
+    (p)->seqlen_k = (a)->seqlen_k;                                           \
+    (p)->head_dim = (a)->head_dim;                                           \
+    (p)->hq_per_hkv = (a)->heads_kv > 0 ? (a)->heads_q / (a)->heads_kv : 1; \
+    (p)->scale = (double)(a)->scale;                                         \
+    (p)->scale_log2 = (double)(a)->scale * FG_LOG2E;                         \
+    (p)->causal = (a)->causal != 0;                                          \
+  } while (0)
+
 void fg_params_from_args(const fg_attention_args *a, fg_fwd_params *p) {
   memset(p, 0, sizeof *p);
   p->q = (unsigned long long)(uintptr_t)a->q;
@@ -395,16 +411,7 @@ void fg_params_from_args(const fg_attention_args *a, fg_fwd_params *p) {
   p->o_sb = a->o_stride[0];
   p->o_sh = a->o_stride[1];
   p->o_sn = a->o_stride[2];
-  p->batch = a->batch;
-  p->heads_q = a->heads_q;
-  p->heads_kv = a->heads_kv;
-  p->seqlen_q = a->seqlen_q;
-  p->seqlen_k = a->seqlen_k;
-  p->head_dim = a->head_dim;
-  p->hq_per_hkv = a->heads_kv > 0 ? a->heads_q / a->heads_kv : 1;
-  p->scale = (double)a->scale;
-  p->scale_log2 = (double)a->scale * FG_LOG2E;
-  p->causal = a->causal != 0;
+  FG_PARAMS_SHAPE(p, a);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -634,14 +641,5 @@ void fg_bwd_params_from_args(const fg_attention_backward_args *a, fg_bwd_params 
                            a->do_stride, a->dq_stride, a->dk_stride, a->dv_stride};
   for (int i = 0; i < 8; i++)
     for (int j = 0; j < 3; j++) dst[i][j] = src[i][j];
-  p->batch = a->batch;
-  p->heads_q = a->heads_q;
-  p->heads_kv = a->heads_kv;
-  p->seqlen_q = a->seqlen_q;
-  p->seqlen_k = a->seqlen_k;
-  p->head_dim = a->head_dim;
-  p->hq_per_hkv = a->heads_kv > 0 ? a->heads_q / a->heads_kv : 1;
-  p->scale = (double)a->scale;
-  p->scale_log2 = (double)a->scale * FG_LOG2E;
-  p->causal = a->causal != 0;
+  FG_PARAMS_SHAPE(p, a);
 }
